@@ -1,0 +1,51 @@
+//! The listeners silkd can serve on.
+
+use std::path::PathBuf;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio_vsock::{VMADDR_CID_ANY, VsockAddr, VsockListener};
+
+/// Where to listen, as given on the command line.
+#[derive(Debug, Clone)]
+pub enum ListenAddr {
+    Unix(PathBuf),
+    Tcp(std::net::SocketAddr),
+    Vsock(u32),
+}
+
+#[derive(Debug)]
+pub enum Listener {
+    Unix(UnixListener, PathBuf),
+    Tcp(TcpListener),
+    Vsock(VsockListener),
+}
+
+impl Listener {
+    pub async fn bind(addr: &ListenAddr) -> std::io::Result<Listener> {
+        Ok(match addr {
+            ListenAddr::Unix(path) => {
+                // A socket file left by an earlier run would make bind fail.
+                match std::fs::remove_file(path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+                Listener::Unix(UnixListener::bind(path)?, path.clone())
+            }
+            ListenAddr::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await?),
+            ListenAddr::Vsock(port) => {
+                Listener::Vsock(VsockListener::bind(VsockAddr::new(VMADDR_CID_ANY, *port))?)
+            }
+        })
+    }
+
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Unix(_, path) => format!("unix:{}", path.display()),
+            Listener::Tcp(l) => l.local_addr().map_or("tcp:?".into(), |a| format!("tcp:{a}")),
+            Listener::Vsock(l) => {
+                l.local_addr().map_or("vsock:?".into(), |a| format!("vsock:{}", a.port()))
+            }
+        }
+    }
+}

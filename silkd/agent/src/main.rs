@@ -1,0 +1,77 @@
+//! The `silkd` binary: parses flags, sets up PID 1 duties, and serves until told to stop.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use silkd::{ListenAddr, Listener, Options};
+
+/// The silkmesh agent. Serves silk-proto on exactly one listener.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Listen on a unix socket at this path.
+    #[arg(long, conflicts_with_all = ["tcp", "vsock"])]
+    unix: Option<PathBuf>,
+    /// Listen on a TCP address (development; there is no authentication).
+    #[arg(long, conflicts_with = "vsock")]
+    tcp: Option<std::net::SocketAddr>,
+    /// Listen on this vsock port (inside a VM).
+    #[arg(long)]
+    vsock: Option<u32>,
+    /// Bytes of output kept per detached process.
+    #[arg(long, default_value_t = 1 << 20)]
+    ring_bytes: usize,
+    /// Milliseconds children get between SIGTERM and SIGKILL at shutdown.
+    #[arg(long, default_value_t = 2000)]
+    shutdown_grace_ms: u64,
+    /// Working directory that relative paths resolve against.
+    #[arg(long)]
+    workdir: Option<PathBuf>,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SILKD_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+
+    let addr = match (&args.unix, args.tcp, args.vsock) {
+        (Some(path), _, _) => ListenAddr::Unix(path.clone()),
+        (_, Some(addr), _) => ListenAddr::Tcp(addr),
+        (_, _, Some(port)) => ListenAddr::Vsock(port),
+        _ => ListenAddr::Unix("/run/silkd.sock".into()),
+    };
+    if let Some(dir) = &args.workdir {
+        std::env::set_current_dir(dir)?;
+    }
+    // Outside a pid namespace, adopt orphans of our children so the reaper still sees them all.
+    // SAFETY: plain prctl.
+    if std::process::id() != 1 {
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    }
+
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let listener = Listener::bind(&addr).await?;
+        // The readiness line: supervisors and tests wait for it instead of polling.
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "silkd listening on {}", listener.describe())?;
+        stdout.flush()?;
+        drop(stdout);
+        let options = Options {
+            ring_bytes: args.ring_bytes,
+            shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
+        };
+        silkd::run(listener, options, std::future::pending()).await?;
+        anyhow::Ok(())
+    })?;
+    // Do not wait for blocking workers stuck on a client that is gone.
+    runtime.shutdown_timeout(Duration::from_millis(100));
+    Ok(())
+}

@@ -1,0 +1,284 @@
+//! The accept loop, the per-connection call loop, and shutdown.
+//!
+//! Each connection reads one request frame, hands it to its verb family's handler, and loops.
+//! A handler sends its replies and its success terminal frame itself; a failure comes back as
+//! [`Fail`]: `Call` is answered with an `Error` frame and the connection goes on, `Conn` means the
+//! client is gone or the framing broke, and the connection is dropped (which kills any foreground
+//! process of the call, see `process`).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use silk_proto::{
+    AgentInfo, ErrorKind, Frame, FrameReader, FrameWriter, PROTOCOL_VERSION, ProtoError, Welcome,
+    WireError,
+};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::signal::unix::{SignalKind, signal};
+
+use crate::listen::Listener;
+use crate::procs::Procs;
+use crate::{files, process, tree};
+
+/// Verb families served, as announced in `Welcome`.
+const CAPABILITIES: &[&str] = &["exec", "spawn", "files", "tar"];
+
+/// Tunables.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Bytes of output kept per detached process.
+    pub ring_bytes: usize,
+    /// How long children get between SIGTERM and SIGKILL at shutdown.
+    pub shutdown_grace: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options { ring_bytes: 1 << 20, shutdown_grace: Duration::from_secs(2) }
+    }
+}
+
+/// State shared by every connection.
+#[derive(Debug)]
+pub struct Agent {
+    pub procs: Procs,
+    pub options: Options,
+    started: Instant,
+    connections: AtomicU32,
+}
+
+/// Why a call did not end with a success terminal frame.
+#[derive(Debug)]
+pub enum Fail {
+    /// Answer with this error; the connection stays usable.
+    Call(WireError),
+    /// The connection is unusable.
+    Conn(ProtoError),
+}
+
+impl From<WireError> for Fail {
+    fn from(e: WireError) -> Self {
+        Fail::Call(e)
+    }
+}
+
+impl From<ProtoError> for Fail {
+    fn from(e: ProtoError) -> Self {
+        Fail::Conn(e)
+    }
+}
+
+pub type CallResult = Result<(), Fail>;
+
+/// Serves `listener` until `shutdown` resolves or SIGTERM/SIGINT arrives, then stops children
+/// (SIGTERM, then SIGKILL after the grace period) and returns.
+pub async fn run(
+    listener: Listener,
+    options: Options,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    let agent = Arc::new(Agent {
+        procs: Procs::default(),
+        options,
+        started: Instant::now(),
+        connections: AtomicU32::new(0),
+    });
+    // Registered before any child exists, so no SIGCHLD is missed.
+    let mut sigchld = signal(SignalKind::child())?;
+    let reaper = {
+        let agent = agent.clone();
+        tokio::spawn(async move {
+            loop {
+                agent.procs.reap();
+                if sigchld.recv().await.is_none() {
+                    return;
+                }
+            }
+        })
+    };
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sigint = signal(SignalKind::interrupt())?;
+    tokio::pin!(shutdown);
+
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => break,
+            _ = sigterm.recv() => break,
+            _ = sigint.recv() => break,
+            accepted = accept(&listener, &agent) => {
+                if let Err(e) = accepted {
+                    // EMFILE and friends: back off briefly instead of spinning.
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+
+    tracing::info!("shutting down");
+    if let Listener::Unix(_, path) = &listener {
+        let _ = std::fs::remove_file(path);
+    }
+    drop(listener);
+    agent.procs.signal_all(libc::SIGTERM);
+    let deadline = Instant::now() + agent.options.shutdown_grace;
+    while agent.procs.live_count() > 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    agent.procs.signal_all(libc::SIGKILL);
+    reaper.abort();
+    Ok(())
+}
+
+async fn accept(listener: &Listener, agent: &Arc<Agent>) -> std::io::Result<()> {
+    match listener {
+        Listener::Unix(l, _) => {
+            let (stream, _) = l.accept().await?;
+            let (r, w) = stream.into_split();
+            spawn_connection(agent.clone(), r, w);
+        }
+        Listener::Tcp(l) => {
+            let (stream, _) = l.accept().await?;
+            stream.set_nodelay(true)?;
+            let (r, w) = stream.into_split();
+            spawn_connection(agent.clone(), r, w);
+        }
+        Listener::Vsock(l) => {
+            let (stream, _) = l.accept().await?;
+            let (r, w) = stream.into_split();
+            spawn_connection(agent.clone(), r, w);
+        }
+    }
+    Ok(())
+}
+
+fn spawn_connection<R, W>(agent: Arc<Agent>, r: R, w: W)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    tokio::spawn(async move {
+        agent.connections.fetch_add(1, Ordering::Relaxed);
+        serve(&agent, FrameReader::new(r), FrameWriter::new(w)).await;
+        agent.connections.fetch_sub(1, Ordering::Relaxed);
+    });
+}
+
+async fn serve<R, W>(agent: &Agent, mut rd: FrameReader<R>, mut wr: FrameWriter<W>)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    loop {
+        let frame = match rd.recv().await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => return,
+            Err(e) => {
+                let recoverable = e.is_recoverable();
+                let reply = Frame::Error(WireError::new(ErrorKind::BadRequest, e.to_string()));
+                if matches!(e, ProtoError::Io(_) | ProtoError::Truncated)
+                    || wr.send(&reply).await.is_err()
+                    || !recoverable
+                {
+                    return;
+                }
+                continue;
+            }
+        };
+        let name = frame.name();
+        match call(agent, frame, &mut rd, &mut wr).await {
+            Ok(()) => {}
+            Err(Fail::Call(e)) => {
+                tracing::debug!(call = name, "failed: {e}");
+                if wr.send(&Frame::Error(e)).await.is_err() {
+                    return;
+                }
+            }
+            Err(Fail::Conn(e)) => {
+                tracing::debug!(call = name, "connection ended: {e}");
+                return;
+            }
+        }
+    }
+}
+
+async fn call<R, W>(
+    agent: &Agent,
+    frame: Frame,
+    rd: &mut FrameReader<R>,
+    wr: &mut FrameWriter<W>,
+) -> CallResult
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    match frame {
+        // The tail of an input stream whose call already ended (e.g. the process exited while
+        // the client was still sending stdin, or a write failed early): dropped by design.
+        Frame::Stdin(_) | Frame::Data(_) | Frame::Eof | Frame::Cancel => Ok(()),
+        Frame::Hello(hello) => {
+            if hello.protocol != PROTOCOL_VERSION {
+                return Err(Fail::Call(WireError::new(
+                    ErrorKind::Unsupported,
+                    format!(
+                        "protocol {} is not served; this agent speaks {PROTOCOL_VERSION}",
+                        hello.protocol
+                    ),
+                )));
+            }
+            wr.queue(&Frame::Welcome(Welcome {
+                protocol: PROTOCOL_VERSION,
+                agent_version: env!("CARGO_PKG_VERSION").into(),
+                capabilities: CAPABILITIES.iter().map(|c| c.to_string()).collect(),
+            }))?;
+            Ok(wr.send(&Frame::Done).await?)
+        }
+        Frame::Info => {
+            wr.queue(&Frame::InfoReply(AgentInfo {
+                agent_version: env!("CARGO_PKG_VERSION").into(),
+                protocol: PROTOCOL_VERSION,
+                uptime_ms: agent.started.elapsed().as_millis() as u64,
+                processes: agent.procs.live_count() as u32,
+                sessions: 0,
+                connections: agent.connections.load(Ordering::Relaxed),
+            }))?;
+            Ok(wr.send(&Frame::Done).await?)
+        }
+        Frame::Exec(req) => process::exec(agent, req, rd, wr).await,
+        Frame::Spawn(cmd) => process::spawn(agent, cmd, wr).await,
+        Frame::Ps => {
+            wr.queue(&Frame::Procs(agent.procs.list()))?;
+            Ok(wr.send(&Frame::Done).await?)
+        }
+        Frame::Logs { pid } => process::logs(agent, pid, wr).await,
+        Frame::Attach { pid } => process::attach(agent, pid, rd, wr).await,
+        Frame::Kill { pid, signal } => process::kill(agent, pid, signal, wr).await,
+        Frame::Read(req) => files::read(req, wr).await,
+        Frame::Write(req) => files::write(req, rd, wr).await,
+        Frame::Stat { path } => files::stat(path, wr).await,
+        Frame::List { path } => files::list(path, wr).await,
+        Frame::Mkdir { path, parents } => files::mkdir(path, parents, wr).await,
+        Frame::Rm { path, recursive } => files::rm(path, recursive, wr).await,
+        Frame::Rename { from, to } => files::rename(from, to, wr).await,
+        Frame::Push { path } => tree::push(path, rd, wr).await,
+        Frame::Pull { path } => tree::pull(path, wr).await,
+        reply @ (Frame::Stdout(_)
+        | Frame::Stderr(_)
+        | Frame::Exit(_)
+        | Frame::Done
+        | Frame::Error(_)
+        | Frame::Welcome(_)
+        | Frame::InfoReply(_)
+        | Frame::Started { .. }
+        | Frame::Spawned { .. }
+        | Frame::Procs(_)
+        | Frame::StatReply(_)
+        | Frame::Entries(_)
+        | Frame::Dropped { .. }) => Err(Fail::Call(WireError::new(
+            ErrorKind::BadRequest,
+            format!("{} is a reply, not a request", reply.name()),
+        ))),
+    }
+}

@@ -1,0 +1,326 @@
+//! Every frame that crosses the wire, in both directions, as one enum.
+//!
+//! The postcard encoding of an enum starts with the variant index, so **variants are only ever
+//! appended**: reordering or removing one changes the wire format (the golden fixtures catch it).
+//! The four byte-stream variants come first so their tag is a single byte the codec can recognise
+//! and slice without copying (see `codec`).
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::error::ErrorKind;
+
+/// One frame. Requests go client → agent, replies agent → client; the byte-stream and control
+/// variants are used by both sides as documented on each.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Frame {
+    // ---- byte streams (tags 0..=3; decoded as slices of the read buffer) ----
+    /// Client → agent: bytes for the foreground process's stdin.
+    Stdin(Bytes),
+    /// Agent → client: process stdout.
+    Stdout(Bytes),
+    /// Agent → client: process stderr.
+    Stderr(Bytes),
+    /// Either way: file or tar content (`Write`/`Push` upload, `Read`/`Pull` download).
+    Data(Bytes),
+
+    // ---- stream control ----
+    /// Client → agent: the client's input stream for this call is complete.
+    Eof,
+    /// Client → agent: abandon the running call (the foreground process is killed).
+    Cancel,
+
+    // ---- terminal frames: every call ends with exactly one of these ----
+    /// A process call ended.
+    Exit(ExitStatus),
+    /// A non-process call succeeded.
+    Done,
+    /// The call failed; the connection stays usable unless its framing broke.
+    Error(WireError),
+
+    // ---- requests ----
+    /// Optional first frame of a connection.
+    Hello(Hello),
+    /// Readiness probe and counters.
+    Info,
+    /// Run a foreground process, streaming its stdio.
+    Exec(ExecRequest),
+    /// Start a detached process whose output is kept in a bounded ring.
+    Spawn(Command),
+    /// List processes started by the agent.
+    Ps,
+    /// Replay a detached process's output ring.
+    Logs {
+        pid: u32,
+    },
+    /// Replay then follow a detached process's output until it exits.
+    Attach {
+        pid: u32,
+    },
+    /// Send a signal to a live process (its process group).
+    Kill {
+        pid: u32,
+        signal: i32,
+    },
+    /// Stream a file's content.
+    Read(ReadRequest),
+    /// Replace a file atomically with the `Data` frames that follow, ended by `Eof`.
+    Write(WriteRequest),
+    /// Metadata of one path (not following a final symlink).
+    Stat {
+        path: String,
+    },
+    /// Directory entries, sent in batches.
+    List {
+        path: String,
+    },
+    Mkdir {
+        path: String,
+        parents: bool,
+    },
+    Rm {
+        path: String,
+        recursive: bool,
+    },
+    Rename {
+        from: String,
+        to: String,
+    },
+    /// Extract the tar stream carried by the following `Data` frames (ended by `Eof`) into a
+    /// directory; nothing changes unless the stream ends cleanly.
+    Push {
+        path: String,
+    },
+    /// Send a path (file or tree) as a tar stream.
+    Pull {
+        path: String,
+    },
+
+    // ---- replies (always followed by a terminal frame) ----
+    Welcome(Welcome),
+    InfoReply(AgentInfo),
+    /// First frame of an `Exec`: the foreground process is running.
+    Started {
+        pid: u32,
+    },
+    Spawned {
+        pid: u32,
+    },
+    Procs(Vec<ProcInfo>),
+    StatReply(FileStat),
+    Entries(Vec<DirEntry>),
+    /// `Attach`/`Logs`: this many bytes fell out of the ring before they could be sent.
+    Dropped {
+        bytes: u64,
+    },
+}
+
+/// How a process ended. `code` follows the shell convention: 128 + signal when killed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExitStatus {
+    pub code: i32,
+    pub signal: Option<i32>,
+    /// The agent killed the process because the call's timeout passed.
+    pub timed_out: bool,
+}
+
+/// The error carried by an `Error` frame.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{kind:?}: {message}")]
+pub struct WireError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl WireError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        WireError { kind, message: message.into() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hello {
+    /// The protocol version the client speaks.
+    pub protocol: u32,
+    /// Free-form client name, for logs.
+    pub client: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Welcome {
+    pub protocol: u32,
+    pub agent_version: String,
+    /// Verb families this agent serves, e.g. `exec`, `files`, `tar`.
+    pub capabilities: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    pub agent_version: String,
+    pub protocol: u32,
+    pub uptime_ms: u64,
+    /// Live processes the agent started (foreground and detached).
+    pub processes: u32,
+    pub sessions: u32,
+    pub connections: u32,
+}
+
+/// What to run and as whom. The environment is merged onto a clean base (PATH, HOME, USER, ...).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct Command {
+    pub argv: Vec<String>,
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    /// A user name or numeric uid from the sandbox's `/etc/passwd`; `None` keeps the agent's.
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct ExecRequest {
+    pub command: Command,
+    /// The client will send `Stdin` frames (ended by `Eof`); otherwise stdin is `/dev/null`.
+    pub stdin: bool,
+    /// Kill the process group after this long.
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProcInfo {
+    pub pid: u32,
+    pub argv: Vec<String>,
+    /// Unix time in milliseconds.
+    pub started_ms: u64,
+    /// Started by `Spawn` (its output is kept) rather than `Exec`.
+    pub detached: bool,
+    /// `None` while running.
+    pub exit: Option<ExitStatus>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReadRequest {
+    pub path: String,
+    pub offset: u64,
+    /// Read at most this many bytes; `None` reads to the end.
+    pub len: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteRequest {
+    pub path: String,
+    /// Permission bits for a new file (default 0o644); an existing file keeps its own.
+    pub mode: Option<u32>,
+    /// Create missing parent directories.
+    pub parents: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStat {
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Modification time, unix milliseconds.
+    pub mtime_ms: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    pub stat: FileStat,
+}
+
+impl Frame {
+    /// True for the frames that end a call.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, Frame::Exit(_) | Frame::Done | Frame::Error(_))
+    }
+
+    /// The variant's name, for logs and for the fixture test. The match is exhaustive on
+    /// purpose: a new variant does not compile until it is named here and in [`Frame::NAMES`].
+    pub fn name(&self) -> &'static str {
+        match self {
+            Frame::Stdin(_) => "Stdin",
+            Frame::Stdout(_) => "Stdout",
+            Frame::Stderr(_) => "Stderr",
+            Frame::Data(_) => "Data",
+            Frame::Eof => "Eof",
+            Frame::Cancel => "Cancel",
+            Frame::Exit(_) => "Exit",
+            Frame::Done => "Done",
+            Frame::Error(_) => "Error",
+            Frame::Hello(_) => "Hello",
+            Frame::Info => "Info",
+            Frame::Exec(_) => "Exec",
+            Frame::Spawn(_) => "Spawn",
+            Frame::Ps => "Ps",
+            Frame::Logs { .. } => "Logs",
+            Frame::Attach { .. } => "Attach",
+            Frame::Kill { .. } => "Kill",
+            Frame::Read(_) => "Read",
+            Frame::Write(_) => "Write",
+            Frame::Stat { .. } => "Stat",
+            Frame::List { .. } => "List",
+            Frame::Mkdir { .. } => "Mkdir",
+            Frame::Rm { .. } => "Rm",
+            Frame::Rename { .. } => "Rename",
+            Frame::Push { .. } => "Push",
+            Frame::Pull { .. } => "Pull",
+            Frame::Welcome(_) => "Welcome",
+            Frame::InfoReply(_) => "InfoReply",
+            Frame::Started { .. } => "Started",
+            Frame::Spawned { .. } => "Spawned",
+            Frame::Procs(_) => "Procs",
+            Frame::StatReply(_) => "StatReply",
+            Frame::Entries(_) => "Entries",
+            Frame::Dropped { .. } => "Dropped",
+        }
+    }
+
+    /// Every variant name, in wire-tag order.
+    pub const NAMES: &'static [&'static str] = &[
+        "Stdin",
+        "Stdout",
+        "Stderr",
+        "Data",
+        "Eof",
+        "Cancel",
+        "Exit",
+        "Done",
+        "Error",
+        "Hello",
+        "Info",
+        "Exec",
+        "Spawn",
+        "Ps",
+        "Logs",
+        "Attach",
+        "Kill",
+        "Read",
+        "Write",
+        "Stat",
+        "List",
+        "Mkdir",
+        "Rm",
+        "Rename",
+        "Push",
+        "Pull",
+        "Welcome",
+        "InfoReply",
+        "Started",
+        "Spawned",
+        "Procs",
+        "StatReply",
+        "Entries",
+        "Dropped",
+    ];
+}
