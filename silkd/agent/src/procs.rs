@@ -41,7 +41,7 @@ struct Table {
 struct Live {
     argv: Vec<String>,
     started_ms: u64,
-    on_exit: Option<oneshot::Sender<ExitStatus>>,
+    on_exit: oneshot::Sender<ExitStatus>,
 }
 
 /// A process started by `Spawn`: its output ring outlives it.
@@ -90,9 +90,7 @@ impl Procs {
         let mut child = os.spawn().map_err(|e| spawn_error(&cmd.argv[0], e))?;
         let pid = child.id();
         let (tx, rx) = oneshot::channel();
-        table
-            .live
-            .insert(pid, Live { argv: cmd.argv.clone(), started_ms: now_ms(), on_exit: Some(tx) });
+        table.live.insert(pid, Live { argv: cmd.argv.clone(), started_ms: now_ms(), on_exit: tx });
         drop(table);
 
         // `child` is dropped without `wait`: the reaper owns its exit status.
@@ -197,10 +195,8 @@ impl Procs {
             if pid <= 0 {
                 return; // 0: children remain but none exited; -1: ECHILD
             }
-            if let Some(mut live) = table.live.remove(&(pid as u32)) {
-                if let Some(tx) = live.on_exit.take() {
-                    let _ = tx.send(decode_status(status));
-                }
+            if let Some(live) = table.live.remove(&(pid as u32)) {
+                let _ = live.on_exit.send(decode_status(status));
             }
         }
     }

@@ -54,12 +54,12 @@ fn lookup_in(who: &str, passwd: &str, group: &str) -> Result<User, WireError> {
     let groups = std::fs::read_to_string(group).unwrap_or_default();
     for line in groups.lines() {
         let f: Vec<&str> = line.split(':').collect();
-        if f.len() == 4 && f[3].split(',').any(|m| m == user.name) {
-            if let Ok(gid) = f[2].parse::<u32>() {
-                if !user.groups.contains(&gid) {
-                    user.groups.push(gid);
-                }
-            }
+        if f.len() == 4
+            && f[3].split(',').any(|m| m == user.name)
+            && let Ok(gid) = f[2].parse::<u32>()
+            && !user.groups.contains(&gid)
+        {
+            user.groups.push(gid);
         }
     }
     Ok(user)
