@@ -11,6 +11,9 @@ pub enum ListenAddr {
     Unix(PathBuf),
     Tcp(std::net::SocketAddr),
     Vsock(u32),
+    /// An already listening unix socket inherited as this fd (the jail engine binds the socket
+    /// on the host side, where the sandbox cannot replace it, and passes it in).
+    Fd(i32),
 }
 
 #[derive(Debug)]
@@ -35,6 +38,19 @@ impl Listener {
             ListenAddr::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await?),
             ListenAddr::Vsock(port) => {
                 Listener::Vsock(VsockListener::bind(VsockAddr::new(VMADDR_CID_ANY, *port))?)
+            }
+            ListenAddr::Fd(fd) => {
+                use std::os::fd::FromRawFd;
+                // SAFETY: the caller hands this process the fd; it is owned from here on.
+                let std = unsafe { std::os::unix::net::UnixListener::from_raw_fd(*fd) };
+                std.set_nonblocking(true)?;
+                // The path is the host's (outside the jail), so removing it at shutdown is a
+                // harmless miss inside a sandbox.
+                let path = std
+                    .local_addr()?
+                    .as_pathname()
+                    .map_or_else(|| PathBuf::from("inherited"), PathBuf::from);
+                Listener::Unix(UnixListener::from_std(std)?, path)
             }
         })
     }

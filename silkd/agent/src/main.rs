@@ -20,6 +20,9 @@ struct Args {
     /// Listen on this vsock port (inside a VM).
     #[arg(long)]
     vsock: Option<u32>,
+    /// Serve an already listening unix socket inherited as this file descriptor.
+    #[arg(long, conflicts_with_all = ["unix", "tcp", "vsock"])]
+    listen_fd: Option<i32>,
     /// Bytes of output kept per detached process.
     #[arg(long, default_value_t = 1 << 20)]
     ring_bytes: usize,
@@ -45,7 +48,10 @@ fn main() -> anyhow::Result<()> {
         (Some(path), _, _) => ListenAddr::Unix(path.clone()),
         (_, Some(addr), _) => ListenAddr::Tcp(addr),
         (_, _, Some(port)) => ListenAddr::Vsock(port),
-        _ => ListenAddr::Unix("/run/silkd.sock".into()),
+        _ => match args.listen_fd {
+            Some(fd) => ListenAddr::Fd(fd),
+            None => ListenAddr::Unix("/run/silkd.sock".into()),
+        },
     };
     if let Some(dir) = &args.workdir {
         std::env::set_current_dir(dir)?;

@@ -1,0 +1,27 @@
+//! `silk-jail SPEC.json`: starts one jail from a launch spec (see `silk_engine::jail::launch`),
+//! with silkd's listening socket as fd 3. Prints the jail's host pid on success; on failure
+//! prints why on stderr and exits 1. Run by the jail engine, not by people.
+
+fn main() {
+    let Some(path) = std::env::args_os().nth(1) else {
+        eprintln!("usage: silk-jail SPEC.json");
+        std::process::exit(2);
+    };
+    let spec = match std::fs::read(&path)
+        .map_err(|e| e.to_string())
+        .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
+    {
+        Ok(spec) => spec,
+        Err(e) => {
+            eprintln!("silk-jail: cannot read {}: {e}", std::path::Path::new(&path).display());
+            std::process::exit(2);
+        }
+    };
+    match silk_engine::jail::launch::run(&spec) {
+        Ok(pid) => println!("{pid}"),
+        Err(e) => {
+            eprintln!("silk-jail: {e}");
+            std::process::exit(1);
+        }
+    }
+}

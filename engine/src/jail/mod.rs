@@ -1,0 +1,448 @@
+//! The `jail` engine: each sandbox is a set of Linux namespaces around an overlayfs root, with
+//! silkd as PID 1, limits through cgroups, and a seccomp filter. Runs on any Linux host as root.
+//!
+//! On disk, under the data directory:
+//! ```text
+//! templates/<kind>-<digest>/root     materialised templates (host skeletons, flattened images)
+//! goldens/<digest>/{layer,golden.json}   warmup results, read-only lower layers
+//! boxes/<id>/{box.json,launch.json,upper,work,root,agent.sock,agent.log}
+//! snapshots/<id>-<n>.tar             captured layers, handed to the caller
+//! ```
+//! `box.json` is the record [`Engine::list`] reads back after the node restarts; a sandbox is
+//! running when the pid it names is alive *and* has the start time recorded with it, so a reused
+//! pid is never mistaken for a jail.
+
+mod cgroup;
+pub mod launch;
+pub mod seccomp;
+
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde::{Deserialize, Serialize};
+
+use crate::layer::{self, Whiteouts};
+use crate::template::{self, TemplateDef};
+use crate::{
+    AgentAddr, Base, BoxInfo, BoxSpec, Caps, Digest, Engine, EngineError, Golden, Lane, Result,
+    SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
+};
+use cgroup::Cgroups;
+use launch::{LISTEN_FD, LaunchSpec};
+
+/// Where the engine keeps its files and finds its helpers.
+#[derive(Debug, Clone)]
+pub struct JailConfig {
+    pub data_dir: PathBuf,
+    /// A statically linked silkd (it runs inside any root filesystem).
+    pub silkd: PathBuf,
+    /// The `silk-jail` launcher.
+    pub launcher: PathBuf,
+    /// How long a new sandbox's silkd gets to answer `info`.
+    pub ready_timeout: Duration,
+    /// The cgroup filesystem mount.
+    pub cgroup_root: PathBuf,
+}
+
+impl JailConfig {
+    pub fn new(
+        data_dir: impl Into<PathBuf>,
+        silkd: impl Into<PathBuf>,
+        launcher: impl Into<PathBuf>,
+    ) -> JailConfig {
+        JailConfig {
+            data_dir: data_dir.into(),
+            silkd: silkd.into(),
+            launcher: launcher.into(),
+            ready_timeout: Duration::from_secs(10),
+            cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct JailEngine {
+    cfg: JailConfig,
+    cgroups: Cgroups,
+    next_snapshot: AtomicU64,
+}
+
+/// What `boxes/<id>/box.json` holds.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    info: BoxInfo,
+    /// `/proc/<pid>/stat` start time of the jail's init, to tell it from a reused pid.
+    start_time: Option<u64>,
+}
+
+impl JailEngine {
+    pub fn new(cfg: JailConfig) -> Result<JailEngine> {
+        // SAFETY: plain syscall.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err(EngineError::Host("the jail engine needs root".into()));
+        }
+        let filesystems = std::fs::read_to_string("/proc/filesystems").unwrap_or_default();
+        if !filesystems.contains("overlay") {
+            return Err(EngineError::Host("overlayfs is not available (modprobe overlay)".into()));
+        }
+        for tool in [&cfg.silkd, &cfg.launcher] {
+            if !tool.is_file() {
+                return Err(EngineError::Host(format!("{} not found", tool.display())));
+            }
+        }
+        for dir in ["templates", "goldens", "boxes", "snapshots"] {
+            let d = cfg.data_dir.join(dir);
+            std::fs::create_dir_all(&d)
+                .map_err(EngineError::io(format!("mkdir {}", d.display())))?;
+        }
+        let instance = blake3::hash(cfg.data_dir.as_os_str().as_encoded_bytes()).to_hex();
+        let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{}", &instance[..12]))?;
+        Ok(JailEngine { cfg, cgroups, next_snapshot: AtomicU64::new(0) })
+    }
+
+    fn box_dir(&self, id: &SandboxId) -> PathBuf {
+        self.cfg.data_dir.join("boxes").join(id.as_str())
+    }
+
+    fn record(&self, id: &SandboxId) -> Result<Record> {
+        let bytes = std::fs::read(self.box_dir(id).join("box.json"))
+            .map_err(|_| EngineError::NotFound(id.to_string()))?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| EngineError::Host(format!("corrupt box.json of {id}: {e}")))
+    }
+
+    fn save(&self, record: &Record) -> Result<()> {
+        let dir = self.box_dir(&record.info.id);
+        let tmp = dir.join("box.json.tmp");
+        let json =
+            serde_json::to_vec_pretty(record).map_err(|e| EngineError::Host(e.to_string()))?;
+        std::fs::write(&tmp, json).map_err(EngineError::io("write box.json"))?;
+        std::fs::rename(&tmp, dir.join("box.json")).map_err(EngineError::io("commit box.json"))
+    }
+
+    /// Creates and starts a sandbox on `base`; `layer` seeds its upper directory (restore).
+    fn create(
+        &self,
+        base: Base,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        layer: Option<&Path>,
+    ) -> Result<BoxInfo> {
+        if spec.lane != Lane::None {
+            return Err(EngineError::Unsupported { what: "the egress lane", engine: "jail" });
+        }
+        let dir = self.box_dir(id);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(EngineError::Exists(id.to_string()));
+            }
+            Err(e) => return Err(EngineError::io("mkdir box")(e)),
+        }
+        let started = self.start(base, id, spec, layer, &dir);
+        if started.is_err() {
+            let _ = self.cgroups.remove(id);
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        started
+    }
+
+    fn start(
+        &self,
+        base: Base,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        layer: Option<&Path>,
+        dir: &Path,
+    ) -> Result<BoxInfo> {
+        let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
+        for d in [&upper, &work, &root] {
+            std::fs::create_dir(d).map_err(EngineError::io(format!("mkdir {}", d.display())))?;
+        }
+        if let Some(tar) = layer {
+            let file = std::fs::File::open(tar)
+                .map_err(EngineError::io(format!("open {}", tar.display())))?;
+            layer::apply(file, &upper, Whiteouts::Overlay)?;
+        }
+        let mut lowers = vec![];
+        if let Some(golden) = &base.golden {
+            lowers.push(golden.layer.clone());
+        }
+        lowers.push(base.template.root.clone());
+        let cgroups = self.cgroups.create(id, spec.limits())?;
+
+        let socket = dir.join("agent.sock");
+        if socket.as_os_str().len() >= 108 {
+            return Err(EngineError::Host(format!(
+                "socket path {} is too long for a unix socket",
+                socket.display()
+            )));
+        }
+        let listener = UnixListener::bind(&socket).map_err(EngineError::io("bind agent socket"))?;
+        let launch = LaunchSpec {
+            hostname: id.to_string(),
+            root,
+            lowers,
+            upper,
+            work,
+            binds: base.template.binds.clone(),
+            silkd: self.cfg.silkd.clone(),
+            cgroups,
+            log: dir.join("agent.log"),
+        };
+        let launch_path = dir.join("launch.json");
+        let json =
+            serde_json::to_vec_pretty(&launch).map_err(|e| EngineError::Host(e.to_string()))?;
+        std::fs::write(&launch_path, json).map_err(EngineError::io("write launch.json"))?;
+
+        let pid = self.launch(&launch_path, &listener)?;
+        drop(listener); // the jail holds its own copy
+        let info = BoxInfo {
+            id: id.clone(),
+            base,
+            spec: spec.clone(),
+            agent: AgentAddr::Unix(socket.clone()),
+            pid: Some(pid),
+            running: true,
+            created_ms: now_ms(),
+        };
+        self.save(&Record { info: info.clone(), start_time: start_time(pid) })?;
+        if let Err(e) = probe::info(&socket, self.cfg.ready_timeout) {
+            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            let _ = self.kill(id, Some(pid));
+            return Err(EngineError::NotReady(format!("{e}; agent log: {}", log.trim())));
+        }
+        Ok(info)
+    }
+
+    /// Runs `silk-jail` with the listening socket as fd 3; returns the jail's host pid.
+    fn launch(&self, spec: &Path, listener: &UnixListener) -> Result<u32> {
+        let fd = listener.as_raw_fd();
+        let mut cmd = std::process::Command::new(&self.cfg.launcher);
+        cmd.arg(spec).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        // SAFETY: dup2/fcntl are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let rc = if fd == LISTEN_FD {
+                    libc::fcntl(fd, libc::F_SETFD, 0)
+                } else {
+                    libc::dup2(fd, LISTEN_FD)
+                };
+                if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+            });
+        }
+        let out = cmd
+            .output()
+            .map_err(EngineError::io(format!("run {}", self.cfg.launcher.display())))?;
+        if !out.status.success() {
+            return Err(EngineError::NotReady(format!(
+                "jail setup failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )));
+        }
+        String::from_utf8_lossy(&out.stdout).trim().parse().map_err(|_| {
+            EngineError::Host(format!(
+                "launcher printed {:?}",
+                String::from_utf8_lossy(&out.stdout)
+            ))
+        })
+    }
+
+    /// Kills the jail (PID 1 first: the kernel then kills the whole pid namespace) and removes
+    /// its cgroups.
+    fn kill(&self, id: &SandboxId, pid: Option<u32>) -> Result<()> {
+        if let Some(pid) = pid {
+            // SAFETY: plain syscall; callers pass a pid checked against its recorded start time.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        }
+        self.cgroups.remove(id)
+    }
+
+    fn live_pid(&self, record: &Record) -> Option<u32> {
+        let pid = record.info.pid?;
+        (start_time(pid).is_some() && start_time(pid) == record.start_time).then_some(pid)
+    }
+
+    fn golden_dir(&self, digest: &Digest) -> PathBuf {
+        self.cfg.data_dir.join("goldens").join(digest.short())
+    }
+}
+
+impl Engine for JailEngine {
+    fn name(&self) -> &'static str {
+        "jail"
+    }
+
+    fn capabilities(&self) -> Caps {
+        Caps { memory_snapshot: false, egress: false, disk_limit: false }
+    }
+
+    fn template(&self, def: &TemplateDef) -> Result<Template> {
+        template::resolve(def, &self.cfg.data_dir.join("templates"))
+    }
+
+    fn prepare(&self, template: &Template, warmup: &Warmup) -> Result<Golden> {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"silk-golden-v1").update(template.digest.0.as_bytes());
+        for arg in &warmup.argv {
+            hasher.update(&(arg.len() as u64).to_le_bytes()).update(arg.as_bytes());
+        }
+        let digest = Digest::of(&hasher);
+        let dir = self.golden_dir(&digest);
+        if let Ok(bytes) = std::fs::read(dir.join("golden.json"))
+            && let Ok(golden) = serde_json::from_slice::<Golden>(&bytes)
+        {
+            return Ok(golden);
+        }
+        let builder: SandboxId = format!("golden-{}", digest.short()).parse()?;
+        // A builder left by a crashed attempt is stale.
+        if self.record(&builder).is_ok() {
+            self.destroy(&builder)?;
+        }
+        let base = Base { template: template.clone(), golden: None };
+        let info =
+            self.create(base, &builder, &BoxSpec::new(crate::Size::Medium, Lane::None), None)?;
+        let built = (|| {
+            if !warmup.argv.is_empty() {
+                let AgentAddr::Unix(socket) = &info.agent else {
+                    unreachable!("jails listen on unix sockets")
+                };
+                let (status, tail) =
+                    probe::exec(socket, &warmup.argv, &template.env, warmup.timeout)?;
+                if status.timed_out {
+                    return Err(EngineError::WarmupFailed(format!(
+                        "timed out after {:?}: {tail}",
+                        warmup.timeout
+                    )));
+                }
+                if status.code != 0 {
+                    return Err(EngineError::WarmupFailed(format!(
+                        "exit {}: {}",
+                        status.code,
+                        tail.trim()
+                    )));
+                }
+            }
+            // Stop everything before taking the upper directory as the golden layer.
+            self.kill(&builder, info.pid)?;
+            let golden = Golden {
+                digest: digest.clone(),
+                template: template.clone(),
+                layer: dir.join("layer"),
+            };
+            template::build_atomically(&dir, |staging| {
+                std::fs::rename(self.box_dir(&builder).join("upper"), staging.join("layer"))
+                    .map_err(EngineError::io("move golden layer"))?;
+                let json = serde_json::to_vec_pretty(&golden)
+                    .map_err(|e| EngineError::Host(e.to_string()))?;
+                std::fs::write(staging.join("golden.json"), json)
+                    .map_err(EngineError::io("write golden.json"))
+            })?;
+            Ok(golden)
+        })();
+        self.destroy(&builder)?;
+        built
+    }
+
+    fn clone_golden(&self, golden: &Golden, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
+        let base = Base { template: golden.template.clone(), golden: Some(golden.clone()) };
+        self.create(base, id, spec, None)
+    }
+
+    fn boot(&self, template: &Template, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
+        self.create(Base { template: template.clone(), golden: None }, id, spec, None)
+    }
+
+    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode) -> Result<Snapshot> {
+        let record = self.record(id)?;
+        if self.live_pid(&record).is_none() {
+            return Err(EngineError::BadRequest(format!("sandbox {id} is not running")));
+        }
+        let n = self.next_snapshot.fetch_add(1, Ordering::Relaxed);
+        let path = self.cfg.data_dir.join("snapshots").join(format!("{id}-{}-{n}.tar", now_ms()));
+        self.cgroups.freeze(id, true)?;
+        let captured = (|| {
+            let file = std::fs::File::create(&path).map_err(EngineError::io("create snapshot"))?;
+            let mut out = std::io::BufWriter::new(file);
+            layer::capture(&self.box_dir(id).join("upper"), &mut out)?;
+            std::io::Write::flush(&mut out).map_err(EngineError::io("write snapshot"))?;
+            std::fs::metadata(&path).map(|m| m.len()).map_err(EngineError::io("stat snapshot"))
+        })();
+        let after = match mode {
+            SnapshotMode::KeepRunning => self.cgroups.freeze(id, false),
+            SnapshotMode::Stop if captured.is_ok() => self.destroy(id),
+            // A failed capture must leave the source as it was.
+            SnapshotMode::Stop => self.cgroups.freeze(id, false),
+        };
+        let bytes = match captured {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
+            }
+        };
+        after?;
+        Ok(Snapshot {
+            base: record.info.base,
+            spec: record.info.spec,
+            layer_tar: path,
+            bytes,
+            memory: false,
+        })
+    }
+
+    fn restore(&self, snapshot: &Snapshot, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
+        if snapshot.memory {
+            return Err(EngineError::Unsupported {
+                what: "restoring process memory",
+                engine: "jail",
+            });
+        }
+        self.create(snapshot.base.clone(), id, spec, Some(&snapshot.layer_tar))
+    }
+
+    fn destroy(&self, id: &SandboxId) -> Result<()> {
+        let record = self.record(id)?;
+        self.kill(id, self.live_pid(&record))?;
+        std::fs::remove_dir_all(self.box_dir(id))
+            .map_err(EngineError::io(format!("remove sandbox {id}")))
+    }
+
+    fn list(&self) -> Result<Vec<BoxInfo>> {
+        let mut out = vec![];
+        let entries = std::fs::read_dir(self.cfg.data_dir.join("boxes"))
+            .map_err(EngineError::io("read boxes"))?;
+        for entry in entries.flatten() {
+            let Ok(id) = entry.file_name().to_string_lossy().parse::<SandboxId>() else { continue };
+            let Ok(record) = self.record(&id) else { continue };
+            let pid = self.live_pid(&record);
+            out.push(BoxInfo { pid, running: pid.is_some(), ..record.info });
+        }
+        out.sort_by(|a, b| a.id.cmp(&b.id));
+        Ok(out)
+    }
+
+    fn agent(&self, id: &SandboxId) -> Result<AgentAddr> {
+        Ok(self.record(id)?.info.agent)
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Field 22 of `/proc/<pid>/stat`: the process's start time in clock ticks since boot.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = stat.rsplit_once(')')?.1;
+    let state = after_comm.split_whitespace().next()?;
+    if state == "Z" {
+        return None; // dead, waiting to be reaped
+    }
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}

@@ -1,0 +1,62 @@
+//! Engines run sandboxes behind one trait.
+//!
+//! An [`Engine`] turns a [`TemplateDef`] into an immutable [`Template`] (named by a blake3
+//! digest), a template plus its warmup into a [`Golden`], and goldens into running sandboxes
+//! (the clone tier) — or templates straight into sandboxes (the cold tier). It snapshots
+//! sandboxes into a portable layer and restores them, lists what it runs (also after the node
+//! process died) and destroys it without leftovers. A capability an engine lacks is an
+//! [`EngineError::Unsupported`], never a silent degrade.
+//!
+//! The trait is synchronous: every operation is a handful of syscalls or a child process, and the
+//! node runs them on blocking threads. The `jail` backend (namespaces, overlayfs, cgroups,
+//! seccomp) is in [`jail`]; VM backends will implement the same trait.
+
+mod error;
+pub mod jail;
+pub mod layer;
+mod oci;
+pub mod probe;
+mod template;
+mod types;
+
+pub use error::EngineError;
+pub use template::{TemplateDef, TemplateSource};
+pub use types::*;
+
+pub type Result<T, E = EngineError> = std::result::Result<T, E>;
+
+/// What every backend implements. See the crate docs.
+pub trait Engine: Send + Sync {
+    /// A short name, e.g. `jail`.
+    fn name(&self) -> &'static str;
+
+    fn capabilities(&self) -> Caps;
+
+    /// Resolves (and on first use imports) a template. Same definition, same digest.
+    fn template(&self, def: &TemplateDef) -> Result<Template>;
+
+    /// Builds the golden of `template`: boot once, run the warmup, freeze the result. Returns the
+    /// existing golden when one with the same digest (template + warmup) is already built.
+    fn prepare(&self, template: &Template, warmup: &Warmup) -> Result<Golden>;
+
+    /// The clone tier: a new sandbox on top of a golden. Returns once silkd answered `info`.
+    fn clone_golden(&self, golden: &Golden, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo>;
+
+    /// The cold tier: a new sandbox straight from the template (no warmup result).
+    fn boot(&self, template: &Template, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo>;
+
+    /// Captures a sandbox's filesystem changes (and its memory where the engine can).
+    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode) -> Result<Snapshot>;
+
+    /// A new sandbox from a snapshot: wake, branch and fork all land here.
+    fn restore(&self, snapshot: &Snapshot, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo>;
+
+    /// Stops a sandbox and removes every trace of it. Unknown ids are `NotFound`.
+    fn destroy(&self, id: &SandboxId) -> Result<()>;
+
+    /// Every sandbox this engine started that still exists, running or not.
+    fn list(&self) -> Result<Vec<BoxInfo>>;
+
+    /// Where the sandbox's silkd listens.
+    fn agent(&self, id: &SandboxId) -> Result<AgentAddr>;
+}

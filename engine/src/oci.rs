@@ -1,0 +1,113 @@
+//! Image import: a `docker save` tarball or a tar of an OCI image layout, flattened into one root
+//! directory, with the image's config (env, working directory, user) kept.
+//!
+//! The outer archive is unpacked into a scratch directory (the tar crate refuses entries that
+//! escape it); the manifest names the config and the layers, which are applied in order with
+//! whiteouts honoured (see `layer`).
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::layer::{self, Whiteouts};
+use crate::{EngineError, Result};
+
+/// The parts of an image config a sandbox keeps.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageConfig {
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+}
+
+fn bad(msg: impl Into<String>) -> EngineError {
+    EngineError::BadTemplate(msg.into())
+}
+
+pub fn import(archive: &Path, root: &Path) -> Result<ImageConfig> {
+    let scratch = root.with_file_name("outer");
+    let file = std::fs::File::open(archive).map_err(EngineError::io("open image"))?;
+    tar::Archive::new(file)
+        .unpack(&scratch)
+        .map_err(|e| bad(format!("image archive {}: {e}", archive.display())))?;
+    let result = (|| {
+        let (config, layers) = manifest(&scratch)?;
+        std::fs::create_dir_all(root).map_err(EngineError::io("mkdir rootfs"))?;
+        for layer in &layers {
+            let file = std::fs::File::open(layer)
+                .map_err(|_| bad(format!("layer {} is missing", layer.display())))?;
+            layer::apply(file, root, Whiteouts::Delete)?;
+        }
+        image_config(&config)
+    })();
+    let _ = std::fs::remove_dir_all(&scratch);
+    result
+}
+
+fn read_json(path: &Path) -> Result<Value> {
+    let bytes = std::fs::read(path).map_err(|_| bad(format!("{} is missing", path.display())))?;
+    serde_json::from_slice(&bytes).map_err(|e| bad(format!("{}: {e}", path.display())))
+}
+
+/// A path named inside the archive, kept inside the scratch directory.
+fn inside(scratch: &Path, name: &str) -> Result<PathBuf> {
+    let path = layer::resolve(scratch, Path::new(name))?;
+    Ok(path)
+}
+
+/// `(config path, layer paths)` from `manifest.json` (docker save) or `index.json` (OCI layout).
+fn manifest(scratch: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
+    let docker = scratch.join("manifest.json");
+    if docker.is_file() {
+        let m = read_json(&docker)?;
+        let first = m.get(0).ok_or_else(|| bad("manifest.json lists no image"))?;
+        let config = first["Config"].as_str().ok_or_else(|| bad("manifest.json: no Config"))?;
+        let layers = first["Layers"].as_array().ok_or_else(|| bad("manifest.json: no Layers"))?;
+        let layers = layers
+            .iter()
+            .map(|l| {
+                l.as_str()
+                    .ok_or_else(|| bad("manifest.json: bad layer"))
+                    .and_then(|l| inside(scratch, l))
+            })
+            .collect::<Result<_>>()?;
+        return Ok((inside(scratch, config)?, layers));
+    }
+    let index = read_json(&scratch.join("index.json"))
+        .map_err(|_| bad("neither manifest.json nor index.json: not an image archive"))?;
+    let blob = |digest: &Value| -> Result<PathBuf> {
+        let digest = digest.as_str().ok_or_else(|| bad("bad digest"))?;
+        let (algo, hex) =
+            digest.split_once(':').ok_or_else(|| bad(format!("bad digest {digest}")))?;
+        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) || algo.contains(['/', '.']) {
+            return Err(bad(format!("bad digest {digest}")));
+        }
+        inside(scratch, &format!("blobs/{algo}/{hex}"))
+    };
+    let manifest = read_json(&blob(&index["manifests"][0]["digest"])?)?;
+    let layers = manifest["layers"]
+        .as_array()
+        .ok_or_else(|| bad("OCI manifest: no layers"))?
+        .iter()
+        .map(|l| blob(&l["digest"]))
+        .collect::<Result<_>>()?;
+    Ok((blob(&manifest["config"]["digest"])?, layers))
+}
+
+fn image_config(path: &Path) -> Result<ImageConfig> {
+    let c = read_json(path)?;
+    let c = &c["config"];
+    let env = c["Env"]
+        .as_array()
+        .map(|vars| {
+            vars.iter()
+                .filter_map(|v| {
+                    v.as_str()?.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let text = |key: &str| c[key].as_str().filter(|s| !s.is_empty()).map(str::to_string);
+    Ok(ImageConfig { env, cwd: text("WorkingDir"), user: text("User") })
+}

@@ -1,0 +1,99 @@
+//! A tiny blocking silkd client: the readiness probe (`info`) and the golden's warmup (`exec`).
+//! Built on silk-proto's sans-IO codec, so it needs no async runtime.
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use silk_proto::{AgentInfo, Command, ExecRequest, ExitStatus, Frame, decode, encode};
+
+use crate::{EngineError, Result};
+
+struct Client {
+    stream: UnixStream,
+    buf: BytesMut,
+    deadline: Instant,
+}
+
+impl Client {
+    fn connect(socket: &Path, deadline: Instant) -> Result<Client> {
+        let stream = UnixStream::connect(socket)
+            .map_err(|e| EngineError::NotReady(format!("connect {}: {e}", socket.display())))?;
+        Ok(Client { stream, buf: BytesMut::with_capacity(4096), deadline })
+    }
+
+    fn send(&mut self, frame: &Frame) -> Result<()> {
+        let mut out = BytesMut::new();
+        encode(frame, &mut out).map_err(|e| EngineError::NotReady(e.to_string()))?;
+        self.stream.write_all(&out).map_err(|e| EngineError::NotReady(format!("send: {e}")))
+    }
+
+    fn recv(&mut self) -> Result<Frame> {
+        loop {
+            if let Some(frame) =
+                decode(&mut self.buf).map_err(|e| EngineError::NotReady(e.to_string()))?
+            {
+                return Ok(frame);
+            }
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(EngineError::NotReady("silkd did not answer in time".into()));
+            }
+            self.stream.set_read_timeout(Some(left)).map_err(EngineError::io("socket timeout"))?;
+            let mut chunk = [0u8; 16 * 1024];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return Err(EngineError::NotReady("silkd closed the connection".into())),
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(EngineError::NotReady(format!("read: {e}"))),
+            }
+        }
+    }
+}
+
+/// Waits until silkd at `socket` answers `info`.
+pub fn info(socket: &Path, timeout: Duration) -> Result<AgentInfo> {
+    let mut c = Client::connect(socket, Instant::now() + timeout)?;
+    c.send(&Frame::Info)?;
+    let mut info = None;
+    loop {
+        match c.recv()? {
+            Frame::InfoReply(i) => info = Some(i),
+            Frame::Done => return info.ok_or_else(|| EngineError::NotReady("no InfoReply".into())),
+            Frame::Error(e) => return Err(EngineError::NotReady(e.to_string())),
+            _ => {}
+        }
+    }
+}
+
+/// Runs `argv` to completion; returns its exit status and the last 4 KiB of its output.
+pub fn exec(
+    socket: &Path,
+    argv: &[String],
+    env: &[(String, String)],
+    timeout: Duration,
+) -> Result<(ExitStatus, String)> {
+    let mut c = Client::connect(socket, Instant::now() + timeout + Duration::from_secs(5))?;
+    c.send(&Frame::Exec(ExecRequest {
+        command: Command { argv: argv.to_vec(), env: env.to_vec(), ..Default::default() },
+        stdin: false,
+        timeout_ms: Some(timeout.as_millis() as u64),
+    }))?;
+    let mut tail = Vec::new();
+    loop {
+        match c.recv()? {
+            Frame::Stdout(b) | Frame::Stderr(b) => {
+                tail.extend_from_slice(&b);
+                let excess = tail.len().saturating_sub(4096);
+                tail.drain(..excess);
+            }
+            Frame::Exit(status) => {
+                return Ok((status, String::from_utf8_lossy(&tail).into_owned()));
+            }
+            Frame::Error(e) => return Err(EngineError::WarmupFailed(e.to_string())),
+            _ => {}
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! Templates: where a sandbox's root filesystem comes from, and its content digest.
+//!
+//! - `host`: a small skeleton root (its own `/etc`, empty mount points) with the host's `/usr`,
+//!   `/bin`, `/sbin` and `/lib*` bound read-only. Never the host's `/etc`, `/root`, `/home` or
+//!   `/var`. Zero download.
+//! - a directory rootfs, used in place (overlaid, never copied). Its digest covers the tree's
+//!   metadata (paths, modes, sizes, mtimes), so editing it in place yields a new template.
+//! - an image tarball (`docker save` style or an OCI image layout packed as a tar), flattened
+//!   once into the engine's data directory.
+//!
+//! Templates are immutable: a resolved template is only ever read, and new content means a new
+//! digest and a new directory.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Digest, EngineError, Result, Template, oci};
+
+/// Bumped when the way templates are materialised changes, so old directories are not reused.
+const FORMAT: &str = "silk-template-v1";
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TemplateSource {
+    Host,
+    Dir(PathBuf),
+    /// A `docker save` tarball or a tar of an OCI image layout.
+    Image(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateDef {
+    pub name: String,
+    pub source: TemplateSource,
+}
+
+impl TemplateDef {
+    pub fn host() -> TemplateDef {
+        TemplateDef { name: "host".into(), source: TemplateSource::Host }
+    }
+}
+
+/// Resolves `def`, materialising it under `dir` on first use.
+pub(crate) fn resolve(def: &TemplateDef, dir: &Path) -> Result<Template> {
+    match &def.source {
+        TemplateSource::Host => host(def, dir),
+        TemplateSource::Dir(root) => directory(def, root),
+        TemplateSource::Image(archive) => image(def, archive, dir),
+    }
+}
+
+/// Host directories bound into a `host` sandbox, when they are real directories on this host
+/// (on merged-/usr systems `/bin` and friends are symlinks into `/usr`, recreated as symlinks).
+const HOST_DIRS: &[&str] = &["usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32"];
+
+fn host(def: &TemplateDef, dir: &Path) -> Result<Template> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(FORMAT.as_bytes()).update(b"host");
+    let mut layout = vec![];
+    for name in HOST_DIRS {
+        let path = Path::new("/").join(name);
+        match std::fs::symlink_metadata(&path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                let target =
+                    std::fs::read_link(&path).map_err(EngineError::io("read host link"))?;
+                hasher.update(format!("{name}->{}", target.display()).as_bytes());
+                layout.push((name.to_string(), Some(target)));
+            }
+            Ok(m) if m.is_dir() => {
+                hasher.update(format!("{name}/").as_bytes());
+                layout.push((name.to_string(), None));
+            }
+            _ => {}
+        }
+    }
+    // The dynamic linker's cache and the alternatives links are host facts the skeleton copies.
+    let ld_cache = std::fs::read("/etc/ld.so.cache").unwrap_or_default();
+    hasher.update(&ld_cache);
+    let digest = Digest::of(&hasher);
+    let home = dir.join(format!("host-{}", digest.short()));
+    let root = home.join("root");
+    if !root.is_dir() {
+        build_atomically(&home, |staging| {
+            let root = staging.join("root");
+            host_skeleton(&root, &layout, &ld_cache)
+        })?;
+    }
+    let binds = layout
+        .iter()
+        .filter(|(_, link)| link.is_none())
+        .map(|(name, _)| (Path::new("/").join(name), PathBuf::from(name)))
+        .collect();
+    Ok(Template { name: def.name.clone(), digest, root, binds, env: vec![], cwd: None, user: None })
+}
+
+const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\n\
+user:x:1000:1000:user:/home/user:/bin/sh\n\
+nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nuser:x:1000:\nnogroup:x:65534:\n";
+
+fn host_skeleton(root: &Path, layout: &[(String, Option<PathBuf>)], ld_cache: &[u8]) -> Result<()> {
+    let mkdir = |p: &Path, mode: u32| -> Result<()> {
+        std::fs::create_dir_all(p).map_err(EngineError::io(format!("mkdir {}", p.display())))?;
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))
+            .map_err(EngineError::io("chmod"))
+    };
+    for (name, link) in layout {
+        match link {
+            Some(target) => symlink(target, root.join(name)).map_err(EngineError::io("symlink"))?,
+            None => mkdir(&root.join(name), 0o755)?,
+        }
+    }
+    for (name, mode) in [
+        ("etc", 0o755),
+        ("proc", 0o555),
+        ("dev", 0o755),
+        ("tmp", 0o1777),
+        ("run", 0o755),
+        ("root", 0o700),
+        ("home/user", 0o755),
+        ("var/tmp", 0o1777),
+        ("mnt", 0o755),
+        ("opt", 0o755),
+    ] {
+        mkdir(&root.join(name), mode)?;
+    }
+    std::os::unix::fs::chown(root.join("home/user"), Some(1000), Some(1000))
+        .map_err(EngineError::io("chown home"))?;
+    let etc = root.join("etc");
+    let write = |name: &str, content: &[u8]| {
+        std::fs::write(etc.join(name), content)
+            .map_err(EngineError::io(format!("write /etc/{name}")))
+    };
+    write("passwd", PASSWD.as_bytes())?;
+    write("group", GROUP.as_bytes())?;
+    write("hosts", b"127.0.0.1\tlocalhost\n::1\tlocalhost\n")?;
+    write("resolv.conf", b"# lane none: no network\n")?;
+    write("hostname", b"sandbox\n")?;
+    write("nsswitch.conf", b"passwd: files\ngroup: files\nhosts: files dns\n")?;
+    if !ld_cache.is_empty() {
+        write("ld.so.cache", ld_cache)?;
+    }
+    // Debian resolves many commands (awk, editor, ...) through /etc/alternatives symlinks.
+    if let Ok(entries) = std::fs::read_dir("/etc/alternatives") {
+        mkdir(&etc.join("alternatives"), 0o755)?;
+        for entry in entries.flatten() {
+            if let Ok(target) = std::fs::read_link(entry.path()) {
+                let _ = symlink(target, etc.join("alternatives").join(entry.file_name()));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn directory(def: &TemplateDef, root: &Path) -> Result<Template> {
+    let meta = std::fs::metadata(root)
+        .map_err(|_| EngineError::TemplateNotFound(format!("{} ({})", def.name, root.display())))?;
+    if !meta.is_dir() {
+        return Err(EngineError::BadTemplate(format!("{} is not a directory", root.display())));
+    }
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(FORMAT.as_bytes()).update(b"dir");
+    hash_tree(root, Path::new(""), &mut hasher)?;
+    Ok(Template {
+        name: def.name.clone(),
+        digest: Digest::of(&hasher),
+        root: root.to_path_buf(),
+        binds: vec![],
+        env: vec![],
+        cwd: None,
+        user: None,
+    })
+}
+
+/// Hashes a tree's shape and metadata in a stable (sorted) order.
+fn hash_tree(dir: &Path, rel: &Path, hasher: &mut blake3::Hasher) -> Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .map_err(EngineError::io(format!("read {}", dir.display())))?
+        .filter_map(|e| e.ok())
+        .collect();
+    entries.sort_by_key(|e| e.file_name());
+    for entry in entries {
+        let path = entry.path();
+        let m = std::fs::symlink_metadata(&path).map_err(EngineError::io("stat"))?;
+        let name = rel.join(entry.file_name());
+        hasher.update(name.as_os_str().as_encoded_bytes());
+        hasher.update(&[0]);
+        for n in
+            [m.mode() as u64, m.size(), m.mtime() as u64, m.mtime_nsec() as u64, m.uid() as u64]
+        {
+            hasher.update(&n.to_le_bytes());
+        }
+        if m.is_dir() {
+            hash_tree(&path, &name, hasher)?;
+        }
+    }
+    Ok(())
+}
+
+fn image(def: &TemplateDef, archive: &Path, dir: &Path) -> Result<Template> {
+    let file = std::fs::File::open(archive).map_err(|_| {
+        EngineError::TemplateNotFound(format!("{} ({})", def.name, archive.display()))
+    })?;
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(FORMAT.as_bytes()).update(b"image");
+    hasher.update_reader(file).map_err(EngineError::io("hash image"))?;
+    let digest = Digest::of(&hasher);
+    let home = dir.join(format!("image-{}", digest.short()));
+    let config_path = home.join("config.json");
+    if !config_path.is_file() {
+        build_atomically(&home, |staging| {
+            let config = oci::import(archive, &staging.join("root"))?;
+            let json = serde_json::to_vec_pretty(&config)
+                .map_err(|e| EngineError::BadTemplate(e.to_string()))?;
+            std::fs::write(staging.join("config.json"), json)
+                .map_err(EngineError::io("write config"))
+        })?;
+    }
+    let config: oci::ImageConfig = serde_json::from_slice(
+        &std::fs::read(&config_path).map_err(EngineError::io("read image config"))?,
+    )
+    .map_err(|e| EngineError::BadTemplate(format!("image config: {e}")))?;
+    Ok(Template {
+        name: def.name.clone(),
+        digest,
+        root: home.join("root"),
+        binds: vec![],
+        env: config.env,
+        cwd: config.cwd,
+        user: config.user,
+    })
+}
+
+/// Builds `dest` in a sibling staging directory and renames it into place, so a crash or an
+/// error never leaves a half-built template that later looks complete.
+pub(crate) fn build_atomically(dest: &Path, build: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    let parent = dest.parent().ok_or_else(|| EngineError::Host("bad data dir".into()))?;
+    std::fs::create_dir_all(parent)
+        .map_err(EngineError::io(format!("mkdir {}", parent.display())))?;
+    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let staging = parent.join(format!(".{name}.building-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    std::fs::create_dir(&staging).map_err(EngineError::io("mkdir staging"))?;
+    let built = build(&staging);
+    if built.is_ok() {
+        match std::fs::rename(&staging, dest) {
+            Ok(()) => return Ok(()),
+            // Another builder won the race with identical content.
+            Err(_) if dest.exists() => {}
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&staging);
+                return Err(EngineError::io("install template")(e));
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&staging);
+    built
+}

@@ -1,0 +1,230 @@
+//! The values engines take and return. User input is parsed into these at the edge, so a
+//! `SandboxId` or a `Size` past this point is always valid.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::EngineError;
+
+/// A sandbox id: 1–64 of `[a-z0-9_-]`, so it is safe in paths, cgroup names and hostnames.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for SandboxId {
+    type Error = EngineError;
+
+    fn try_from(s: String) -> Result<Self, EngineError> {
+        let ok = !s.is_empty()
+            && s.len() <= 64
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
+            && !s.starts_with('-');
+        if ok {
+            Ok(SandboxId(s))
+        } else {
+            Err(EngineError::BadRequest(format!("bad sandbox id {s:?}")))
+        }
+    }
+}
+
+impl std::str::FromStr for SandboxId {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self, EngineError> {
+        SandboxId::try_from(s.to_string())
+    }
+}
+
+impl From<SandboxId> for String {
+    fn from(id: SandboxId) -> String {
+        id.0
+    }
+}
+
+impl std::fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A blake3 content digest, hex.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Digest(pub String);
+
+impl Digest {
+    pub fn of(hasher: &blake3::Hasher) -> Digest {
+        Digest(hasher.finalize().to_hex().to_string())
+    }
+
+    /// The first 16 hex digits, for directory names and logs.
+    pub fn short(&self) -> &str {
+        &self.0[..16.min(self.0.len())]
+    }
+}
+
+/// Size tiers: cpu as a quota of cores, memory, and a process limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Size {
+    Small,
+    Medium,
+    Large,
+}
+
+impl Size {
+    pub fn limits(self) -> Limits {
+        match self {
+            Size::Small => Limits { cpu_millis: 1000, memory_bytes: 512 << 20, pids: 512 },
+            Size::Medium => Limits { cpu_millis: 2000, memory_bytes: 1 << 30, pids: 1024 },
+            Size::Large => Limits { cpu_millis: 4000, memory_bytes: 4 << 30, pids: 4096 },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// CPU quota in thousandths of a core.
+    pub cpu_millis: u32,
+    pub memory_bytes: u64,
+    pub pids: u32,
+}
+
+/// Network lanes. `none`: a network namespace with only loopback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lane {
+    None,
+    Egress,
+}
+
+/// How a sandbox is shaped.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoxSpec {
+    pub size: Size,
+    pub lane: Lane,
+    /// Overrides the size tier's limits (tests use this to make limits small).
+    pub limits: Option<Limits>,
+}
+
+impl BoxSpec {
+    pub fn new(size: Size, lane: Lane) -> BoxSpec {
+        BoxSpec { size, lane, limits: None }
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits.unwrap_or_else(|| self.size.limits())
+    }
+}
+
+/// An immutable template, ready to be the bottom layer of sandboxes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Template {
+    pub name: String,
+    pub digest: Digest,
+    /// The root filesystem directory (for `host`, a small skeleton the host's dirs bind into).
+    pub root: PathBuf,
+    /// Host directories bound read-only into the sandbox: (host path, path inside).
+    pub binds: Vec<(PathBuf, PathBuf)>,
+    /// Image config kept from OCI images: environment, working directory, user.
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+}
+
+/// What to run once in a fresh sandbox before freezing it as the golden.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Warmup {
+    pub argv: Vec<String>,
+    pub timeout: Duration,
+}
+
+/// A template plus its warmup result, frozen.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Golden {
+    pub digest: Digest,
+    pub template: Template,
+    /// The read-only layer holding what the warmup changed.
+    pub layer: PathBuf,
+}
+
+/// The layers a sandbox runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Base {
+    pub template: Template,
+    pub golden: Option<Golden>,
+}
+
+/// Where a sandbox's silkd listens.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AgentAddr {
+    Unix(PathBuf),
+    Vsock { cid: u32, port: u32 },
+}
+
+/// A sandbox as the engine knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BoxInfo {
+    pub id: SandboxId,
+    pub base: Base,
+    pub spec: BoxSpec,
+    pub agent: AgentAddr,
+    /// The host pid of the sandbox's init (silkd), while it runs.
+    pub pid: Option<u32>,
+    pub running: bool,
+    pub created_ms: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SnapshotMode {
+    /// Pause, capture, resume.
+    KeepRunning,
+    /// Pause, capture, destroy the sandbox.
+    Stop,
+}
+
+/// A captured sandbox: its base, its spec, and its filesystem changes as an OCI-style layer tar
+/// (whiteouts as `.wh.` entries), so any node with the same base can restore it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub base: Base,
+    pub spec: BoxSpec,
+    pub layer_tar: PathBuf,
+    pub bytes: u64,
+    /// Process memory was captured (never by the jail engine).
+    pub memory: bool,
+}
+
+/// What an engine can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Caps {
+    /// Snapshots keep process memory; a restore resumes processes.
+    pub memory_snapshot: bool,
+    /// Lanes other than `none`.
+    pub egress: bool,
+    /// Disk use of a sandbox is bounded.
+    pub disk_limit: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sandbox_ids_are_path_and_hostname_safe() {
+        for good in ["a", "sb-1", "x_y", &"a".repeat(64)] {
+            assert!(good.parse::<SandboxId>().is_ok(), "{good}");
+        }
+        for bad in ["", "A", "a/b", "..", "-a", "a b", &"a".repeat(65), "é"] {
+            assert!(bad.parse::<SandboxId>().is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,113 @@
+//! The engine contract: what every backend must do, written against `&dyn Engine` only. Each
+//! backend's test file calls every function here with its own engine and a template.
+
+use std::time::Duration;
+
+use silk_engine::*;
+
+use super::{id, ok, sh, small};
+
+fn warmup(argv: &[&str]) -> Warmup {
+    Warmup { argv: argv.iter().map(|s| s.to_string()).collect(), timeout: Duration::from_secs(20) }
+}
+
+/// Goldens are content-named: same template and warmup, same golden; the warmup's result is in
+/// every clone, and not in a cold boot.
+pub fn goldens_are_reused_and_carry_the_warmup(e: &dyn Engine, t: &Template) {
+    let g1 = e.prepare(t, &warmup(&["/bin/sh", "-c", "echo warm > /etc/warm"])).unwrap();
+    let g2 = e.prepare(t, &warmup(&["/bin/sh", "-c", "echo warm > /etc/warm"])).unwrap();
+    assert_eq!(g1, g2);
+    let other = e.prepare(t, &warmup(&["/bin/sh", "-c", "echo other > /etc/warm"])).unwrap();
+    assert_ne!(other.digest, g1.digest, "a changed warmup is a new golden");
+
+    let clone = e.clone_golden(&g1, &id("c-warm"), &small()).unwrap();
+    assert_eq!(ok(&clone, "cat /etc/warm"), "warm");
+    let cold = e.boot(t, &id("c-cold"), &small()).unwrap();
+    assert_ne!(sh(&cold, "cat /etc/warm").0, 0, "cold boot has no warmup result");
+    e.destroy(&clone.id).unwrap();
+    e.destroy(&cold.id).unwrap();
+    assert!(e.list().unwrap().is_empty(), "golden builders leave no sandbox behind");
+}
+
+/// Clones answer, are named by their id, and do not share files.
+pub fn clones_are_separate_machines(e: &dyn Engine, t: &Template) {
+    let g = e.prepare(t, &Warmup::default()).unwrap();
+    let a = e.clone_golden(&g, &id("c-a"), &small()).unwrap();
+    let b = e.clone_golden(&g, &id("c-b"), &small()).unwrap();
+    assert_eq!(ok(&a, "hostname"), "c-a");
+    ok(&a, "echo only-a > /root/mine");
+    assert_ne!(sh(&b, "cat /root/mine").0, 0);
+    assert_ne!(ok(&a, "cat /etc/machine-id"), ok(&b, "cat /etc/machine-id"));
+    assert!(matches!(e.agent(&a.id).unwrap(), AgentAddr::Unix(_)));
+    let ids: Vec<_> = e.list().unwrap().into_iter().filter(|i| i.running).map(|i| i.id).collect();
+    assert_eq!(ids, vec![a.id.clone(), b.id.clone()]);
+    e.destroy(&a.id).unwrap();
+    e.destroy(&b.id).unwrap();
+}
+
+/// A snapshot carries files written and files deleted; the source keeps running (or stops).
+pub fn snapshot_and_restore_keep_the_filesystem(e: &dyn Engine, t: &Template) {
+    let g = e.prepare(t, &Warmup::default()).unwrap();
+    let src = e.clone_golden(&g, &id("c-src"), &small()).unwrap();
+    ok(
+        &src,
+        "mkdir -p /srv/data && echo v1 > /srv/data/f && rm /etc/hosts && chmod 600 /srv/data/f",
+    );
+    let snap = e.snapshot(&src.id, SnapshotMode::KeepRunning).unwrap();
+    assert!(!snap.memory || e.capabilities().memory_snapshot);
+    ok(&src, "echo v2 > /srv/data/f"); // still running and writable after the snapshot
+
+    let copy = e.restore(&snap, &id("c-copy"), &small()).unwrap();
+    assert_eq!(ok(&copy, "cat /srv/data/f"), "v1");
+    assert_eq!(ok(&copy, "stat -c %a /srv/data/f"), "600");
+    assert_ne!(sh(&copy, "test -e /etc/hosts").0, 0, "a deletion survives the snapshot");
+    assert_eq!(ok(&copy, "hostname"), "c-copy");
+
+    let stopped = e.snapshot(&src.id, SnapshotMode::Stop).unwrap();
+    assert!(e.list().unwrap().iter().all(|b| b.id != src.id), "Stop destroys the source");
+    let again = e.restore(&stopped, &id("c-again"), &small()).unwrap();
+    assert_eq!(ok(&again, "cat /srv/data/f"), "v2");
+    for b in [copy.id, again.id] {
+        e.destroy(&b).unwrap();
+    }
+}
+
+/// Bad requests are typed and leave nothing behind.
+pub fn errors_are_typed(e: &dyn Engine, t: &Template) {
+    let g = e.prepare(t, &Warmup::default()).unwrap();
+    let a = e.clone_golden(&g, &id("c-dup"), &small()).unwrap();
+    assert!(matches!(e.clone_golden(&g, &id("c-dup"), &small()), Err(EngineError::Exists(_))));
+    assert_eq!(
+        ok(&a, "echo still fine"),
+        "still fine",
+        "a failed duplicate does not hurt the original"
+    );
+    e.destroy(&a.id).unwrap();
+    assert!(matches!(e.destroy(&a.id), Err(EngineError::NotFound(_))));
+    let egress = BoxSpec::new(Size::Small, Lane::Egress);
+    if !e.capabilities().egress {
+        assert!(matches!(
+            e.clone_golden(&g, &id("c-egress"), &egress),
+            Err(EngineError::Unsupported { .. })
+        ));
+    }
+    assert!(matches!(
+        e.snapshot(&id("c-none"), SnapshotMode::KeepRunning),
+        Err(EngineError::NotFound(_))
+    ));
+
+    let failing = e.prepare(t, &warmup(&["/bin/sh", "-c", "echo broken >&2; exit 7"]));
+    assert!(
+        matches!(&failing, Err(EngineError::WarmupFailed(m)) if m.contains("exit 7") && m.contains("broken")),
+        "{failing:?}"
+    );
+    let hanging = e.prepare(
+        t,
+        &Warmup { argv: vec!["sleep".into(), "100".into()], timeout: Duration::from_millis(300) },
+    );
+    assert!(
+        matches!(&hanging, Err(EngineError::WarmupFailed(m)) if m.contains("timed out")),
+        "{hanging:?}"
+    );
+    assert!(e.list().unwrap().is_empty(), "failed warmups leave no sandbox");
+}

@@ -1,0 +1,127 @@
+//! Harness for engine tests: a jail engine on a temp data directory, and helpers to run commands
+//! in sandboxes through silkd.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use silk_engine::jail::{JailConfig, JailEngine};
+use silk_engine::*;
+
+pub mod contract;
+
+/// The statically linked silkd that runs inside jails. `scripts/test` builds it and sets this.
+pub fn static_silkd() -> PathBuf {
+    let path = std::env::var_os("SILKD_STATIC").map(PathBuf::from).expect(
+        "SILKD_STATIC is not set: run the suite through scripts/test (it builds a static silkd)",
+    );
+    assert!(path.is_file(), "SILKD_STATIC={} does not exist", path.display());
+    path
+}
+
+pub struct Harness {
+    pub engine: JailEngine,
+    pub data: tempfile::TempDir,
+}
+
+impl Harness {
+    pub fn new() -> Harness {
+        let data = tempfile::tempdir().unwrap();
+        let engine = Self::open(data.path().to_path_buf());
+        Harness { engine, data }
+    }
+
+    /// A second engine on the same data directory: what a restarted node gets.
+    pub fn reopen(&self) -> JailEngine {
+        Self::open(self.data.path().to_path_buf())
+    }
+
+    fn open(data: PathBuf) -> JailEngine {
+        let cfg = JailConfig::new(data, static_silkd(), env!("CARGO_BIN_EXE_silk-jail"));
+        JailEngine::new(cfg).expect("jail engine")
+    }
+
+    pub fn host(&self) -> Template {
+        self.engine.template(&TemplateDef::host()).unwrap()
+    }
+
+    pub fn golden(&self, warmup: &[&str]) -> Golden {
+        let warmup = Warmup {
+            argv: warmup.iter().map(|s| s.to_string()).collect(),
+            timeout: Duration::from_secs(20),
+        };
+        self.engine.prepare(&self.host(), &warmup).unwrap()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        // Leave nothing running even when a test failed half way.
+        if let Ok(boxes) = self.engine.list() {
+            for b in boxes {
+                let _ = self.engine.destroy(&b.id);
+            }
+        }
+    }
+}
+
+pub fn id(s: &str) -> SandboxId {
+    s.parse().unwrap()
+}
+
+pub fn small() -> BoxSpec {
+    BoxSpec::new(Size::Small, Lane::None)
+}
+
+/// Runs `sh -c script` in the sandbox; returns (exit code, the last 4 KiB of output).
+pub fn sh(info: &BoxInfo, script: &str) -> (i32, String) {
+    let AgentAddr::Unix(socket) = &info.agent else { panic!("jail agents are unix sockets") };
+    let argv = vec!["/bin/sh".to_string(), "-c".to_string(), script.to_string()];
+    let (status, out) = probe::exec(socket, &argv, &[], Duration::from_secs(30)).unwrap();
+    (status.code, out)
+}
+
+/// `sh` expecting success; returns trimmed output.
+pub fn ok(info: &BoxInfo, script: &str) -> String {
+    let (code, out) = sh(info, script);
+    assert_eq!(code, 0, "`{script}` failed: {out}");
+    out.trim().to_string()
+}
+
+pub fn pid_alive(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// Everything a sandbox leaves on the host while it exists.
+pub fn traces(h: &Harness, id: &SandboxId, pid: Option<u32>) -> Vec<String> {
+    let mut found = vec![];
+    if h.data.path().join("boxes").join(id.as_str()).exists() {
+        found.push("box directory".to_string());
+    }
+    for ctl in ["memory", "cpu", "pids", "freezer", ""] {
+        let Ok(groups) = std::fs::read_dir(PathBuf::from("/sys/fs/cgroup").join(ctl)) else {
+            continue;
+        };
+        for group in
+            groups.flatten().filter(|g| g.file_name().to_string_lossy().starts_with("silkmesh"))
+        {
+            if group.path().join(id.as_str()).exists() {
+                found.push(format!("cgroup {}", group.path().join(id.as_str()).display()));
+            }
+        }
+    }
+    if let Some(pid) = pid {
+        if pid_alive(pid)
+            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .unwrap_or_default()
+                .contains(") Z")
+        {
+            found.push(format!("process {pid}"));
+        }
+    }
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    if mounts.contains(h.data.path().to_str().unwrap()) {
+        found.push("a mount under the data directory".to_string());
+    }
+    found
+}

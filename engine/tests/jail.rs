@@ -1,0 +1,92 @@
+//! The jail backend: the shared engine contract, plus what is specific to jails (templates,
+//! re-adoption after a restart, a sandbox whose silkd dies).
+
+mod common;
+
+use common::*;
+use silk_engine::*;
+
+#[test]
+fn contract_goldens() {
+    let h = Harness::new();
+    contract::goldens_are_reused_and_carry_the_warmup(&h.engine, &h.host());
+}
+
+#[test]
+fn contract_clones() {
+    let h = Harness::new();
+    contract::clones_are_separate_machines(&h.engine, &h.host());
+}
+
+#[test]
+fn contract_snapshots() {
+    let h = Harness::new();
+    contract::snapshot_and_restore_keep_the_filesystem(&h.engine, &h.host());
+}
+
+#[test]
+fn contract_errors() {
+    let h = Harness::new();
+    contract::errors_are_typed(&h.engine, &h.host());
+}
+
+#[test]
+fn capabilities_say_what_the_jail_cannot_do() {
+    let h = Harness::new();
+    let caps = h.engine.capabilities();
+    assert!(!caps.memory_snapshot && !caps.egress);
+}
+
+#[test]
+fn host_template_is_stable_and_missing_templates_are_reported() {
+    let h = Harness::new();
+    assert_eq!(h.host(), h.host());
+    let missing =
+        TemplateDef { name: "gone".into(), source: TemplateSource::Dir("/no/such/rootfs".into()) };
+    assert!(matches!(h.engine.template(&missing), Err(EngineError::TemplateNotFound(_))));
+    let corrupt = h.data.path().join("corrupt.tar");
+    std::fs::write(&corrupt, vec![0x42; 4096]).unwrap();
+    let image = TemplateDef { name: "bad".into(), source: TemplateSource::Image(corrupt) };
+    assert!(matches!(h.engine.template(&image), Err(EngineError::BadTemplate(_))));
+}
+
+#[test]
+fn a_restarted_engine_readopts_running_jails_and_sees_dead_ones() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("r-a"), &small()).unwrap();
+    let b = h.engine.clone_golden(&g, &id("r-b"), &small()).unwrap();
+    ok(&a, "echo kept > /root/state");
+
+    let restarted = h.reopen();
+    let listed = restarted.list().unwrap();
+    assert_eq!(listed.len(), 2);
+    assert!(listed.iter().all(|i| i.running));
+    let again = listed.iter().find(|i| i.id == a.id).unwrap();
+    assert_eq!(ok(again, "cat /root/state"), "kept", "the same sandbox, still usable");
+
+    // silkd (the jail's PID 1) dies: the jail is over, and list says so.
+    unsafe { libc::kill(b.pid.unwrap() as i32, libc::SIGKILL) };
+    let mut dead = false;
+    for _ in 0..500 {
+        if restarted.list().unwrap().iter().any(|i| i.id == b.id && !i.running) {
+            dead = true;
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert!(dead, "a jail whose silkd died is listed as not running");
+    restarted.destroy(&b.id).unwrap();
+    assert!(traces(&h, &b.id, b.pid).is_empty());
+}
+
+#[test]
+fn destroy_leaves_nothing_behind() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("d-a"), &small()).unwrap();
+    ok(&a, "sleep 100 >/dev/null 2>&1 & echo started");
+    assert!(!traces(&h, &a.id, a.pid).is_empty());
+    h.engine.destroy(&a.id).unwrap();
+    assert_eq!(traces(&h, &a.id, a.pid), Vec::<String>::new());
+}
