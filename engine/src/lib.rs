@@ -26,7 +26,7 @@ pub use types::*;
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// What every backend implements. See the crate docs.
-pub trait Engine: Send + Sync {
+pub trait Engine: Send + Sync + std::fmt::Debug {
     /// A short name, e.g. `jail`.
     fn name(&self) -> &'static str;
 

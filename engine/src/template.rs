@@ -240,7 +240,10 @@ pub(crate) fn build_atomically(dest: &Path, build: impl FnOnce(&Path) -> Result<
     std::fs::create_dir_all(parent)
         .map_err(EngineError::io(format!("mkdir {}", parent.display())))?;
     let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let staging = parent.join(format!(".{name}.building-{}", std::process::id()));
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    // Unique per call: concurrent builders of one template each stage their own copy.
+    let staging = parent.join(format!(".{name}.building-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
     std::fs::create_dir(&staging).map_err(EngineError::io("mkdir staging"))?;
     let built = build(&staging);

@@ -72,7 +72,7 @@ impl Digest {
 }
 
 /// Size tiers: cpu as a quota of cores, memory, and a process limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Size {
     Small,
@@ -99,7 +99,7 @@ pub struct Limits {
 }
 
 /// Network lanes. `none`: a network namespace with only loopback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Lane {
     None,

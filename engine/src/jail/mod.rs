@@ -102,7 +102,27 @@ impl JailEngine {
         }
         let instance = blake3::hash(cfg.data_dir.as_os_str().as_encoded_bytes()).to_hex();
         let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{}", &instance[..12]))?;
-        Ok(JailEngine { cfg, cgroups, next_snapshot: AtomicU64::new(0) })
+        let engine = JailEngine { cfg, cgroups, next_snapshot: AtomicU64::new(0) };
+        engine.remove_incomplete()?;
+        Ok(engine)
+    }
+
+    /// A box directory without a readable `box.json` is a start that a crash interrupted (the
+    /// record is written right after the launch). Nothing can own it: kill what runs in its
+    /// cgroups and remove it, so a crash mid-start leaks nothing.
+    fn remove_incomplete(&self) -> Result<()> {
+        let entries = std::fs::read_dir(self.cfg.data_dir.join("boxes"))
+            .map_err(EngineError::io("read boxes"))?;
+        for entry in entries.flatten() {
+            let Ok(id) = entry.file_name().to_string_lossy().parse::<SandboxId>() else { continue };
+            if self.record(&id).is_err() {
+                tracing::warn!(sandbox = %id, "removing a sandbox whose start was interrupted");
+                self.cgroups.remove(&id)?;
+                std::fs::remove_dir_all(entry.path())
+                    .map_err(EngineError::io(format!("remove {id}")))?;
+            }
+        }
+        Ok(())
     }
 
     fn box_dir(&self, id: &SandboxId) -> PathBuf {

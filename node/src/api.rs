@@ -1,0 +1,336 @@
+//! The HTTP API: routes, authentication, request parsing, and JSON shapes. Handlers turn HTTP
+//! into typed calls on [`Node`] and its results into JSON; every failure is an [`ApiError`].
+//!
+//! Auth: `Authorization: Bearer <token>`. Node routes need the root token (when one is
+//! configured). Sandbox routes take that sandbox's own token or the root token; anything else
+//! answers the same 404 as an unknown id.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{DefaultBodyLimit, FromRequest, Path, RawQuery, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use silk_proto::{Command, Connection, ExecRequest, Frame};
+use tokio::net::UnixStream;
+
+use crate::claims::{ClaimRecord, ClaimRequest, checked_ttl};
+use crate::config::PoolConfig;
+use crate::error::ApiError;
+use crate::node::{Claimed, Node};
+use crate::{openapi, relay};
+
+type Shared = State<Arc<Node>>;
+
+pub fn router(node: Arc<Node>) -> Router {
+    let limit = node.cfg.max_body_bytes;
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(|| async { axum::Json(openapi::document()) }))
+        .route("/v1/info", get(info))
+        .route("/v1/pools", get(get_pools).put(put_pools))
+        .route("/v1/drain", post(drain_on).delete(drain_off))
+        .route("/v1/sandboxes", post(claim).get(list))
+        .route("/v1/sandboxes/{id}", get(get_one).delete(release))
+        .route("/v1/sandboxes/{id}/renew", post(renew))
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/agent", get(relay::agent))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this route",
+            )
+        })
+        .layer(DefaultBodyLimit::max(limit))
+        .with_state(node)
+}
+
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
+}
+
+fn root(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
+    if node.is_root(bearer(headers)) { Ok(()) } else { Err(ApiError::unauthorized()) }
+}
+
+/// A JSON body whose rejections are API errors (400, 413, 415) in the usual shape.
+#[derive(Debug)]
+pub struct JsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        match axum::Json::<T>::from_request(req, state).await {
+            Ok(axum::Json(v)) => Ok(JsonBody(v)),
+            Err(rejection) => Err(json_error(rejection)),
+        }
+    }
+}
+
+fn json_error(rejection: JsonRejection) -> ApiError {
+    let code = match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        _ => "bad_request",
+    };
+    let status = match rejection.status() {
+        s @ (StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE) => s,
+        _ => StatusCode::BAD_REQUEST,
+    };
+    ApiError::new(status, code, rejection.body_text())
+}
+
+fn row(node: &Node, r: &ClaimRecord) -> Value {
+    json!({
+        "id": r.id,
+        "template": r.template,
+        "size": r.size,
+        "lane": r.lane,
+        "tier": r.tier,
+        "state": r.state,
+        "owner": node.cfg.listen.to_string(),
+        "created_ms": r.created_ms,
+        "deadline_ms": r.deadline_ms,
+        "on_expire": r.on_expire,
+        "metadata": r.metadata,
+        "agent_path": format!("/v1/sandboxes/{}/agent", r.id),
+    })
+}
+
+async fn claim(
+    State(node): Shared,
+    headers: HeaderMap,
+    JsonBody(req): JsonBody<ClaimRequest>,
+) -> Result<Response, ApiError> {
+    root(&node, &headers)?;
+    let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    let Claimed { record, token, took } = node.claim(spec).await?;
+    let mut body = row(&node, &record);
+    body["token"] = json!(token);
+    body["claim_micros"] = json!(took.as_micros() as u64);
+    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}
+
+/// `GET /v1/sandboxes?metadata=key=value&metadata=...`
+async fn list(
+    State(node): Shared,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    let mut filter = vec![];
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "metadata" {
+            return Err(ApiError::bad_request(format!("unknown query parameter {name:?}")));
+        }
+        let value = percent_decode(value);
+        let (k, v) = value
+            .split_once('=')
+            .ok_or_else(|| ApiError::bad_request("metadata filters are key=value"))?;
+        filter.push((k.to_string(), v.to_string()));
+    }
+    let rows: Vec<Value> = node.list(&filter).iter().map(|r| row(&node, r)).collect();
+    Ok(axum::Json(json!({ "sandboxes": rows })))
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let hex = |c: u8| (c as char).to_digit(16);
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 3 <= b.len() {
+            if let (Some(hi), Some(lo)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((hi * 16 + lo) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if b[i] == b'+' { b' ' } else { b[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn get_one(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let live = node.authorized(&id, bearer(&headers))?;
+    Ok(axum::Json(row(&node, &live.record)))
+}
+
+async fn release(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    node.release(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RenewRequest {
+    ttl_seconds: Option<u64>,
+}
+
+async fn renew(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<RenewRequest>,
+) -> Result<axum::Json<Value>, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    let ttl = checked_ttl(req.ttl_seconds, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    let record = node.renew(&id, ttl).await?;
+    Ok(axum::Json(json!({ "id": record.id, "deadline_ms": record.deadline_ms })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExecBody {
+    argv: Vec<String>,
+    #[serde(default)]
+    cwd: Option<String>,
+    #[serde(default)]
+    env: BTreeMap<String, String>,
+    #[serde(default)]
+    user: Option<String>,
+    /// Text given to the process on stdin.
+    #[serde(default)]
+    stdin: Option<String>,
+    #[serde(default)]
+    timeout_seconds: Option<u64>,
+}
+
+/// Buffered exec for clients that cannot hold an upgraded connection.
+async fn exec(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ExecBody>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let live = node.authorized(&id, bearer(&headers))?;
+    if req.argv.is_empty() {
+        return Err(ApiError::bad_request("argv is empty"));
+    }
+    node.metrics.execs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let unavailable =
+        |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "agent_unavailable", e);
+    let stream = UnixStream::connect(&live.agent)
+        .await
+        .map_err(|e| unavailable(format!("connect to silkd: {e}")))?;
+    let mut conn = Connection::new(stream);
+    let timeout = req.timeout_seconds.map(|s| Duration::from_secs(s).as_millis() as u64);
+    let request = Frame::Exec(ExecRequest {
+        command: Command {
+            argv: req.argv,
+            cwd: req.cwd,
+            env: req.env.into_iter().collect(),
+            user: req.user,
+        },
+        stdin: req.stdin.is_some(),
+        timeout_ms: timeout,
+    });
+    let io = |e: silk_proto::ProtoError| unavailable(format!("silkd: {e}"));
+    conn.queue(&request).map_err(io)?;
+    if let Some(input) = req.stdin {
+        conn.queue(&Frame::Stdin(input.into())).map_err(io)?;
+        conn.queue(&Frame::Eof).map_err(io)?;
+    }
+    conn.flush().await.map_err(io)?;
+    let cap = node.cfg.exec_output_cap;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let (mut out_cut, mut err_cut) = (false, false);
+    loop {
+        match conn.recv().await.map_err(io)? {
+            Some(Frame::Stdout(b)) => keep(&mut out, &b, cap, &mut out_cut),
+            Some(Frame::Stderr(b)) => keep(&mut err, &b, cap, &mut err_cut),
+            Some(Frame::Exit(status)) => {
+                return Ok(axum::Json(json!({
+                    "exit_code": status.code,
+                    "signal": status.signal,
+                    "timed_out": status.timed_out,
+                    "stdout": String::from_utf8_lossy(&out),
+                    "stderr": String::from_utf8_lossy(&err),
+                    "stdout_truncated": out_cut,
+                    "stderr_truncated": err_cut,
+                })));
+            }
+            Some(Frame::Error(e)) => {
+                let status = match e.kind {
+                    silk_proto::ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+                    silk_proto::ErrorKind::NotFound => StatusCode::NOT_FOUND,
+                    silk_proto::ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+                    _ => StatusCode::UNPROCESSABLE_ENTITY,
+                };
+                return Err(ApiError::new(status, "exec_failed", e.to_string()));
+            }
+            Some(_) => {}
+            None => return Err(unavailable("silkd closed the connection".into())),
+        }
+    }
+}
+
+fn keep(buf: &mut Vec<u8>, data: &[u8], cap: usize, cut: &mut bool) {
+    let room = cap.saturating_sub(buf.len());
+    buf.extend_from_slice(&data[..room.min(data.len())]);
+    *cut |= data.len() > room;
+}
+
+async fn info(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    Ok(axum::Json(node.info()))
+}
+
+async fn metrics(State(node): Shared) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.render_metrics()).into_response()
+}
+
+async fn get_pools(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    Ok(axum::Json(json!({ "pools": node.pool_configs() })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PoolsBody {
+    pools: Vec<PoolConfig>,
+}
+
+async fn put_pools(
+    State(node): Shared,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<PoolsBody>,
+) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    node.replace_pools(body.pools)?;
+    Ok(axum::Json(json!({ "pools": node.pool_configs() })))
+}
+
+async fn drain_on(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    node.set_draining(true);
+    Ok(axum::Json(node.info()))
+}
+
+async fn drain_off(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    node.set_draining(false);
+    Ok(axum::Json(node.info()))
+}

@@ -1,0 +1,202 @@
+//! The node's configuration: one TOML file, every key optional, unknown keys rejected with the
+//! key named. Flags and `SANDBOXD_*` environment variables override the file (see `main.rs`).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use silk_engine::{Lane, Size};
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// HTTP listen address.
+    pub listen: SocketAddr,
+    /// Where the journal, templates, goldens and sandboxes live.
+    pub data_dir: PathBuf,
+    /// The root API token. When unset, the node refuses to listen beyond loopback unless
+    /// `allow_open_listen` is set.
+    pub api_token: Option<String>,
+    pub allow_open_listen: bool,
+    /// The engine; only `jail` exists today.
+    pub engine: String,
+    /// The silkd binary put into sandboxes (static, so it runs in any rootfs); default: `silkd`
+    /// next to the `sandboxd` binary.
+    pub silkd: Option<PathBuf>,
+    /// The `silk-jail` launcher; default: next to the `sandboxd` binary.
+    pub launcher: Option<PathBuf>,
+    /// Live claims this node accepts before answering 429.
+    pub max_claims: usize,
+    /// Largest request body, in bytes (413 beyond).
+    pub max_body_bytes: usize,
+    /// Lease when a claim names none, and the cap on any lease.
+    pub default_ttl_seconds: u64,
+    pub max_ttl_seconds: u64,
+    /// fsync every journal commit (survives power loss, not only a killed process).
+    pub journal_fsync: bool,
+    /// Engine operations (refill, teardown) run at once in the background.
+    pub background_concurrency: usize,
+    /// Output a buffered `POST /exec` keeps per stream.
+    pub exec_output_cap: usize,
+    /// Templates besides the built-in `host`.
+    pub templates: BTreeMap<String, TemplateConfig>,
+    /// Warm pools.
+    pub pools: Vec<PoolConfig>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    /// A root filesystem directory.
+    pub dir: Option<PathBuf>,
+    /// A `docker save` tarball or a tar of an OCI image layout.
+    pub image: Option<PathBuf>,
+    /// Run once before the golden is frozen.
+    #[serde(default)]
+    pub warmup: Vec<String>,
+    #[serde(default = "default_warmup_timeout")]
+    pub warmup_timeout_seconds: u64,
+}
+
+fn default_warmup_timeout() -> u64 {
+    120
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub template: String,
+    #[serde(default = "default_size")]
+    pub size: Size,
+    #[serde(default = "default_lane")]
+    pub lane: Lane,
+    /// Warm sandboxes to keep ready.
+    pub warm: usize,
+    /// Ceiling the warm target may rise to while claims outrun refills (default: 2 × warm).
+    pub warm_max: Option<usize>,
+}
+
+fn default_size() -> Size {
+    Size::Small
+}
+
+fn default_lane() -> Lane {
+    Lane::None
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: "127.0.0.1:7777".parse().expect("valid address"),
+            data_dir: PathBuf::from("/var/lib/silkmesh"),
+            api_token: None,
+            allow_open_listen: false,
+            engine: "jail".into(),
+            silkd: None,
+            launcher: None,
+            max_claims: 1000,
+            max_body_bytes: 1 << 20,
+            default_ttl_seconds: 300,
+            max_ttl_seconds: 86_400,
+            journal_fsync: false,
+            background_concurrency: 2,
+            exec_output_cap: 1 << 20,
+            templates: BTreeMap::new(),
+            pools: vec![PoolConfig {
+                template: "host".into(),
+                size: Size::Small,
+                lane: Lane::None,
+                warm: 2,
+                warm_max: None,
+            }],
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error("{0}: {1}")]
+    Parse(PathBuf, String),
+    #[error("invalid config: {0}")]
+    Invalid(String),
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read(path.into(), e))?;
+        Config::parse(&text).map_err(|e| match e {
+            ConfigError::Parse(_, msg) => ConfigError::Parse(path.into(), msg),
+            other => other,
+        })
+    }
+
+    pub fn parse(text: &str) -> Result<Config, ConfigError> {
+        let cfg: Config =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(PathBuf::new(), e.to_string()))?;
+        Ok(cfg)
+    }
+
+    /// Checks what types alone cannot.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.engine != "jail" {
+            return bad(format!("engine {:?} is not available (only \"jail\")", self.engine));
+        }
+        if self.api_token.is_none() && !self.listen.ip().is_loopback() && !self.allow_open_listen {
+            return bad(format!(
+                "listen {} is not loopback and no api_token is set; set one (or allow_open_listen = true)",
+                self.listen
+            ));
+        }
+        if self.default_ttl_seconds == 0 || self.default_ttl_seconds > self.max_ttl_seconds {
+            return bad("default_ttl_seconds must be between 1 and max_ttl_seconds".into());
+        }
+        for (name, t) in &self.templates {
+            if name == "host" {
+                return bad("the template name \"host\" is built in".into());
+            }
+            if t.dir.is_some() == t.image.is_some() {
+                return bad(format!("template {name}: set exactly one of dir and image"));
+            }
+        }
+        for p in &self.pools {
+            if p.template != "host" && !self.templates.contains_key(&p.template) {
+                return bad(format!("pool template {:?} is not defined", p.template));
+            }
+            if p.warm_max.is_some_and(|m| m < p.warm) {
+                return bad(format!("pool {}: warm_max is below warm", p.template));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_key_is_optional_and_unknown_keys_are_named() {
+        assert_eq!(Config::parse("").unwrap(), Config::default());
+        let err =
+            Config::parse("listen = \"127.0.0.1:1\"\nlisten_port = 3\n").unwrap_err().to_string();
+        assert!(err.contains("listen_port"), "{err}");
+        let err = Config::parse("[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarmth = 2\n")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("warmth"), "{err}");
+    }
+
+    #[test]
+    fn validation_catches_what_types_cannot() {
+        let mut c = Config { listen: "0.0.0.0:7777".parse().unwrap(), ..Config::default() };
+        assert!(c.validate().is_err(), "open listen without a token");
+        c.api_token = Some("t".into());
+        assert!(c.validate().is_ok());
+        let c = Config::parse("[[pools]]\ntemplate = \"nope\"\nwarm = 1\n").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("nope"));
+    }
+}

@@ -1,0 +1,905 @@
+//! The claims journal: a crash-safe, append-only log of keyed records, replayed when the node
+//! starts. We keep it ourselves rather than embed a database such as redb because the job is
+//! small: a few thousand records, single-key writes, and the whole set read back only at start.
+//! A log with compaction does that in one file, on crates the workspace already has and with a
+//! format short enough to describe here, where a database would bring its own dependency tree,
+//! page cache and file format for features we would not use.
+//!
+//! On disk, in the journal's directory:
+//! ```text
+//! journal.log       the log: header, then one frame per committed batch
+//! journal.log.tmp   a compacted image being written; left over only by a crash, removed at open
+//! journal.lock      flock'd while a journal is open, so two processes never append to one log
+//! ```
+//! `journal.log` starts with a 12-byte header, the magic `SLKJRNL\0` and a `u32` LE format
+//! version (1). Each frame is a `u32` LE payload length, four checksum bytes (the first four bytes
+//! of the payload's blake3 hash) and the payload: the postcard encoding of a
+//! `Vec<(String, Option<T>)>`, where `None` deletes the key. Replay applies frames in order. A
+//! bad frame with nothing valid after it is a torn tail (a write that never completed, so a batch
+//! never acknowledged) and is truncated away; a bad frame followed by a valid one is corruption,
+//! and [`Journal::open`] refuses it rather than drop acknowledged batches.
+//!
+//! Writes go through one writer thread fed by a channel. It does group commit: it takes every
+//! batch waiting in the channel, appends them with one `write` (and one `fdatasync` when
+//! configured), then acknowledges each. Callers encode their own batch, so a commit costs the
+//! size of its records, and no caller holds a lock during I/O. The writer also keeps the encoded
+//! live records; when the log outgrows max(1 MiB, 4 × the compacted image) it writes the image to
+//! `journal.log.tmp`, fsyncs it, renames it over the log and fsyncs the directory. The old log
+//! stays whole until the rename, so a kill at any point loses no acknowledged batch.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::marker::PhantomData;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error, warn};
+
+const LOG: &str = "journal.log";
+const TMP: &str = "journal.log.tmp";
+const LOCK: &str = "journal.lock";
+const VERSION: u32 = 1;
+/// The magic, then `VERSION` as a `u32` LE.
+const HEADER: [u8; HEADER_LEN] = *b"SLKJRNL\0\x01\0\0\0";
+const MAGIC_LEN: usize = 8;
+const HEADER_LEN: usize = 12;
+/// Length and checksum in front of every payload.
+const FRAME_HEADER: usize = 8;
+/// Below this the log is never compacted: rewriting a small file buys nothing.
+const COMPACT_FLOOR: u64 = 1 << 20;
+/// The log is compacted once it is this many times the size of its compacted image.
+const COMPACT_RATIO: u64 = 4;
+/// Batches that may wait for the writer before `commit` waits for room (backpressure).
+const QUEUE: usize = 1024;
+/// Bytes hashed while looking for valid frames after a bad one, before `open` gives up and calls
+/// the log corrupt. A torn tail is one unfinished write, far smaller than this.
+const SCAN_BUDGET: usize = 64 << 20;
+
+/// What can go wrong. After an I/O error in the writer the journal answers [`JournalError::Closed`]:
+/// reopening it (which replays and trims the log) is the way back.
+#[derive(Debug, thiserror::Error)]
+pub enum JournalError {
+    /// A filesystem call failed; retrying after the cause is fixed (a full disk, say) may help.
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: io::Error,
+    },
+    /// The log holds damage that cannot be skipped without losing acknowledged batches, or was
+    /// written by an incompatible version. Retrying does not help; an operator has to look.
+    #[error("journal {} is corrupt at byte {offset}: {reason}", .path.display())]
+    Corrupt { path: PathBuf, offset: u64, reason: String },
+    /// Another process has the journal open.
+    #[error("journal in {} is already open in another process", .0.display())]
+    InUse(PathBuf),
+    /// A record could not be encoded (its `Serialize` impl does something postcard cannot hold).
+    /// Nothing of the batch was written.
+    #[error("cannot encode journal record {key:?}: {reason}")]
+    Encode { key: String, reason: String },
+    /// The writer has stopped: an earlier write failed, so whether later ones would land is
+    /// unknown. Reopen the journal.
+    #[error("journal writer has stopped after an earlier error; reopen the journal")]
+    Closed,
+}
+
+/// One change in a batch.
+#[derive(Debug, Clone)]
+pub enum Change<T> {
+    Put(String, T),
+    Delete(String),
+}
+
+/// The journal handle. Dropping it lets the writer finish the batches already queued, then waits
+/// for it, so the directory can be reopened as soon as the drop returns.
+pub struct Journal<T> {
+    /// `None` only inside `drop`.
+    tx: Option<mpsc::Sender<Batch>>,
+    writer: Option<JoinHandle<()>>,
+    live: Arc<AtomicUsize>,
+    _records: PhantomData<fn(T) -> T>,
+}
+
+impl<T> std::fmt::Debug for Journal<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal").field("len", &self.live.load(Ordering::Relaxed)).finish()
+    }
+}
+
+/// Each key of a batch with the byte range of its `(key, Some(value))` encoding in the frame, or
+/// `None` for a delete.
+type Entries = Vec<(String, Option<Range<usize>>)>;
+
+/// A batch on its way to the writer: the finished frame, and where each record sits in it.
+struct Batch {
+    frame: Vec<u8>,
+    entries: Entries,
+    done: oneshot::Sender<Result<(), JournalError>>,
+}
+
+impl<T> Journal<T>
+where
+    T: Serialize + DeserializeOwned + Clone + Send + 'static,
+{
+    /// Opens (creating if needed) the journal in `dir`, replays it, and returns the live records.
+    /// `fsync`: when true, every commit is fsynced before it is acknowledged.
+    pub fn open(
+        dir: &Path,
+        fsync: bool,
+    ) -> Result<(Journal<T>, BTreeMap<String, T>), JournalError> {
+        fs::create_dir_all(dir).map_err(io_err(format!("creating {}", dir.display())))?;
+        let lock_path = dir.join(LOCK);
+        let lock = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(io_err(format!("opening {}", lock_path.display())))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(fs::TryLockError::WouldBlock) => return Err(JournalError::InUse(dir.to_owned())),
+            Err(fs::TryLockError::Error(e)) => {
+                return Err(io_err(format!("locking {}", lock_path.display()))(e));
+            }
+        }
+
+        let (path, tmp) = (dir.join(LOG), dir.join(TMP));
+        // A compaction that died before its rename: the log it would have replaced is whole.
+        remove_if_present(&tmp)?;
+        if !path.exists() {
+            install(dir, &tmp, &path, &HEADER).map_err(|(e, _)| e)?;
+        }
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .open(&path)
+            .map_err(io_err(format!("opening {}", path.display())))?;
+        let mut buf = Vec::new();
+        file.read_to_end(&mut buf).map_err(io_err(format!("reading {}", path.display())))?;
+
+        if buf.len() < HEADER_LEN && HEADER.starts_with(&buf) {
+            // Never installed whole (we create logs by rename, so only a foreign tool leaves
+            // this): it cannot hold an acknowledged batch.
+            warn!(path = %path.display(), "journal header incomplete; starting an empty log");
+            file.set_len(0)
+                .and_then(|()| file.write_all(&HEADER))
+                .and_then(|()| file.sync_all())
+                .map_err(io_err(format!("rewriting header of {}", path.display())))?;
+            buf = HEADER.to_vec();
+        }
+        let replay = replay::<T>(&buf).map_err(|(offset, reason)| JournalError::Corrupt {
+            path: path.clone(),
+            offset: offset as u64,
+            reason,
+        })?;
+        if replay.valid_len < buf.len() {
+            warn!(
+                path = %path.display(),
+                offset = replay.valid_len,
+                dropped = buf.len() - replay.valid_len,
+                "truncating torn tail of the journal (a batch whose write never completed)"
+            );
+            file.set_len(replay.valid_len as u64)
+                .and_then(|()| file.sync_all())
+                .map_err(io_err(format!("truncating {}", path.display())))?;
+        }
+
+        let live = Arc::new(AtomicUsize::new(replay.values.len()));
+        let live_bytes = replay.encoded.values().map(|b| b.len() as u64).sum();
+        let writer = Writer {
+            dir: dir.to_owned(),
+            path,
+            tmp,
+            file,
+            file_len: replay.valid_len as u64,
+            fsync,
+            records: replay.encoded,
+            live_bytes,
+            live: live.clone(),
+            retry_compaction_at: 0,
+            _lock: lock,
+        };
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let handle = std::thread::Builder::new()
+            .name("journal-writer".into())
+            .spawn(move || writer.run(rx))
+            .map_err(io_err("spawning the journal writer thread".to_string()))?;
+        let journal = Journal { tx: Some(tx), writer: Some(handle), live, _records: PhantomData };
+        Ok((journal, replay.values))
+    }
+
+    /// Appends the changes as one atomic batch. Returns once the batch is written (and fsynced
+    /// when configured): after that, a kill -9 of the process cannot lose it.
+    ///
+    /// On an error the batch may or may not have reached the disk. If this future is dropped
+    /// after the batch was queued, the batch is still written.
+    pub async fn commit(&self, changes: Vec<Change<T>>) -> Result<(), JournalError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let (frame, entries) = encode_batch(changes)?;
+        let (done, acked) = oneshot::channel();
+        let tx = self.tx.as_ref().ok_or(JournalError::Closed)?;
+        tx.send(Batch { frame, entries, done }).await.map_err(|_| JournalError::Closed)?;
+        // A dropped sender means the writer stopped before reaching this batch.
+        acked.await.map_err(|_| JournalError::Closed)?
+    }
+
+    /// Live record count (for metrics).
+    pub fn len(&self) -> usize {
+        self.live.load(Ordering::Acquire)
+    }
+
+    /// Whether the journal holds no live record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+impl<T> Drop for Journal<T> {
+    fn drop(&mut self) {
+        // Closing the channel ends the writer once it has drained what is queued; waiting for it
+        // releases the lock before a reopen can race it.
+        drop(self.tx.take());
+        if let Some(writer) = self.writer.take()
+            && writer.join().is_err()
+        {
+            error!("journal writer thread panicked");
+        }
+    }
+}
+
+/// Encodes `changes` into one frame. Each entry is encoded on its own (postcard puts a sequence's
+/// elements back to back after its length), so the writer can keep each record's bytes.
+fn encode_batch<T: Serialize>(changes: Vec<Change<T>>) -> Result<(Vec<u8>, Entries), JournalError> {
+    let mut frame = vec![0; FRAME_HEADER];
+    let mut entries = Vec::with_capacity(changes.len());
+    let encode_err = |key: &str, e: postcard::Error| JournalError::Encode {
+        key: key.to_owned(),
+        reason: e.to_string(),
+    };
+    frame = postcard::to_io(&changes.len(), frame).map_err(|e| encode_err("", e))?;
+    for change in changes {
+        match change {
+            Change::Put(key, value) => {
+                let start = frame.len();
+                frame = postcard::to_io(&(key.as_str(), Some(&value)), frame)
+                    .map_err(|e| encode_err(&key, e))?;
+                entries.push((key, Some(start..frame.len())));
+            }
+            Change::Delete(key) => {
+                frame = postcard::to_io(&(key.as_str(), None::<&T>), frame)
+                    .map_err(|e| encode_err(&key, e))?;
+                entries.push((key, None));
+            }
+        }
+    }
+    seal_frame(&mut frame).map_err(|reason| JournalError::Encode { key: String::new(), reason })?;
+    Ok((frame, entries))
+}
+
+/// Fills in the length and checksum of a frame whose payload follows `FRAME_HEADER` zero bytes.
+fn seal_frame(frame: &mut [u8]) -> Result<(), String> {
+    let payload_len = frame.len() - FRAME_HEADER;
+    let len = u32::try_from(payload_len)
+        .map_err(|_| format!("batch of {payload_len} bytes exceeds the 4 GiB frame limit"))?;
+    let sum = checksum(&frame[FRAME_HEADER..]);
+    frame[..4].copy_from_slice(&len.to_le_bytes());
+    frame[4..FRAME_HEADER].copy_from_slice(&sum);
+    Ok(())
+}
+
+fn checksum(payload: &[u8]) -> [u8; 4] {
+    let hash = blake3::hash(payload);
+    let mut sum = [0; 4];
+    sum.copy_from_slice(&hash.as_bytes()[..4]);
+    sum
+}
+
+/// What replaying a log yields.
+struct Replay<T> {
+    values: BTreeMap<String, T>,
+    /// The same records as the writer keeps them: each key's `(key, Some(value))` encoding.
+    encoded: BTreeMap<String, Vec<u8>>,
+    /// Bytes up to the end of the last good frame; anything after it is a torn tail.
+    valid_len: usize,
+}
+
+/// Replays a whole log. Errors carry the byte offset and the reason.
+fn replay<T: DeserializeOwned>(buf: &[u8]) -> Result<Replay<T>, (usize, String)> {
+    if buf.len() < HEADER_LEN || buf[..MAGIC_LEN] != HEADER[..MAGIC_LEN] {
+        return Err((0, "not a journal (bad magic)".into()));
+    }
+    let version = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
+    if version != VERSION {
+        return Err((8, format!("format version {version}; this build reads {VERSION}")));
+    }
+    let mut replay = Replay { values: BTreeMap::new(), encoded: BTreeMap::new(), valid_len: 0 };
+    let mut pos = HEADER_LEN;
+    while pos < buf.len() {
+        let payload = match frame_at(buf, pos) {
+            Ok(payload) => payload,
+            Err(bad) => {
+                return match valid_frame_after(buf, pos) {
+                    Scan::Nothing => {
+                        replay.valid_len = pos;
+                        Ok(replay)
+                    }
+                    Scan::Found(at) => {
+                        Err((pos, format!("{bad}, yet a valid batch follows at byte {at}")))
+                    }
+                    Scan::GaveUp => Err((
+                        pos,
+                        format!("{bad}, and too much follows to tell a torn tail from damage"),
+                    )),
+                };
+            }
+        };
+        apply(&mut replay, payload).map_err(|reason| {
+            (pos, format!("batch with a good checksum does not decode: {reason}"))
+        })?;
+        pos += FRAME_HEADER + payload.len();
+    }
+    replay.valid_len = pos;
+    Ok(replay)
+}
+
+/// The payload of the frame at `pos`, or why there is no good frame there.
+fn frame_at(buf: &[u8], pos: usize) -> Result<&[u8], &'static str> {
+    let rest = &buf[pos..];
+    if rest.len() < FRAME_HEADER {
+        return Err("incomplete batch header");
+    }
+    let len = u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]) as usize;
+    if len == 0 {
+        // Never written: even an empty batch has a one-byte payload.
+        return Err("zero-length batch");
+    }
+    let Some(payload) = rest.get(FRAME_HEADER..FRAME_HEADER + len) else {
+        return Err("batch runs past the end of the file");
+    };
+    if checksum(payload) != rest[4..FRAME_HEADER] {
+        return Err("batch checksum mismatch");
+    }
+    Ok(payload)
+}
+
+enum Scan {
+    Nothing,
+    Found(usize),
+    GaveUp,
+}
+
+/// Looks for a good frame starting anywhere after the bad one at `bad`. An unfinished append
+/// leaves only a prefix of frames, so after a torn frame there is nothing good; a good frame
+/// there means acknowledged data lies beyond the damage.
+fn valid_frame_after(buf: &[u8], bad: usize) -> Scan {
+    let mut budget = SCAN_BUDGET;
+    for at in bad + 1..buf.len().saturating_sub(FRAME_HEADER) {
+        let len = u32::from_le_bytes([buf[at], buf[at + 1], buf[at + 2], buf[at + 3]]) as usize;
+        if len == 0 || len > buf.len() - at - FRAME_HEADER {
+            continue;
+        }
+        let Some(left) = budget.checked_sub(len) else {
+            return Scan::GaveUp;
+        };
+        budget = left;
+        if frame_at(buf, at).is_ok() {
+            return Scan::Found(at);
+        }
+    }
+    Scan::Nothing
+}
+
+/// Applies one batch's payload to the replayed state.
+fn apply<T: DeserializeOwned>(replay: &mut Replay<T>, payload: &[u8]) -> Result<(), String> {
+    let (count, mut rest) =
+        postcard::take_from_bytes::<usize>(payload).map_err(|e| e.to_string())?;
+    for _ in 0..count {
+        let (entry, after) =
+            postcard::take_from_bytes::<(String, Option<T>)>(rest).map_err(|e| e.to_string())?;
+        let bytes = &rest[..rest.len() - after.len()];
+        rest = after;
+        match entry {
+            (key, Some(value)) => {
+                replay.encoded.insert(key.clone(), bytes.to_vec());
+                replay.values.insert(key, value);
+            }
+            (key, None) => {
+                replay.encoded.remove(&key);
+                replay.values.remove(&key);
+            }
+        }
+    }
+    if !rest.is_empty() {
+        return Err(format!("{} trailing bytes", rest.len()));
+    }
+    Ok(())
+}
+
+/// The writer thread's state. It never sees `T`: it keeps each live record as the bytes the
+/// caller encoded, which is all a compacted image needs.
+struct Writer {
+    dir: PathBuf,
+    path: PathBuf,
+    tmp: PathBuf,
+    /// The log, opened for append.
+    file: File,
+    file_len: u64,
+    fsync: bool,
+    records: BTreeMap<String, Vec<u8>>,
+    /// Sum of the encodings in `records`, to size the compacted image without building it.
+    live_bytes: u64,
+    live: Arc<AtomicUsize>,
+    /// After a compaction that failed harmlessly, the log length at which to try again.
+    retry_compaction_at: u64,
+    /// Held for as long as the writer may touch the log.
+    _lock: File,
+}
+
+impl Writer {
+    fn run(mut self, mut rx: mpsc::Receiver<Batch>) {
+        // A log left large by the last run (say, a crash before its compaction) shrinks now.
+        if !self.maybe_compact() {
+            return;
+        }
+        let mut group = Vec::new();
+        let mut buf = Vec::new();
+        while let Some(first) = rx.blocking_recv() {
+            group.push(first);
+            // Group commit: whatever queued up during the last write goes out in this one. The
+            // channel's capacity bounds the group.
+            while let Ok(batch) = rx.try_recv() {
+                group.push(batch);
+            }
+            buf.clear();
+            for batch in &group {
+                buf.extend_from_slice(&batch.frame);
+            }
+            if let Err(e) = self.append(&buf) {
+                // The log may now end in part of this group, which the next open trims; writing
+                // after it could bury that torn frame mid-file, and after a failed fsync the page
+                // cache is no longer to be trusted. So fail the group and stop: later commits get
+                // `Closed`, and a reopen recovers.
+                let context = format!("appending to {}", self.path.display());
+                error!(path = %self.path.display(), error = %e, "journal write failed; writer stops");
+                for batch in group.drain(..) {
+                    let source = io::Error::new(e.kind(), e.to_string());
+                    let _ =
+                        batch.done.send(Err(JournalError::Io { context: context.clone(), source }));
+                }
+                return;
+            }
+            for batch in &group {
+                self.apply(batch);
+            }
+            self.live.store(self.records.len(), Ordering::Release);
+            for batch in group.drain(..) {
+                // The caller may have stopped waiting; its batch is written all the same.
+                let _ = batch.done.send(Ok(()));
+            }
+            if !self.maybe_compact() {
+                return;
+            }
+        }
+    }
+
+    fn append(&mut self, buf: &[u8]) -> io::Result<()> {
+        self.file.write_all(buf)?;
+        if self.fsync {
+            self.file.sync_data()?;
+        }
+        self.file_len += buf.len() as u64;
+        Ok(())
+    }
+
+    fn apply(&mut self, batch: &Batch) {
+        for (key, range) in &batch.entries {
+            let old = match range {
+                Some(range) => {
+                    self.live_bytes += range.len() as u64;
+                    self.records.insert(key.clone(), batch.frame[range.clone()].to_vec())
+                }
+                None => self.records.remove(key),
+            };
+            if let Some(old) = old {
+                self.live_bytes -= old.len() as u64;
+            }
+        }
+    }
+
+    /// Compacts when the log has outgrown its live records. Returns false when the writer must
+    /// stop (the log was replaced but the replacement may not be durable).
+    fn maybe_compact(&mut self) -> bool {
+        // Header, frame header, a count of at most 10 bytes, the records.
+        let image_len = (HEADER_LEN + FRAME_HEADER + 10) as u64 + self.live_bytes;
+        if self.file_len <= COMPACT_FLOOR.max(COMPACT_RATIO * image_len)
+            || self.file_len < self.retry_compaction_at
+        {
+            return true;
+        }
+        let before = self.file_len;
+        match self.compact() {
+            Ok(()) => {
+                debug!(
+                    before,
+                    after = self.file_len,
+                    records = self.records.len(),
+                    "journal compacted"
+                );
+                true
+            }
+            Err((e, false)) => {
+                // The old log is untouched and still the log: keep appending to it, and try again
+                // once it has grown some more rather than after every batch.
+                warn!(error = %e, "journal compaction failed; continuing on the old log");
+                let _ = fs::remove_file(&self.tmp);
+                self.retry_compaction_at = self.file_len + COMPACT_FLOOR;
+                true
+            }
+            Err((e, true)) => {
+                error!(error = %e, "journal compaction could not be made durable; writer stops");
+                false
+            }
+        }
+    }
+
+    fn compact(&mut self) -> Result<(), (JournalError, bool)> {
+        let mut image = HEADER.to_vec();
+        image.resize(HEADER_LEN + FRAME_HEADER, 0);
+        image = postcard::to_io(&self.records.len(), image).map_err(|e| {
+            let reason = e.to_string();
+            (JournalError::Encode { key: String::new(), reason }, false)
+        })?;
+        image.reserve(self.live_bytes as usize);
+        for bytes in self.records.values() {
+            image.extend_from_slice(bytes);
+        }
+        seal_frame(&mut image[HEADER_LEN..])
+            .map_err(|reason| (JournalError::Encode { key: String::new(), reason }, false))?;
+        self.file = install(&self.dir, &self.tmp, &self.path, &image)?;
+        self.file_len = image.len() as u64;
+        Ok(())
+    }
+}
+
+/// Makes `bytes` the content of `path`, atomically: writes `tmp`, fsyncs it, renames it over
+/// `path`, fsyncs `dir`. Returns the new file, open for append. The error's flag says whether
+/// `path` was already replaced (the rename done, its durability unknown).
+fn install(
+    dir: &Path,
+    tmp: &Path,
+    path: &Path,
+    bytes: &[u8],
+) -> Result<File, (JournalError, bool)> {
+    let before = |context: String| move |e| (io_err(context)(e), false);
+    remove_if_present(tmp).map_err(|e| (e, false))?;
+    let mut file = OpenOptions::new()
+        .append(true)
+        .create_new(true)
+        .open(tmp)
+        .map_err(before(format!("creating {}", tmp.display())))?;
+    file.write_all(bytes)
+        .and_then(|()| file.sync_all())
+        .map_err(before(format!("writing {}", tmp.display())))?;
+    fs::rename(tmp, path).map_err(before(format!(
+        "renaming {} to {}",
+        tmp.display(),
+        path.display()
+    )))?;
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| (io_err(format!("fsyncing directory {}", dir.display()))(e), true))?;
+    Ok(file)
+}
+
+fn remove_if_present(path: &Path) -> Result<(), JournalError> {
+    match fs::remove_file(path) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => {
+            Err(io_err(format!("removing {}", path.display()))(e))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn io_err(context: String) -> impl FnOnce(io::Error) -> JournalError {
+    move |source| JournalError::Io { context, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use serde::Deserialize;
+
+    #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+    struct Rec {
+        seq: u64,
+        note: String,
+    }
+
+    fn rec(seq: u64) -> Rec {
+        Rec { seq, note: format!("note-{seq}") }
+    }
+
+    fn open(dir: &Path) -> (Journal<Rec>, BTreeMap<String, Rec>) {
+        Journal::open(dir, false).expect("open journal")
+    }
+
+    fn log_len(dir: &Path) -> u64 {
+        fs::metadata(dir.join(LOG)).expect("stat log").len()
+    }
+
+    fn append_bytes(dir: &Path, bytes: &[u8]) {
+        let mut f = OpenOptions::new().append(true).open(dir.join(LOG)).expect("open log");
+        f.write_all(bytes).expect("append");
+    }
+
+    fn put(key: &str, seq: u64) -> Change<Rec> {
+        Change::Put(key.to_string(), rec(seq))
+    }
+
+    #[tokio::test]
+    async fn put_delete_replay_round_trip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, live) = open(dir.path());
+        assert!(live.is_empty());
+        journal.commit(vec![put("a", 1), put("b", 2), put("c", 3)]).await.expect("commit");
+        journal.commit(vec![Change::Delete("b".into()), put("a", 4)]).await.expect("commit");
+        journal.commit(vec![Change::Delete("missing".into())]).await.expect("commit");
+        journal.commit(vec![]).await.expect("empty commit");
+        assert_eq!(journal.len(), 2);
+        drop(journal);
+
+        let (journal, live) = open(dir.path());
+        let want: BTreeMap<_, _> = [("a".to_string(), rec(4)), ("c".to_string(), rec(3))].into();
+        assert_eq!(live, want);
+        assert_eq!(journal.len(), 2);
+        // Appending after a replay extends the same log.
+        journal.commit(vec![put("d", 5)]).await.expect("commit");
+        drop(journal);
+        let (_journal, live) = open(dir.path());
+        assert_eq!(live.len(), 3);
+        assert_eq!(live["d"], rec(5));
+    }
+
+    #[tokio::test]
+    async fn payload_is_postcard_of_the_batch() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, _) = open(dir.path());
+        journal.commit(vec![put("x", 7), Change::Delete("y".into())]).await.expect("commit");
+        drop(journal);
+        let bytes = fs::read(dir.path().join(LOG)).expect("read log");
+        assert_eq!(bytes[..HEADER_LEN], HEADER);
+        assert_eq!(HEADER[MAGIC_LEN..], VERSION.to_le_bytes());
+        let frame = &bytes[HEADER_LEN..];
+        let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+        let payload = &frame[FRAME_HEADER..];
+        assert_eq!(payload.len(), len);
+        assert_eq!(frame[4..8], blake3::hash(payload).as_bytes()[..4]);
+        let batch: Vec<(String, Option<Rec>)> =
+            vec![("x".into(), Some(rec(7))), ("y".into(), None)];
+        assert_eq!(payload, postcard::to_allocvec(&batch).expect("encode"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_commits_are_all_acknowledged_and_kept() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // fsync on: slow writes are what make batches queue up behind each other.
+        let (journal, _) = Journal::<Rec>::open(dir.path(), true).expect("open");
+        let journal = Arc::new(journal);
+        let mut tasks = Vec::new();
+        for t in 0..8u64 {
+            let journal = journal.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..25u64 {
+                    let key = format!("t{t}-{i}");
+                    journal.commit(vec![Change::Put(key, rec(t * 100 + i))]).await?;
+                }
+                Ok::<_, JournalError>(())
+            }));
+        }
+        for task in tasks {
+            task.await.expect("task").expect("commits");
+        }
+        assert_eq!(journal.len(), 200);
+        drop(Arc::into_inner(journal).expect("sole owner"));
+
+        let (_journal, live) = open(dir.path());
+        assert_eq!(live.len(), 200);
+        for t in 0..8u64 {
+            for i in 0..25u64 {
+                assert_eq!(live[&format!("t{t}-{i}")], rec(t * 100 + i));
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn torn_tail_is_truncated() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, _) = open(dir.path());
+        journal.commit(vec![put("a", 1)]).await.expect("commit");
+        let good = log_len(dir.path());
+        journal.commit(vec![put("b", 2)]).await.expect("commit");
+        drop(journal);
+
+        // A last batch cut short.
+        let file = OpenOptions::new().write(true).open(dir.path().join(LOG)).expect("open");
+        file.set_len(log_len(dir.path()) - 3).expect("truncate");
+        drop(file);
+        let (journal, live) = open(dir.path());
+        assert_eq!(live.keys().collect::<Vec<_>>(), ["a"]);
+        assert_eq!(log_len(dir.path()), good);
+        journal.commit(vec![put("c", 3)]).await.expect("commit after trim");
+        drop(journal);
+        let good = log_len(dir.path());
+
+        // Garbage: an in-bounds length whose checksum does not match, then zeros (what a power
+        // cut can leave in blocks the size update reached first).
+        let mut garbage = 6u32.to_le_bytes().to_vec();
+        garbage.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6]);
+        garbage.extend_from_slice(&[0; 100]);
+        append_bytes(dir.path(), &garbage);
+        let (journal, live) = open(dir.path());
+        assert_eq!(live.keys().collect::<Vec<_>>(), ["a", "c"]);
+        assert_eq!(log_len(dir.path()), good);
+        drop(journal);
+
+        // A lone partial frame header.
+        append_bytes(dir.path(), &[0xff; 5]);
+        let (_journal, live) = open(dir.path());
+        assert_eq!(live.len(), 2);
+        assert_eq!(log_len(dir.path()), good);
+    }
+
+    #[tokio::test]
+    async fn damage_before_good_batches_is_an_error() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, _) = open(dir.path());
+        for i in 0..3 {
+            journal.commit(vec![put(&format!("k{i}"), i)]).await.expect("commit");
+        }
+        drop(journal);
+        let path = dir.path().join(LOG);
+        let pristine = fs::read(&path).expect("read");
+
+        // A flipped payload byte in the first batch, then a length that runs past the end.
+        for at in [HEADER_LEN + FRAME_HEADER + 2, HEADER_LEN + 2] {
+            let mut bytes = pristine.clone();
+            bytes[at] ^= 0x40;
+            fs::write(&path, &bytes).expect("write");
+            match Journal::<Rec>::open(dir.path(), false) {
+                Err(JournalError::Corrupt { offset, .. }) => assert_eq!(offset, HEADER_LEN as u64),
+                other => panic!("expected corruption, got {other:?}"),
+            }
+            // Nothing was truncated.
+            assert_eq!(fs::read(&path).expect("read"), bytes);
+        }
+
+        fs::write(&path, b"not a journal at all").expect("write");
+        assert!(matches!(
+            Journal::<Rec>::open(dir.path(), false),
+            Err(JournalError::Corrupt { offset: 0, .. })
+        ));
+    }
+
+    #[tokio::test]
+    async fn compaction_bounds_the_log_and_keeps_the_data() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, _) = open(dir.path());
+        let pad = "x".repeat(4096);
+        let mut written = 0;
+        for i in 0..1000u64 {
+            let key = format!("hot-{}", i % 8);
+            let value = Rec { seq: i, note: format!("{i}-{pad}") };
+            journal.commit(vec![Change::Put(key, value)]).await.expect("commit");
+            written += 4096;
+        }
+        journal.commit(vec![put("cold", 1)]).await.expect("commit");
+        assert_eq!(journal.len(), 9);
+        drop(journal);
+        let len = log_len(dir.path());
+        assert!(len <= COMPACT_FLOOR + 8192, "log is {len} bytes after {written} written");
+        assert!(!dir.path().join(TMP).exists());
+
+        let (_journal, live) = open(dir.path());
+        assert_eq!(live.len(), 9);
+        assert_eq!(live["cold"], rec(1));
+        for k in 0..8u64 {
+            let last = 992 + k;
+            assert_eq!(live[&format!("hot-{k}")], Rec { seq: last, note: format!("{last}-{pad}") });
+        }
+    }
+
+    #[tokio::test]
+    async fn second_open_is_refused_and_stale_tmp_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (journal, _) = open(dir.path());
+        assert!(matches!(Journal::<Rec>::open(dir.path(), false), Err(JournalError::InUse(_))));
+        journal.commit(vec![put("a", 1)]).await.expect("commit");
+        drop(journal);
+        // What a kill during compaction leaves: the old log whole, a partial image beside it.
+        fs::write(dir.path().join(TMP), b"half a compaction").expect("write tmp");
+        let (_journal, live) = open(dir.path());
+        assert_eq!(live.keys().collect::<Vec<_>>(), ["a"]);
+        assert!(!dir.path().join(TMP).exists());
+    }
+
+    /// Set in the child process that `crash_writer_child` turns into a writer.
+    const CRASH_DIR: &str = "SILKMESH_JOURNAL_CRASH_DIR";
+    /// Acknowledged records the parent waits for before killing the child: enough for the
+    /// records' padding to push the log through a few compactions.
+    const CRASH_ACKS: u64 = 600;
+
+    /// Not a test on its own: with `CRASH_DIR` set it commits records until killed, printing
+    /// `acked <seq>` once each commit returns.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn crash_writer_child() {
+        let Some(dir) = std::env::var_os(CRASH_DIR) else {
+            return;
+        };
+        let (journal, _) = Journal::<Rec>::open(Path::new(&dir), false).expect("child open");
+        let pad = "p".repeat(4096);
+        let mut out = io::stdout().lock();
+        for seq in 0..100 * CRASH_ACKS {
+            let changes = vec![
+                Change::Put(format!("seq-{seq}"), rec(seq)),
+                Change::Put(format!("hot-{}", seq % 16), Rec { seq, note: pad.clone() }),
+            ];
+            journal.commit(changes).await.expect("child commit");
+            // Straight to fd 1: the test harness captures `println!`, not the stdout handle.
+            if writeln!(out, "acked {seq}").and_then(|()| out.flush()).is_err() {
+                return; // the parent is gone
+            }
+        }
+    }
+
+    #[test]
+    fn acknowledged_commits_survive_kill_9() {
+        use std::io::BufRead;
+        use std::process::{Command, Stdio};
+
+        let dir = tempfile::tempdir().expect("tempdir");
+        let exe = std::env::current_exe().expect("current exe");
+        let mut child = Command::new(exe)
+            .args(["crash_writer_child", "--nocapture", "--test-threads=1"])
+            .env(CRASH_DIR, dir.path())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn child");
+        let stdout = child.stdout.take().expect("child stdout");
+        let mut lines = io::BufReader::new(stdout).lines();
+        let mut acked = Vec::new();
+        let parse =
+            |line: String| line.strip_prefix("acked ").map(|s| s.parse::<u64>().expect("seq"));
+        while (acked.len() as u64) < CRASH_ACKS {
+            let line = lines.next().expect("child exited early").expect("read child");
+            acked.extend(parse(line));
+        }
+        child.kill().expect("kill -9");
+        child.wait().expect("reap child");
+        // Lines the child printed before it died were acknowledged too.
+        for line in lines {
+            acked.extend(parse(line.expect("read child")));
+        }
+
+        let (_journal, live) = open(dir.path());
+        for &seq in &acked {
+            assert_eq!(live.get(&format!("seq-{seq}")), Some(&rec(seq)), "acked seq {seq} lost");
+        }
+        let last = *acked.last().expect("some acks");
+        for k in 0..16 {
+            // The newest acknowledged write to each hot key, or one after it.
+            let newest = (0..=last).rev().find(|s| s % 16 == k).expect("every hot key written");
+            assert!(live[&format!("hot-{k}")].seq >= newest, "hot-{k} went back in time");
+        }
+    }
+}

@@ -1,0 +1,102 @@
+//! The `sandboxd` binary: configuration (file, then environment, then flags), logging, and the
+//! server with graceful shutdown on SIGTERM/SIGINT.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+use sandboxd::config::Config;
+use sandboxd::node::Node;
+
+/// The silkmesh node daemon.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// A TOML config file; every key is optional.
+    #[arg(long, env = "SANDBOXD_CONFIG")]
+    config: Option<PathBuf>,
+    /// HTTP listen address (config `listen`).
+    #[arg(long, env = "SANDBOXD_LISTEN")]
+    listen: Option<SocketAddr>,
+    /// Data directory (config `data_dir`).
+    #[arg(long, env = "SANDBOXD_DATA_DIR")]
+    data_dir: Option<PathBuf>,
+    /// Root API token (config `api_token`).
+    #[arg(long, env = "SANDBOXD_API_TOKEN", hide_env_values = true)]
+    api_token: Option<String>,
+    /// The silkd binary put into sandboxes (config `silkd`).
+    #[arg(long, env = "SANDBOXD_SILKD")]
+    silkd: Option<PathBuf>,
+    /// Print the effective configuration as TOML and exit.
+    #[arg(long)]
+    print_config: bool,
+}
+
+fn config(args: &Args) -> anyhow::Result<Config> {
+    let mut cfg = match &args.config {
+        Some(path) => Config::load(path)?,
+        None => Config::default(),
+    };
+    if let Some(listen) = args.listen {
+        cfg.listen = listen;
+    }
+    if let Some(dir) = &args.data_dir {
+        cfg.data_dir = dir.clone();
+    }
+    if let Some(token) = &args.api_token {
+        cfg.api_token = Some(token.clone());
+    }
+    if let Some(silkd) = &args.silkd {
+        cfg.silkd = Some(silkd.clone());
+    }
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let cfg = config(&args)?;
+    if args.print_config {
+        let mut shown = cfg.clone();
+        if shown.api_token.is_some() {
+            shown.api_token = Some("<set>".into());
+        }
+        print!("{}", toml::to_string_pretty(&shown)?);
+        return Ok(());
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SANDBOXD_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
+        let addr = listener.local_addr()?;
+        let node = Node::start(cfg).await?;
+        // The readiness line: scripts and tests wait for it.
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "sandboxd listening on {addr}")?;
+        out.flush()?;
+        drop(out);
+        sandboxd::serve(node, listener, shutdown_signal()).await?;
+        tracing::info!("stopped; sandboxes keep running for the next start");
+        anyhow::Ok(())
+    })
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

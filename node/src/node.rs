@@ -1,0 +1,600 @@
+//! The node controller: typed actions (claim, release, renew, list, pools, drain) over the
+//! engine, the journal and the pools, tested without an HTTP server in front.
+//!
+//! Locking: one `std::sync::Mutex` guards the in-memory state and is never held across an
+//! `.await` or an engine call. Engine calls (blocking) run on tokio's blocking threads. The
+//! journal commit is the durability point of every claim change: a claim is acknowledged only
+//! after its record is in the journal, so a `kill -9` cannot lose an acknowledged claim.
+//!
+//! Background work: one refill loop keeps pools at their targets (and builds goldens on first
+//! need), one reaper ends expired leases; both share a semaphore with teardown so the engine
+//! never runs more than `background_concurrency` operations for them at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use silk_engine::jail::{JailConfig, JailEngine};
+use silk_engine::{
+    AgentAddr, BoxInfo, BoxSpec, Engine, EngineError, Golden, SandboxId, Template, TemplateDef,
+    TemplateSource, Warmup,
+};
+use tokio::sync::{Notify, Semaphore};
+
+use crate::claims::{
+    ClaimRecord, ClaimSpec, OnExpire, Tier, hash_token, new_token, random_hex, token_matches,
+};
+use crate::config::{Config, PoolConfig};
+use crate::error::ApiError;
+use crate::journal::{Change, Journal};
+use crate::metrics::Metrics;
+use crate::pool::{Pool, PoolKey};
+use crate::state::SandboxState;
+
+const REFILL_TICK: Duration = Duration::from_millis(250);
+const REAP_TICK: Duration = Duration::from_millis(500);
+
+#[derive(Debug)]
+pub struct Node {
+    pub cfg: Config,
+    engine: Arc<dyn Engine>,
+    journal: Journal<ClaimRecord>,
+    state: Mutex<State>,
+    /// Golden builds run one at a time (two builds of one golden would collide).
+    golden_lock: tokio::sync::Mutex<()>,
+    background: Arc<Semaphore>,
+    refill: Notify,
+    draining: AtomicBool,
+    pub metrics: Metrics,
+    started: Instant,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    claims: HashMap<String, Live>,
+    /// Claims between admission and acknowledgement (they count against `max_claims`).
+    pending: usize,
+    pools: BTreeMap<PoolKey, Pool>,
+    templates: HashMap<String, Template>,
+    goldens: HashMap<String, Golden>,
+}
+
+/// A claimed sandbox.
+#[derive(Debug, Clone)]
+pub struct Live {
+    pub record: ClaimRecord,
+    pub agent: PathBuf,
+}
+
+/// What a successful claim hands back (the token only this once).
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub record: ClaimRecord,
+    pub token: String,
+    pub took: Duration,
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+fn agent_path(info: &BoxInfo) -> PathBuf {
+    match &info.agent {
+        AgentAddr::Unix(p) => p.clone(),
+        // The jail engine only hands out unix sockets; vsock arrives with VM engines.
+        AgentAddr::Vsock { .. } => PathBuf::new(),
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, ApiError> {
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(ApiError::from),
+        Err(e) => Err(ApiError::internal(format!("engine task failed: {e}"))),
+    }
+}
+
+impl Node {
+    /// Opens the engine and the journal, reconciles what survived the last run, and starts the
+    /// background loops.
+    pub async fn start(cfg: Config) -> anyhow::Result<Arc<Node>> {
+        cfg.validate()?;
+        let exe_dir = std::env::current_exe()?.parent().map(PathBuf::from).unwrap_or_default();
+        let silkd = cfg.silkd.clone().unwrap_or_else(|| exe_dir.join("silkd"));
+        let launcher = cfg.launcher.clone().unwrap_or_else(|| exe_dir.join("silk-jail"));
+        let engine =
+            JailEngine::new(JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher))?;
+        let (journal, records) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
+        let pools = load_pools(&cfg)?;
+        let node = Arc::new(Node {
+            background: Arc::new(Semaphore::new(cfg.background_concurrency.max(1))),
+            cfg,
+            engine: Arc::new(engine),
+            journal,
+            state: Mutex::default(),
+            golden_lock: tokio::sync::Mutex::new(()),
+            refill: Notify::new(),
+            draining: AtomicBool::new(false),
+            metrics: Metrics::default(),
+            started: Instant::now(),
+        });
+        node.set_pool_configs(&pools);
+        node.reconcile(records).await?;
+        tokio::spawn(refill_loop(node.clone()));
+        tokio::spawn(reap_loop(node.clone()));
+        Ok(node)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Re-adopts claimed sandboxes that are still running; removes every other sandbox and
+    /// forgets claims whose sandbox is gone.
+    async fn reconcile(&self, records: BTreeMap<String, ClaimRecord>) -> anyhow::Result<()> {
+        let engine = self.engine.clone();
+        let boxes = blocking(move || engine.list()).await?;
+        let mut adopted = HashMap::new();
+        let mut doomed = vec![];
+        for info in boxes {
+            match records.get(info.id.as_str()) {
+                Some(rec) if info.running && rec.state == SandboxState::Claimed => {
+                    adopted.insert(
+                        rec.id.clone(),
+                        Live { record: rec.clone(), agent: agent_path(&info) },
+                    );
+                }
+                _ => doomed.push(info.id),
+            }
+        }
+        let lost: Vec<_> =
+            records.keys().filter(|id| !adopted.contains_key(*id)).cloned().collect();
+        tracing::info!(
+            adopted = adopted.len(),
+            removed = doomed.len(),
+            lost = lost.len(),
+            "reconciled"
+        );
+        if !lost.is_empty() {
+            self.journal.commit(lost.into_iter().map(Change::Delete).collect()).await?;
+        }
+        self.lock().claims = adopted;
+        for id in doomed {
+            let engine = self.engine.clone();
+            blocking(move || engine.destroy(&id)).await?;
+        }
+        Ok(())
+    }
+
+    // ---- templates and goldens ----
+
+    fn template_def(&self, name: &str) -> Result<TemplateDef, ApiError> {
+        if name == "host" {
+            return Ok(TemplateDef::host());
+        }
+        let t = self.cfg.templates.get(name).ok_or_else(|| {
+            ApiError::new(
+                axum::http::StatusCode::NOT_FOUND,
+                "template_not_found",
+                format!("no template {name:?}"),
+            )
+        })?;
+        let source = match (&t.dir, &t.image) {
+            (Some(dir), _) => TemplateSource::Dir(dir.clone()),
+            (None, Some(image)) => TemplateSource::Image(image.clone()),
+            (None, None) => return Err(ApiError::internal("template without a source")),
+        };
+        Ok(TemplateDef { name: name.into(), source })
+    }
+
+    fn warmup(&self, name: &str) -> Warmup {
+        self.cfg
+            .templates
+            .get(name)
+            .map(|t| Warmup {
+                argv: t.warmup.clone(),
+                timeout: Duration::from_secs(t.warmup_timeout_seconds),
+            })
+            .unwrap_or_default()
+    }
+
+    async fn template(&self, name: &str) -> Result<Template, ApiError> {
+        if let Some(t) = self.lock().templates.get(name) {
+            return Ok(t.clone());
+        }
+        let def = self.template_def(name)?;
+        let engine = self.engine.clone();
+        let t = blocking(move || engine.template(&def)).await?;
+        self.lock().templates.insert(name.into(), t.clone());
+        Ok(t)
+    }
+
+    /// The template's golden, built on first need.
+    async fn golden(&self, name: &str) -> Result<Golden, ApiError> {
+        if let Some(g) = self.lock().goldens.get(name) {
+            return Ok(g.clone());
+        }
+        let template = self.template(name).await?;
+        let _one_at_a_time = self.golden_lock.lock().await;
+        if let Some(g) = self.lock().goldens.get(name) {
+            return Ok(g.clone());
+        }
+        let (engine, warmup) = (self.engine.clone(), self.warmup(name));
+        let g = blocking(move || engine.prepare(&template, &warmup)).await?;
+        self.lock().goldens.insert(name.into(), g.clone());
+        Ok(g)
+    }
+
+    // ---- claims ----
+
+    pub async fn claim(self: &Arc<Self>, spec: ClaimSpec) -> Result<Claimed, ApiError> {
+        let t0 = Instant::now();
+        if spec.on_expire == OnExpire::Archive {
+            return Err(ApiError::new(
+                axum::http::StatusCode::NOT_IMPLEMENTED,
+                "unsupported",
+                "on_expire = archive needs the object store, which this node does not have yet",
+            ));
+        }
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(ApiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "draining",
+                "this node is draining and takes no new claims",
+            ));
+        }
+        self.template_def(&spec.template)?;
+        let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
+        let warm = {
+            let mut st = self.lock();
+            if st.claims.len() + st.pending >= self.cfg.max_claims {
+                return Err(ApiError::new(
+                    axum::http::StatusCode::TOO_MANY_REQUESTS,
+                    "node_full",
+                    format!("this node holds its maximum of {} claims", self.cfg.max_claims),
+                ));
+            }
+            st.pending += 1;
+            st.pools.get_mut(&key).and_then(|p| p.take(Instant::now()))
+        };
+        let result = self.finish_claim(spec, key, warm, t0).await;
+        self.lock().pending -= 1;
+        self.refill.notify_one();
+        result
+    }
+
+    async fn finish_claim(
+        &self,
+        spec: ClaimSpec,
+        key: PoolKey,
+        warm: Option<BoxInfo>,
+        t0: Instant,
+    ) -> Result<Claimed, ApiError> {
+        let (info, tier) = match warm {
+            Some(info) => (info, Tier::Warm),
+            None => {
+                let id: SandboxId = format!("sb-{}", random_hex(8)).parse()?;
+                let box_spec = BoxSpec::new(key.size, key.lane);
+                let engine = self.engine.clone();
+                let golden = self.lock().goldens.get(&spec.template).cloned();
+                match golden {
+                    Some(g) => (
+                        blocking(move || engine.clone_golden(&g, &id, &box_spec)).await?,
+                        Tier::Clone,
+                    ),
+                    None => {
+                        let t = self.template(&spec.template).await?;
+                        // The refill loop builds the golden for next time.
+                        (blocking(move || engine.boot(&t, &id, &box_spec)).await?, Tier::Cold)
+                    }
+                }
+            }
+        };
+        let token = new_token();
+        let now = now_ms();
+        let record = ClaimRecord {
+            id: info.id.to_string(),
+            token_hash: hash_token(&token),
+            template: spec.template,
+            size: spec.size,
+            lane: spec.lane,
+            tier,
+            state: SandboxState::Warm
+                .transition(SandboxState::Claimed)
+                .map_err(ApiError::internal)?,
+            created_ms: now,
+            deadline_ms: now + spec.ttl_seconds * 1000,
+            on_expire: spec.on_expire,
+            metadata: spec.metadata,
+        };
+        if let Err(e) =
+            self.journal.commit(vec![Change::Put(record.id.clone(), record.clone())]).await
+        {
+            // Not acknowledged: the sandbox must not outlive the failed claim.
+            self.teardown(info.id.clone());
+            return Err(ApiError::internal(format!("journal: {e}")));
+        }
+        self.lock()
+            .claims
+            .insert(record.id.clone(), Live { record: record.clone(), agent: agent_path(&info) });
+        let took = t0.elapsed();
+        self.metrics.claimed(tier, took);
+        Ok(Claimed { record, token, took })
+    }
+
+    /// Destroys a sandbox in the background, within the shared concurrency limit.
+    fn teardown(&self, id: SandboxId) {
+        let (engine, permits) = (self.engine.clone(), self.background.clone());
+        tokio::spawn(async move {
+            let _permit = permits.acquire_owned().await;
+            if let Err(e) = tokio::task::spawn_blocking(move || engine.destroy(&id)).await {
+                tracing::warn!("teardown failed: {e}");
+            }
+        });
+    }
+
+    pub fn get(&self, id: &str) -> Option<Live> {
+        self.lock().claims.get(id).cloned()
+    }
+
+    /// Claims whose metadata contains every `(key, value)` of `filter`.
+    pub fn list(&self, filter: &[(String, String)]) -> Vec<ClaimRecord> {
+        let mut out: Vec<ClaimRecord> = self
+            .lock()
+            .claims
+            .values()
+            .filter(|l| filter.iter().all(|(k, v)| l.record.metadata.get(k) == Some(v)))
+            .map(|l| l.record.clone())
+            .collect();
+        out.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        out
+    }
+
+    pub fn is_root(&self, bearer: Option<&str>) -> bool {
+        match (&self.cfg.api_token, bearer) {
+            (None, _) => true,
+            (Some(root), Some(given)) => {
+                crate::claims::constant_time_eq(root.as_bytes(), given.as_bytes())
+            }
+            (Some(_), None) => false,
+        }
+    }
+
+    /// The claim, if `bearer` may act on it (its own token or the root token); otherwise the
+    /// same 404 as an unknown id.
+    pub fn authorized(&self, id: &str, bearer: Option<&str>) -> Result<Live, ApiError> {
+        let live = self.get(id).ok_or_else(ApiError::sandbox_not_found)?;
+        let own = bearer.is_some_and(|t| token_matches(t, &live.record.token_hash));
+        if own || self.is_root(bearer) { Ok(live) } else { Err(ApiError::sandbox_not_found()) }
+    }
+
+    pub async fn release(&self, id: &str) -> Result<(), ApiError> {
+        let live = self.lock().claims.remove(id).ok_or_else(ApiError::sandbox_not_found)?;
+        live.record.state.transition(SandboxState::Released).map_err(ApiError::internal)?;
+        if let Err(e) = self.journal.commit(vec![Change::Delete(id.to_string())]).await {
+            self.lock().claims.insert(id.to_string(), live);
+            return Err(ApiError::internal(format!("journal: {e}")));
+        }
+        self.metrics.released.fetch_add(1, Ordering::Relaxed);
+        self.teardown(live.record.id.parse()?);
+        Ok(())
+    }
+
+    pub async fn renew(&self, id: &str, ttl_seconds: u64) -> Result<ClaimRecord, ApiError> {
+        let mut record = self.get(id).ok_or_else(ApiError::sandbox_not_found)?.record;
+        record.deadline_ms = now_ms() + ttl_seconds * 1000;
+        self.journal
+            .commit(vec![Change::Put(id.to_string(), record.clone())])
+            .await
+            .map_err(|e| ApiError::internal(format!("journal: {e}")))?;
+        match self.lock().claims.get_mut(id) {
+            Some(live) => live.record.deadline_ms = record.deadline_ms,
+            // Released while the renewal was being written: the release wins.
+            None => return Err(ApiError::sandbox_not_found()),
+        }
+        Ok(record)
+    }
+
+    /// Ends every lease that ran out.
+    async fn reap(&self) {
+        let now = now_ms();
+        let expired: Vec<String> = self
+            .lock()
+            .claims
+            .values()
+            .filter(|l| l.record.deadline_ms <= now)
+            .map(|l| l.record.id.clone())
+            .collect();
+        for id in expired {
+            if self.release(&id).await.is_ok() {
+                self.metrics.expired.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(sandbox = id, "lease expired");
+            }
+        }
+    }
+
+    // ---- pools ----
+
+    fn set_pool_configs(&self, pools: &[PoolConfig]) {
+        let mut st = self.lock();
+        let mut next = BTreeMap::new();
+        for p in pools {
+            let key = PoolKey { template: p.template.clone(), size: p.size, lane: p.lane };
+            let mut pool = st.pools.remove(&key).unwrap_or_else(|| {
+                Pool::new(key.clone(), p.warm, p.warm_max.unwrap_or(p.warm * 2))
+            });
+            pool.warm = p.warm;
+            pool.warm_max = p.warm_max.unwrap_or(p.warm * 2).max(p.warm);
+            pool.target = pool.target.clamp(pool.warm, pool.warm_max);
+            next.insert(key, pool);
+        }
+        // Pools no longer configured: their warm sandboxes go away.
+        for (_, pool) in std::mem::take(&mut st.pools) {
+            for info in pool.ready {
+                self.teardown(info.id);
+            }
+        }
+        st.pools = next;
+        drop(st);
+        self.refill.notify_one();
+    }
+
+    pub fn pool_configs(&self) -> Vec<PoolConfig> {
+        self.lock()
+            .pools
+            .values()
+            .map(|p| PoolConfig {
+                template: p.key.template.clone(),
+                size: p.key.size,
+                lane: p.key.lane,
+                warm: p.warm,
+                warm_max: Some(p.warm_max),
+            })
+            .collect()
+    }
+
+    /// Replaces the pools at runtime and persists them for the next start.
+    pub fn replace_pools(&self, pools: Vec<PoolConfig>) -> Result<(), ApiError> {
+        let mut probe = self.cfg.clone();
+        probe.pools = pools.clone();
+        probe.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+        let json =
+            serde_json::to_vec_pretty(&pools).map_err(|e| ApiError::internal(e.to_string()))?;
+        let path = self.cfg.data_dir.join("pools.json");
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, json)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| ApiError::internal(format!("persist pools: {e}")))?;
+        self.set_pool_configs(&pools);
+        Ok(())
+    }
+
+    pub fn set_draining(&self, draining: bool) {
+        self.draining.store(draining, Ordering::Relaxed);
+    }
+
+    pub fn info(&self) -> serde_json::Value {
+        let st = self.lock();
+        let now = Instant::now();
+        let pools: Vec<_> = st
+            .pools
+            .values()
+            .map(|p| {
+                serde_json::json!({
+                    "template": p.key.template, "size": p.key.size, "lane": p.key.lane,
+                    "warm": p.ready.len(), "starting": p.starting, "target": p.target,
+                    "warm_min": p.warm, "warm_max": p.warm_max,
+                    "golden": st.goldens.get(&p.key.template).map(|g| g.digest.0.clone()),
+                    "backing_off": p.backing_off(now),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "engine": self.engine.name(),
+            "capabilities": self.engine.capabilities(),
+            "claims": st.claims.len(),
+            "max_claims": self.cfg.max_claims,
+            "draining": self.draining.load(Ordering::Relaxed),
+            "uptime_ms": self.started.elapsed().as_millis() as u64,
+            "pools": pools,
+        })
+    }
+
+    pub fn render_metrics(&self) -> String {
+        let st = self.lock();
+        let warm = st
+            .pools
+            .values()
+            .map(|p| (format!("pool=\"{}\"", p.key), p.ready.len() as u64))
+            .collect();
+        let target =
+            st.pools.values().map(|p| (format!("pool=\"{}\"", p.key), p.target as u64)).collect();
+        let claims = vec![(String::new(), st.claims.len() as u64)];
+        drop(st);
+        self.metrics.render(&[
+            ("silkmesh_pool_warm", "Warm sandboxes ready, by pool.", warm),
+            ("silkmesh_pool_target", "Current warm target, by pool.", target),
+            ("silkmesh_claims_live", "Claims held on this node.", claims),
+            (
+                "silkmesh_journal_records",
+                "Records in the claims journal.",
+                vec![(String::new(), self.journal.len() as u64)],
+            ),
+        ])
+    }
+
+    /// Starts whatever the pools are missing.
+    fn refill_once(self: &Arc<Self>) {
+        if self.draining.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = Instant::now();
+        let mut starts = vec![];
+        for pool in self.lock().pools.values_mut() {
+            let n = pool.wanted(now);
+            pool.starting += n;
+            starts.extend(std::iter::repeat_n(pool.key.clone(), n));
+        }
+        for key in starts {
+            let node = self.clone();
+            tokio::spawn(async move {
+                let started = node.start_warm(&key).await;
+                let mut st = node.lock();
+                let Some(pool) = st.pools.get_mut(&key) else {
+                    // The pool was removed meanwhile.
+                    if let Ok(info) = started {
+                        node.teardown(info.id);
+                    }
+                    return;
+                };
+                match started {
+                    Ok(info) => pool.started(info),
+                    Err(e) => {
+                        tracing::warn!(pool = %key, "refill failed: {e}");
+                        node.metrics.refill_failures.fetch_add(1, Ordering::Relaxed);
+                        pool.start_failed(Instant::now());
+                    }
+                }
+            });
+        }
+    }
+
+    async fn start_warm(&self, key: &PoolKey) -> Result<BoxInfo, ApiError> {
+        let golden = self.golden(&key.template).await?;
+        let _permit =
+            self.background.acquire().await.map_err(|e| ApiError::internal(e.to_string()))?;
+        let id: SandboxId = format!("sb-{}", random_hex(8)).parse()?;
+        let (engine, spec) = (self.engine.clone(), BoxSpec::new(key.size, key.lane));
+        blocking(move || engine.clone_golden(&golden, &id, &spec)).await
+    }
+}
+
+fn load_pools(cfg: &Config) -> anyhow::Result<Vec<PoolConfig>> {
+    let path = cfg.data_dir.join("pools.json");
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(cfg.pools.clone()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+async fn refill_loop(node: Arc<Node>) {
+    loop {
+        node.refill_once();
+        tokio::select! {
+            () = node.refill.notified() => {}
+            () = tokio::time::sleep(REFILL_TICK) => {}
+        }
+    }
+}
+
+async fn reap_loop(node: Arc<Node>) {
+    loop {
+        tokio::time::sleep(REAP_TICK).await;
+        node.reap().await;
+    }
+}

@@ -1,0 +1,97 @@
+//! The OpenAPI 3.1 document served at `GET /v1/openapi.json`. Written by hand next to the routes
+//! it describes; a test checks that every path and method here is routed.
+
+use serde_json::{Value, json};
+
+fn error_responses(codes: &[u16]) -> Value {
+    let mut out = serde_json::Map::new();
+    for code in codes {
+        out.insert(code.to_string(), json!({ "description": "error", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } }));
+    }
+    Value::Object(out)
+}
+
+fn op(summary: &str, ok: (u16, Value), errors: &[u16], body: Option<&str>) -> Value {
+    let mut responses = error_responses(errors);
+    responses[ok.0.to_string()] = ok.1;
+    let mut o = json!({ "summary": summary, "responses": responses });
+    if let Some(schema) = body {
+        o["requestBody"] = json!({ "required": true, "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } });
+    }
+    o
+}
+
+fn ok_json(schema: &str) -> Value {
+    json!({ "description": "ok", "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } })
+}
+
+fn ok_any() -> Value {
+    json!({ "description": "ok", "content": { "application/json": { "schema": { "type": "object" } } } })
+}
+
+pub fn document() -> Value {
+    let id =
+        json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]);
+    let mut sandbox = json!({
+        "get": op("One claim (sandbox token or root token)", (200, ok_json("Sandbox")), &[401, 404], None),
+        "delete": op("Release: destroy the sandbox", (204, json!({ "description": "released" })), &[401, 404], None),
+    });
+    sandbox["parameters"] = id.clone();
+    json!({
+        "openapi": "3.1.0",
+        "info": { "title": "silkmesh sandboxd", "version": env!("CARGO_PKG_VERSION") },
+        "components": {
+            "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
+            "schemas": {
+                "Error": { "type": "object", "required": ["error"], "properties": { "error": { "type": "object", "required": ["code", "message"], "properties": { "code": { "type": "string" }, "message": { "type": "string" } } } } },
+                "ClaimRequest": { "type": "object", "additionalProperties": false, "properties": {
+                    "template": { "type": "string", "default": "host" },
+                    "size": { "enum": ["small", "medium", "large"], "default": "small" },
+                    "lane": { "enum": ["none", "egress"], "default": "none" },
+                    "ttl_seconds": { "type": "integer", "minimum": 0, "maximum": 86400 },
+                    "metadata": { "type": "object", "maxProperties": 16, "additionalProperties": { "type": "string", "maxLength": 512 } },
+                    "on_expire": { "enum": ["destroy", "archive"], "default": "destroy" } } },
+                "Sandbox": { "type": "object", "properties": {
+                    "id": { "type": "string" }, "token": { "type": "string", "description": "only in the claim response" },
+                    "tier": { "enum": ["warm", "clone", "cold"] }, "state": { "type": "string" }, "owner": { "type": "string" },
+                    "template": { "type": "string" }, "size": { "type": "string" }, "lane": { "type": "string" },
+                    "created_ms": { "type": "integer" }, "deadline_ms": { "type": "integer" },
+                    "metadata": { "type": "object" }, "agent_path": { "type": "string" } } },
+                "Renew": { "type": "object", "additionalProperties": false, "properties": { "ttl_seconds": { "type": "integer" } } },
+                "Exec": { "type": "object", "additionalProperties": false, "required": ["argv"], "properties": {
+                    "argv": { "type": "array", "items": { "type": "string" }, "minItems": 1 }, "cwd": { "type": "string" },
+                    "env": { "type": "object", "additionalProperties": { "type": "string" } }, "user": { "type": "string" },
+                    "stdin": { "type": "string" }, "timeout_seconds": { "type": "integer" } } },
+                "ExecResult": { "type": "object", "properties": {
+                    "exit_code": { "type": "integer" }, "signal": { "type": ["integer", "null"] }, "timed_out": { "type": "boolean" },
+                    "stdout": { "type": "string" }, "stderr": { "type": "string" },
+                    "stdout_truncated": { "type": "boolean" }, "stderr_truncated": { "type": "boolean" } } },
+                "Pools": { "type": "object", "required": ["pools"], "properties": { "pools": { "type": "array", "items": { "type": "object", "required": ["template", "warm"], "properties": {
+                    "template": { "type": "string" }, "size": { "type": "string" }, "lane": { "type": "string" }, "warm": { "type": "integer" }, "warm_max": { "type": "integer" } } } } } }
+            }
+        },
+        "security": [{ "bearer": [] }],
+        "paths": {
+            "/healthz": { "get": op("Liveness", (200, json!({ "description": "ok" })), &[], None) },
+            "/metrics": { "get": op("Prometheus metrics", (200, json!({ "description": "text exposition" })), &[], None) },
+            "/v1/openapi.json": { "get": op("This document", (200, ok_any()), &[], None) },
+            "/v1/info": { "get": op("Node, pools, engine capabilities", (200, ok_any()), &[401], None) },
+            "/v1/pools": {
+                "get": op("Warm pool configuration", (200, ok_json("Pools")), &[401], None),
+                "put": op("Replace the pools (persisted)", (200, ok_json("Pools")), &[400, 401, 413], Some("Pools")),
+            },
+            "/v1/drain": {
+                "post": op("Stop taking claims; live ones keep running", (200, ok_any()), &[401], None),
+                "delete": op("Take claims again", (200, ok_any()), &[401], None),
+            },
+            "/v1/sandboxes": {
+                "post": op("Claim a sandbox: warm hit, clone from golden, or cold boot", (201, ok_json("Sandbox")), &[400, 401, 404, 413, 415, 429, 501, 503], Some("ClaimRequest")),
+                "get": op("List claims; filter with metadata=key=value (repeatable)", (200, ok_any()), &[400, 401], None),
+            },
+            "/v1/sandboxes/{id}": sandbox,
+            "/v1/sandboxes/{id}/renew": { "parameters": id, "post": op("Reset the lease", (200, ok_any()), &[400, 401, 404], Some("Renew")) },
+            "/v1/sandboxes/{id}/exec": { "parameters": id, "post": op("Run a command, buffered", (200, ok_json("ExecResult")), &[400, 401, 404, 413, 503], Some("Exec")) },
+            "/v1/sandboxes/{id}/agent": { "parameters": id, "get": op("Upgrade: silkd — after 101, a byte relay to the sandbox's silkd", (101, json!({ "description": "switching protocols" })), &[401, 404, 426, 503], None) },
+        }
+    })
+}

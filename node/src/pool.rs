@@ -1,0 +1,185 @@
+//! Warm pools: bookkeeping only, no I/O, time passed in — so the adaptive target and the backoff
+//! are tested without sandboxes or clocks.
+//!
+//! A pool keeps `target` sandboxes ready. The target starts at the configured `warm`; every
+//! claim that finds the pool empty raises it by one, up to `warm_max`; after a quiet minute (no
+//! miss) it steps back down towards `warm`. Failed starts back off exponentially (0.2 s doubling
+//! to 30 s) so a broken template does not spin.
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use silk_engine::{BoxInfo, Lane, Size};
+
+const QUIET: Duration = Duration::from_secs(60);
+const BACKOFF_FIRST: Duration = Duration::from_millis(200);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct PoolKey {
+    pub template: String,
+    pub size: Size,
+    pub lane: Lane,
+}
+
+impl fmt::Display for PoolKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let size = serde_json::to_value(self.size).ok();
+        let lane = serde_json::to_value(self.lane).ok();
+        let text = |v: Option<serde_json::Value>| {
+            v.and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default()
+        };
+        write!(f, "{}/{}/{}", self.template, text(size), text(lane))
+    }
+}
+
+#[derive(Debug)]
+pub struct Pool {
+    pub key: PoolKey,
+    pub warm: usize,
+    pub warm_max: usize,
+    pub target: usize,
+    pub ready: VecDeque<BoxInfo>,
+    /// Starts in flight.
+    pub starting: usize,
+    failures: u32,
+    retry_at: Option<Instant>,
+    last_miss: Option<Instant>,
+    last_decay: Option<Instant>,
+}
+
+impl Pool {
+    pub fn new(key: PoolKey, warm: usize, warm_max: usize) -> Pool {
+        Pool {
+            key,
+            warm,
+            warm_max: warm_max.max(warm),
+            target: warm,
+            ready: VecDeque::new(),
+            starting: 0,
+            failures: 0,
+            retry_at: None,
+            last_miss: None,
+            last_decay: None,
+        }
+    }
+
+    /// Takes a ready sandbox, or records a miss (raising the target).
+    pub fn take(&mut self, now: Instant) -> Option<BoxInfo> {
+        let got = self.ready.pop_front();
+        if got.is_none() {
+            self.target = (self.target + 1).min(self.warm_max);
+            self.last_miss = Some(now);
+        }
+        got
+    }
+
+    /// How many starts to begin now.
+    pub fn wanted(&mut self, now: Instant) -> usize {
+        self.decay(now);
+        if self.retry_at.is_some_and(|t| now < t) {
+            return 0;
+        }
+        self.target.saturating_sub(self.ready.len() + self.starting)
+    }
+
+    fn decay(&mut self, now: Instant) {
+        let quiet_since = self.last_miss.max(self.last_decay);
+        if self.target > self.warm && quiet_since.is_none_or(|t| now.duration_since(t) >= QUIET) {
+            self.target -= 1;
+            self.last_decay = Some(now);
+        }
+    }
+
+    pub fn started(&mut self, info: BoxInfo) {
+        self.starting = self.starting.saturating_sub(1);
+        self.failures = 0;
+        self.retry_at = None;
+        self.ready.push_back(info);
+    }
+
+    pub fn start_failed(&mut self, now: Instant) {
+        self.starting = self.starting.saturating_sub(1);
+        let backoff = BACKOFF_FIRST.saturating_mul(1 << self.failures.min(10)).min(BACKOFF_MAX);
+        self.failures += 1;
+        self.retry_at = Some(now + backoff);
+    }
+
+    /// Backoff remaining, for `/v1/info`.
+    pub fn backing_off(&self, now: Instant) -> bool {
+        self.retry_at.is_some_and(|t| now < t)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use silk_engine::{AgentAddr, Base, BoxSpec, Digest, Template};
+
+    fn info() -> BoxInfo {
+        let template = Template {
+            name: "t".into(),
+            digest: Digest("d".into()),
+            root: "/".into(),
+            binds: vec![],
+            env: vec![],
+            cwd: None,
+            user: None,
+        };
+        BoxInfo {
+            id: "x".parse().unwrap(),
+            base: Base { template, golden: None },
+            spec: BoxSpec::new(Size::Small, Lane::None),
+            agent: AgentAddr::Unix("/x".into()),
+            pid: None,
+            running: true,
+            created_ms: 0,
+        }
+    }
+
+    fn pool(warm: usize, max: usize) -> Pool {
+        Pool::new(PoolKey { template: "t".into(), size: Size::Small, lane: Lane::None }, warm, max)
+    }
+
+    #[test]
+    fn misses_raise_the_target_to_the_ceiling_and_quiet_lowers_it() {
+        let t0 = Instant::now();
+        let mut p = pool(2, 4);
+        assert_eq!(p.wanted(t0), 2);
+        p.starting = 2;
+        for _ in 0..5 {
+            assert!(p.take(t0).is_none());
+        }
+        assert_eq!(p.target, 4, "capped at warm_max");
+        assert_eq!(p.wanted(t0), 2);
+        assert_eq!(p.wanted(t0 + Duration::from_secs(30)), 2, "not quiet yet");
+        p.wanted(t0 + QUIET);
+        assert_eq!(p.target, 3);
+        p.wanted(t0 + QUIET + Duration::from_secs(1));
+        assert_eq!(p.target, 3, "one step per quiet minute");
+        p.wanted(t0 + 2 * QUIET);
+        p.wanted(t0 + 3 * QUIET);
+        assert_eq!(p.target, 2, "never below warm");
+    }
+
+    #[test]
+    fn failures_back_off_exponentially_and_success_resets() {
+        let t0 = Instant::now();
+        let mut p = pool(1, 1);
+        p.starting = 1;
+        p.start_failed(t0);
+        assert_eq!(p.wanted(t0), 0);
+        assert_eq!(p.wanted(t0 + BACKOFF_FIRST), 1);
+        p.starting = 1;
+        p.start_failed(t0);
+        assert_eq!(p.wanted(t0 + BACKOFF_FIRST), 0, "second failure waits twice as long");
+        assert_eq!(p.wanted(t0 + 2 * BACKOFF_FIRST), 1);
+        p.starting = 1;
+        p.started(info());
+        assert_eq!(p.wanted(t0), 0, "full");
+        assert!(p.take(t0).is_some());
+        assert_eq!(p.wanted(t0), 1, "refill after a hit, no backoff left");
+    }
+}

@@ -1,0 +1,387 @@
+//! sandboxd end to end: a real node process with the real jail engine, driven over HTTP.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+
+use common::*;
+use serde_json::{Value, json};
+
+const ONE_WARM: &str = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
+
+#[test]
+fn claims_are_served_in_three_tiers() {
+    let dir = tempfile::tempdir().unwrap();
+    let rootfs = busybox_rootfs(dir.path());
+    let node =
+        Sandboxd::start(&format!("{ONE_WARM}[templates.tiny]\ndir = \"{}\"\n", rootfs.display()));
+    node.wait_warm(1);
+
+    let warm = node.claim(r#"{"metadata": {"who": "first"}}"#);
+    assert_eq!(warm["tier"], "warm");
+    assert!(warm["token"].as_str().unwrap().starts_with("sbt_"));
+    let clone = node.claim("{}");
+    assert_eq!(clone["tier"], "clone", "the pool was empty; the golden exists");
+    let cold = node.claim(r#"{"template": "tiny"}"#);
+    assert_eq!(cold["tier"], "cold", "no golden for this template yet");
+
+    for s in [&warm, &clone, &cold] {
+        let id = s["id"].as_str().unwrap();
+        let out = node.exec(id, s["token"].as_str().unwrap(), "hostname");
+        assert_eq!(out["stdout"], format!("{id}\n"));
+    }
+    let (_, metrics) = node.req("GET", "/metrics", None, None);
+    let metrics = metrics.as_str().unwrap().to_string();
+    for tier in ["warm", "clone", "cold"] {
+        assert!(metrics.contains(&format!("silkmesh_claims_total{{tier=\"{tier}\"}} 1")), "{tier}");
+    }
+    assert!(metrics.contains("silkmesh_claim_seconds_bucket"));
+
+    // Refill follows a warm hit.
+    node.wait_warm(1);
+}
+
+#[test]
+fn relay_carries_the_silkd_protocol() {
+    let node = Sandboxd::start(ONE_WARM);
+    let s = node.claim("{}");
+    let (id, token) = (s["id"].as_str().unwrap(), s["token"].as_str().unwrap());
+
+    let mut stream = std::net::TcpStream::connect(node.addr).unwrap();
+    write!(stream, "GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut status = String::new();
+    reader.read_line(&mut status).unwrap();
+    assert!(status.contains("101"), "{status}");
+    loop {
+        let mut line = String::new();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+    }
+    assert!(reader.buffer().is_empty());
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        stream.set_nonblocking(true).unwrap();
+        let mut conn =
+            silk_proto::Connection::new(tokio::net::TcpStream::from_std(stream).unwrap());
+        use silk_proto::*;
+        conn.send(&Frame::Exec(ExecRequest {
+            command: Command {
+                argv: vec!["sh".into(), "-c".into(), "echo through the relay".into()],
+                ..Default::default()
+            },
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        let mut out = vec![];
+        loop {
+            match conn.recv().await.unwrap().unwrap() {
+                Frame::Stdout(b) => out.extend_from_slice(&b),
+                Frame::Exit(e) => {
+                    assert_eq!(e.code, 0);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(out, b"through the relay\n");
+        // Files too, on the same relayed connection.
+        conn.queue(&Frame::Write(WriteRequest {
+            path: "/tmp/relayed".into(),
+            mode: None,
+            parents: false,
+        }))
+        .unwrap();
+        conn.queue(&Frame::Data(bytes::Bytes::from(vec![7u8; 300_000]))).unwrap();
+        conn.send(&Frame::Eof).await.unwrap();
+        assert_eq!(conn.recv().await.unwrap(), Some(Frame::Done));
+        conn.send(&Frame::Read(ReadRequest { path: "/tmp/relayed".into(), offset: 0, len: None }))
+            .await
+            .unwrap();
+        let mut n = 0;
+        loop {
+            match conn.recv().await.unwrap().unwrap() {
+                Frame::Data(b) => {
+                    assert!(b.iter().all(|x| *x == 7));
+                    n += b.len();
+                }
+                Frame::Done => break,
+                other => panic!("unexpected {}", other.name()),
+            }
+        }
+        assert_eq!(n, 300_000);
+    });
+
+    // Without the upgrade header: a clear 426.
+    let (status, v) = node.req("GET", &format!("/v1/sandboxes/{id}/agent"), Some(token), None);
+    assert_eq!((status, v["error"]["code"].as_str()), (426, Some("upgrade_required")));
+}
+
+#[test]
+fn buffered_exec_with_stdin_exit_codes_and_an_output_cap() {
+    let node = Sandboxd::start(&format!("exec_output_cap = 1000\n{ONE_WARM}"));
+    let s = node.claim("{}");
+    let (id, token) = (s["id"].as_str().unwrap(), s["token"].as_str().unwrap());
+    let path = format!("/v1/sandboxes/{id}/exec");
+    let body = json!({ "argv": ["sh", "-c", "cat; echo oops >&2; exit 3"], "stdin": "fed in\n" })
+        .to_string();
+    let (status, v) = node.req("POST", &path, Some(token), Some(&body));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(
+        (v["exit_code"].as_i64(), v["stdout"].as_str(), v["stderr"].as_str()),
+        (Some(3), Some("fed in\n"), Some("oops\n"))
+    );
+
+    let v = node.exec(id, token, "head -c 5000 /dev/zero | tr '\\0' x");
+    assert_eq!(v["stdout"].as_str().unwrap().len(), 1000);
+    assert_eq!(v["stdout_truncated"], true);
+
+    let body = json!({ "argv": ["sleep", "30"], "timeout_seconds": 1 }).to_string();
+    let (_, v) = node.req("POST", &path, Some(token), Some(&body));
+    assert_eq!(v["timed_out"], true);
+    let (status, v) = node.req("POST", &path, Some(token), Some(r#"{"argv": []}"#));
+    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("bad_request")));
+    let (status, _) =
+        node.req("POST", &path, Some(token), Some(r#"{"argv": ["/no/such/program"]}"#));
+    assert_eq!(status, 404);
+}
+
+#[test]
+fn leases_expire_and_renew() {
+    let node = Sandboxd::start(ONE_WARM);
+    let short = node.claim(r#"{"ttl_seconds": 1}"#);
+    let kept = node.claim(r#"{"ttl_seconds": 1}"#);
+    let (kid, ktoken) = (kept["id"].as_str().unwrap(), kept["token"].as_str().unwrap());
+    let (status, v) = node.req(
+        "POST",
+        &format!("/v1/sandboxes/{kid}/renew"),
+        Some(ktoken),
+        Some(r#"{"ttl_seconds": 120}"#),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert!(v["deadline_ms"].as_u64().unwrap() > kept["deadline_ms"].as_u64().unwrap() + 100_000);
+
+    let sid = short["id"].as_str().unwrap().to_string();
+    eventually("the short lease is reaped", || {
+        node.req("GET", &format!("/v1/sandboxes/{sid}"), Some(ROOT), None).0 == 404
+    });
+    eventually("its jail is gone", || !node.data().join("engine/boxes").join(&sid).exists());
+    assert_eq!(node.req("GET", &format!("/v1/sandboxes/{kid}"), Some(ktoken), None).0, 200);
+    let (status, _) = node.req(
+        "POST",
+        &format!("/v1/sandboxes/{kid}/renew"),
+        Some(ktoken),
+        Some(r#"{"ttl_seconds": 999999}"#),
+    );
+    assert_eq!(status, 400, "past the cap");
+}
+
+#[test]
+fn auth_hides_sandboxes_from_wrong_tokens() {
+    let node = Sandboxd::start(ONE_WARM);
+    let (status, v) = node.req("POST", "/v1/sandboxes", None, Some("{}"));
+    assert_eq!((status, v["error"]["code"].as_str()), (401, Some("unauthorized")));
+    assert_eq!(node.req("POST", "/v1/sandboxes", Some("wrong"), Some("{}")).0, 401);
+    assert_eq!(node.req("GET", "/v1/info", None, None).0, 401);
+
+    let a = node.claim("{}");
+    let b = node.claim("{}");
+    let (aid, atoken, btoken) =
+        (a["id"].as_str().unwrap(), a["token"].as_str().unwrap(), b["token"].as_str().unwrap());
+    let path = format!("/v1/sandboxes/{aid}");
+    assert_eq!(node.req("GET", &path, Some(atoken), None).0, 200);
+    assert_eq!(node.req("GET", &path, Some(ROOT), None).0, 200);
+    for wrong in [Some(btoken), Some("sbt_nope"), None] {
+        let (status, v) = node.req("GET", &path, wrong, None);
+        assert_eq!(
+            (status, v["error"]["code"].as_str()),
+            (404, Some("not_found")),
+            "same answer as an unknown id"
+        );
+        assert_eq!(node.req("DELETE", &path, wrong, None).0, 404);
+    }
+    assert_eq!(node.req("GET", "/v1/sandboxes/sb-doesnotexist", Some(ROOT), None).0, 404);
+    assert_eq!(
+        node.exec(aid, atoken, "echo alive")["stdout"],
+        "alive\n",
+        "failed deletes changed nothing"
+    );
+    assert_eq!(node.req("DELETE", &path, Some(atoken), None).0, 204);
+    assert_eq!(node.req("GET", &path, Some(ROOT), None).0, 404);
+}
+
+#[test]
+fn bad_input_gets_the_right_4xx() {
+    let node = Sandboxd::start(&format!("max_body_bytes = 2000\n{ONE_WARM}"));
+    let cases: Vec<(&str, u16, &str)> = vec![
+        (r#"{"sise": "small"}"#, 400, "bad_request"),
+        (r#"{"size": "huge"}"#, 400, "bad_request"),
+        (r#"{"lane": "wifi"}"#, 400, "bad_request"),
+        (r#"{"ttl_seconds": 100000}"#, 400, "bad_request"),
+        (r#"{"ttl_seconds": -1}"#, 400, "bad_request"),
+        ("not json", 400, "bad_request"),
+        (r#"{"template": "nope"}"#, 404, "template_not_found"),
+        (r#"{"on_expire": "archive"}"#, 501, "unsupported"),
+        (r#"{"lane": "egress"}"#, 501, "unsupported"),
+    ];
+    for (body, status, code) in cases {
+        let (got, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some(body));
+        assert_eq!((got, v["error"]["code"].as_str()), (status, Some(code)), "{body} -> {v}");
+    }
+    let many: serde_json::Map<String, Value> =
+        (0..17).map(|i| (format!("k{i}"), json!("v"))).collect();
+    let (got, _) = node.req(
+        "POST",
+        "/v1/sandboxes",
+        Some(ROOT),
+        Some(&json!({ "metadata": many }).to_string()),
+    );
+    assert_eq!(got, 400);
+    let huge = json!({ "metadata": { "k": "v".repeat(3000) } }).to_string();
+    let (got, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some(&huge));
+    assert_eq!((got, v["error"]["code"].as_str()), (413, Some("payload_too_large")));
+    let (got, _) = http(node.addr, "POST", "/v1/sandboxes", Some(ROOT), Some("{}"), "text/plain");
+    assert_eq!(got, 415);
+    let (got, v) = node.req("GET", "/v1/nothing-here", Some(ROOT), None);
+    assert_eq!((got, v["error"]["code"].as_str()), (404, Some("no_route")));
+    assert_eq!(node.req("PATCH", "/v1/sandboxes", Some(ROOT), Some("{}")).0, 405);
+    let (got, _) = node.req("GET", "/v1/sandboxes?color=blue", Some(ROOT), None);
+    assert_eq!(got, 400);
+    assert_eq!(node.info()["claims"], 0, "nothing was claimed by any of that");
+}
+
+#[test]
+fn max_claims_drain_and_metadata_filters() {
+    let node = Sandboxd::start(&format!("max_claims = 2\n{ONE_WARM}"));
+    node.claim(r#"{"metadata": {"team": "a"}}"#);
+    let b = node.claim(r#"{"metadata": {"team": "b", "run": "7"}}"#);
+    let (status, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
+    assert_eq!((status, v["error"]["code"].as_str()), (429, Some("node_full")));
+
+    let (_, v) = node.req("GET", "/v1/sandboxes?metadata=team%3Db", Some(ROOT), None);
+    let rows = v["sandboxes"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["id"], b["id"]);
+    assert!(rows[0].get("token").is_none(), "lists never carry tokens");
+    let (_, v) = node.req("GET", "/v1/sandboxes", Some(ROOT), None);
+    assert_eq!(v["sandboxes"].as_array().unwrap().len(), 2);
+
+    let bid = b["id"].as_str().unwrap();
+    assert_eq!(node.req("DELETE", &format!("/v1/sandboxes/{bid}"), Some(ROOT), None).0, 204);
+    assert_eq!(node.req("POST", "/v1/drain", Some(ROOT), None).0, 200);
+    let (status, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
+    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("draining")));
+    assert_eq!(node.info()["claims"], 1, "live claims keep running while draining");
+    assert_eq!(node.req("DELETE", "/v1/drain", Some(ROOT), None).0, 200);
+    node.claim("{}");
+}
+
+#[test]
+fn pools_are_replaced_at_runtime_and_persist() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    let body = r#"{"pools": [{"template": "host", "size": "medium", "warm": 2}]}"#;
+    let (status, v) = node.req("PUT", "/v1/pools", Some(ROOT), Some(body));
+    assert_eq!(status, 200, "{v}");
+    node.wait_warm(2);
+    assert_eq!(node.info()["pools"][0]["size"], "medium");
+    let (status, _) = node.req(
+        "PUT",
+        "/v1/pools",
+        Some(ROOT),
+        Some(r#"{"pools": [{"template": "ghost", "warm": 1}]}"#),
+    );
+    assert_eq!(status, 400);
+    node.restart();
+    let (_, v) = node.req("GET", "/v1/pools", Some(ROOT), None);
+    assert_eq!(v["pools"][0]["size"], "medium");
+    assert_eq!(v["pools"][0]["warm"], 2);
+}
+
+/// Claim bursts with `kill -9` of the node in between: every acknowledged claim survives the
+/// restart and still works, and no jail is left over.
+#[test]
+fn acknowledged_claims_survive_kill_9() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    let mut acknowledged: Vec<(String, String)> = vec![];
+    for round in 0..3 {
+        let addr = node.addr;
+        let burst: Vec<_> = (0..4)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let body =
+                        json!({ "metadata": { "round": round.to_string(), "i": i.to_string() } })
+                            .to_string();
+                    http(addr, "POST", "/v1/sandboxes", Some(ROOT), Some(&body), "application/json")
+                })
+            })
+            .collect();
+        for t in burst {
+            let (status, v) = t.join().unwrap();
+            assert_eq!(status, 201, "{v}");
+            acknowledged
+                .push((v["id"].as_str().unwrap().into(), v["token"].as_str().unwrap().into()));
+        }
+        // A claim in flight when the node dies: acknowledged or not, nothing may leak.
+        let in_flight = std::thread::spawn(move || {
+            let mut s = std::net::TcpStream::connect(addr).unwrap();
+            let _ = write!(
+                s,
+                "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ROOT}\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+            );
+        });
+        in_flight.join().unwrap();
+        node.restart();
+        for (id, token) in &acknowledged {
+            let out = node.exec(id, token, "hostname");
+            assert_eq!(out["stdout"], format!("{id}\n"), "round {round}: {id} lost");
+        }
+    }
+    let (_, v) = node.req("GET", "/v1/sandboxes", Some(ROOT), None);
+    let live = v["sandboxes"].as_array().unwrap().len();
+    assert!(live >= acknowledged.len());
+    node.wait_warm(1);
+    assert_eq!(node.jails(), live + 1, "every jail is a claim or the one warm sandbox");
+}
+
+#[test]
+fn openapi_document_matches_the_routes() {
+    let node = Sandboxd::start("pools = []\n");
+    let (status, doc) = node.req("GET", "/v1/openapi.json", None, None);
+    assert_eq!(status, 200);
+    assert_eq!(doc["openapi"], "3.1.0");
+    let paths = doc["paths"].as_object().unwrap();
+    assert!(paths.len() >= 10);
+    for (path, item) in paths {
+        for method in item.as_object().unwrap().keys().filter(|m| *m != "parameters") {
+            let concrete = path.replace("{id}", "sb-unknown");
+            let body = (method == "post" || method == "put").then_some("{}");
+            let (status, v) = node.req(&method.to_uppercase(), &concrete, Some(ROOT), body);
+            assert_ne!(
+                v["error"]["code"], "no_route",
+                "{method} {path} is documented but not routed"
+            );
+            assert_ne!(status, 405, "{method} {path}");
+            for code in item[method]["responses"].as_object().unwrap().keys() {
+                code.parse::<u16>().unwrap();
+            }
+        }
+    }
+    // The print-config flag shows the effective config, env overrides applied.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["--print-config"])
+        .env("SANDBOXD_LISTEN", "127.0.0.1:9999")
+        .env("SANDBOXD_API_TOKEN", "secret")
+        .output()
+        .unwrap();
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("listen = \"127.0.0.1:9999\""), "{text}");
+    assert!(!text.contains("secret"), "tokens are never printed");
+    let bad = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .args(["--print-config", "--listen", "0.0.0.0:1"])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success(), "open listen without a token is refused");
+}

@@ -1,0 +1,221 @@
+//! Harness: a real sandboxd process (real jail engine) on 127.0.0.1 and a minimal HTTP/1.1
+//! client, so the tests exercise exactly what users do.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub const ROOT: &str = "root-token-for-tests";
+
+pub fn static_silkd() -> PathBuf {
+    let path = std::env::var_os("SILKD_STATIC").map(PathBuf::from).expect(
+        "SILKD_STATIC is not set: run the suite through scripts/test (it builds a static silkd)",
+    );
+    assert!(path.is_file(), "SILKD_STATIC={} does not exist", path.display());
+    path
+}
+
+/// `silk-jail` from the same target directory as this test binary.
+pub fn launcher() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let path = exe.parent().unwrap().parent().unwrap().join("silk-jail");
+    assert!(path.is_file(), "{} missing: build the workspace (scripts/test does)", path.display());
+    path
+}
+
+pub struct Sandboxd {
+    pub child: Option<Child>,
+    pub addr: SocketAddr,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+}
+
+impl Sandboxd {
+    /// Starts a node whose config is `extra` TOML appended to the harness's own keys.
+    pub fn start(extra: &str) -> Sandboxd {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("sandboxd.toml");
+        let toml = format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\napi_token = \"{ROOT}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n{extra}\n",
+            dir.path().join("data").display(),
+            static_silkd().display(),
+            launcher().display()
+        );
+        std::fs::write(&config, toml).unwrap();
+        let mut node = Sandboxd { child: None, addr: "127.0.0.1:1".parse().unwrap(), dir, config };
+        node.launch();
+        node
+    }
+
+    fn launch(&mut self) {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+            .arg("--config")
+            .arg(&self.config)
+            .env("SANDBOXD_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line
+            .trim()
+            .strip_prefix("sandboxd listening on ")
+            .unwrap_or_else(|| panic!("readiness line {line:?}"));
+        self.addr = addr.parse().unwrap();
+        self.child = Some(child);
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        self.kill9();
+        self.launch();
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Jails the engine knows about (claimed and warm).
+    pub fn jails(&self) -> usize {
+        std::fs::read_dir(self.data().join("engine/boxes")).map(|d| d.count()).unwrap_or(0)
+    }
+
+    pub fn req(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> (u16, Value) {
+        http(self.addr, method, path, token, body, "application/json")
+    }
+
+    pub fn claim(&self, body: &str) -> Value {
+        let (status, v) = self.req("POST", "/v1/sandboxes", Some(ROOT), Some(body));
+        assert_eq!(status, 201, "claim failed: {v}");
+        v
+    }
+
+    pub fn info(&self) -> Value {
+        self.req("GET", "/v1/info", Some(ROOT), None).1
+    }
+
+    /// Waits until the first pool has `n` warm sandboxes and none starting.
+    pub fn wait_warm(&self, n: u64) {
+        eventually(&format!("{n} warm"), || {
+            let info = self.info();
+            info["pools"][0]["warm"] == n && info["pools"][0]["starting"] == 0
+        });
+    }
+
+    pub fn exec(&self, id: &str, token: &str, script: &str) -> Value {
+        let body = serde_json::json!({ "argv": ["sh", "-c", script] }).to_string();
+        let (status, v) =
+            self.req("POST", &format!("/v1/sandboxes/{id}/exec"), Some(token), Some(&body));
+        assert_eq!(status, 200, "exec failed: {v}");
+        v
+    }
+}
+
+impl Drop for Sandboxd {
+    fn drop(&mut self) {
+        // Stop the node, then every jail it left (tests must not leak sandboxes on the host).
+        self.kill9();
+        let boxes = self.data().join("engine/boxes");
+        if let Ok(entries) = std::fs::read_dir(&boxes) {
+            for e in entries.flatten() {
+                let record = std::fs::read_to_string(e.path().join("box.json")).unwrap_or_default();
+                if let Ok(v) = serde_json::from_str::<Value>(&record) {
+                    if let Some(pid) = v["info"]["pid"].as_i64() {
+                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+                    }
+                }
+            }
+        }
+        for ctl in ["memory", "cpu", "pids", "freezer"] {
+            let Ok(groups) = std::fs::read_dir(Path::new("/sys/fs/cgroup").join(ctl)) else {
+                continue;
+            };
+            for g in groups.flatten() {
+                if g.file_name().to_string_lossy().starts_with("silkmesh-") {
+                    if let Ok(sub) = std::fs::read_dir(g.path()) {
+                        for s in sub.flatten().filter(|s| s.path().is_dir()) {
+                            let _ = std::fs::remove_dir(s.path());
+                        }
+                    }
+                    let _ = std::fs::remove_dir(g.path());
+                }
+            }
+        }
+    }
+}
+
+/// One HTTP/1.1 request on a fresh connection; the body is parsed as JSON when it is JSON.
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+    content_type: &str,
+) -> (u16, Value) {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        head.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    let body = body.unwrap_or("");
+    if !body.is_empty() || method == "POST" || method == "PUT" {
+        head.push_str(&format!(
+            "Content-Type: {content_type}\r\nContent-Length: {}\r\n",
+            body.len()
+        ));
+    }
+    head.push_str("\r\n");
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw);
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let value = serde_json::from_str(rest).unwrap_or(Value::String(rest.to_string()));
+    (status, value)
+}
+
+pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..3000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// A tiny busybox root filesystem directory, for a template with no pool and no golden.
+pub fn busybox_rootfs(dir: &Path) -> PathBuf {
+    let root = dir.join("rootfs");
+    for d in ["bin", "etc", "tmp", "proc", "dev", "run", "root"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+    std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+        .expect("busybox-static: run scripts/install-test-deps");
+    for applet in ["sh", "echo", "cat", "hostname"] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    root
+}
