@@ -219,7 +219,7 @@ where
 }
 
 /// Opens a new temp file beside `path` with the mode (and owner) the final file must have.
-fn open_temp_for(
+pub fn open_temp_for(
     path: &Path,
     mode: Option<u32>,
     parents: bool,

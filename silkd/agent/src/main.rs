@@ -29,6 +29,16 @@ struct Args {
     /// Milliseconds children get between SIGTERM and SIGKILL at shutdown.
     #[arg(long, default_value_t = 2000)]
     shutdown_grace_ms: u64,
+    /// Seconds a shell session may go without a call before it is killed.
+    #[arg(long, default_value_t = 30 * 60)]
+    session_idle_secs: u64,
+    /// Events a `watch` call may have queued for a slow client before it ends with an
+    /// overflow error.
+    #[arg(long, default_value_t = 16_384)]
+    watch_queue: usize,
+    /// The git binary (a name looked up in the children's PATH, or a path).
+    #[arg(long, default_value = "git")]
+    git: String,
     /// Working directory that relative paths resolve against.
     #[arg(long)]
     workdir: Option<PathBuf>,
@@ -73,6 +83,9 @@ fn main() -> anyhow::Result<()> {
         let options = Options {
             ring_bytes: args.ring_bytes,
             shutdown_grace: Duration::from_millis(args.shutdown_grace_ms),
+            session_idle: Duration::from_secs(args.session_idle_secs),
+            watch_queue: args.watch_queue,
+            git: args.git,
         };
         silkd::run(listener, options, std::future::pending()).await?;
         anyhow::Ok(())

@@ -26,9 +26,9 @@ use crate::server::{Agent, CallResult, Fail};
 const PIPE_READ: usize = 64 * 1024;
 
 /// Kills a child's process group when a call ends before the child did.
-struct KillOnDrop<'a> {
-    procs: &'a Procs,
-    pid: Option<u32>,
+pub struct KillOnDrop<'a> {
+    pub procs: &'a Procs,
+    pub pid: Option<u32>,
 }
 
 impl Drop for KillOnDrop<'_> {
@@ -122,7 +122,7 @@ async fn pump_output<W: AsyncWrite + Unpin>(
 
 /// One read from a pipe, or `None` at end of file (or on a read error, which ends it too).
 /// Cancel-safe: bytes read land in `buf` and are returned by the next call.
-async fn read_chunk(pipe: &mut pipe::Receiver, buf: &mut BytesMut) -> Option<Bytes> {
+pub async fn read_chunk(pipe: &mut pipe::Receiver, buf: &mut BytesMut) -> Option<Bytes> {
     if buf.is_empty() {
         buf.reserve(PIPE_READ);
     }

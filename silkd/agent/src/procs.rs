@@ -7,7 +7,7 @@
 //! (the kernel reuses a pid only after it is reaped, which happens under this lock).
 
 use std::collections::{BTreeMap, HashMap};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -19,6 +19,9 @@ use tokio::sync::oneshot;
 
 use crate::ring::Ring;
 use crate::users::{self, User};
+
+/// `PATH` of every child unless the request sets its own.
+pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Exited detached processes kept for `ps`/`logs`/`attach`.
 const KEEP_EXITED: usize = 64;
@@ -53,6 +56,19 @@ pub struct Detached {
     pub ring: Ring,
 }
 
+/// Stdio and session set-up for [`Procs::start_with`].
+#[derive(Debug)]
+pub struct ChildIo {
+    pub stdin: Stdio,
+    pub stdout: Stdio,
+    pub stderr: Stdio,
+    /// A descriptor the child gets as fd 3 (e.g. the write end of a status pipe).
+    pub fd3: Option<OwnedFd>,
+    /// Start a new session with stdin (a pty slave) as the controlling terminal, instead of
+    /// only a new process group.
+    pub terminal: bool,
+}
+
 /// A child just started, with the host ends of its pipes.
 #[derive(Debug)]
 pub struct Child {
@@ -72,41 +88,99 @@ impl Procs {
     /// Starts `cmd` in its own process group with piped stdout/stderr, and stdin piped or
     /// `/dev/null`.
     pub fn start(&self, cmd: &Command, stdin: bool) -> Result<Child, WireError> {
-        let (program, prepared) = prepare(cmd)?;
-        let mut os = std::process::Command::new(program);
-        os.args(&cmd.argv[1..])
-            .env_clear()
-            .envs(prepared.env)
-            .current_dir(&prepared.cwd)
-            .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        if let Some(user) = prepared.user {
-            drop_privileges(&mut os, user);
-        }
-
-        let mut table = self.lock();
-        let mut child = os.spawn().map_err(|e| spawn_error(&cmd.argv[0], e))?;
+        let io = ChildIo {
+            stdin: if stdin { Stdio::piped() } else { Stdio::null() },
+            stdout: Stdio::piped(),
+            stderr: Stdio::piped(),
+            fd3: None,
+            terminal: false,
+        };
+        let (mut child, exited) = self.start_with(cmd, io)?;
         let pid = child.id();
-        let (tx, rx) = oneshot::channel();
-        table.live.insert(pid, Live { argv: cmd.argv.clone(), started_ms: now_ms(), on_exit: tx });
-        drop(table);
-
         // `child` is dropped without `wait`: the reaper owns its exit status.
         let stdout =
             pipe::Receiver::from_owned_fd(OwnedFd::from(child.stdout.take().expect("piped")));
         let stderr =
             pipe::Receiver::from_owned_fd(OwnedFd::from(child.stderr.take().expect("piped")));
         let stdin = child.stdin.take().map(|s| pipe::Sender::from_owned_fd(OwnedFd::from(s)));
-        let io = |e: std::io::Error| WireError::new(ErrorKind::Internal, format!("pipe: {e}"));
         Ok(Child {
             pid,
-            stdin: stdin.transpose().map_err(io)?,
-            stdout: stdout.map_err(io)?,
-            stderr: stderr.map_err(io)?,
-            exited: rx,
+            stdin: stdin.transpose().map_err(pipe_error)?,
+            stdout: stdout.map_err(pipe_error)?,
+            stderr: stderr.map_err(pipe_error)?,
+            exited,
         })
+    }
+
+    /// Starts `cmd` with the caller's stdio, registered in the table like every child (so `ps`
+    /// lists it, `kill` reaches it and the reaper collects it). The returned `std` child is only
+    /// a holder for piped handles: it must not be waited on.
+    pub fn start_with(
+        &self,
+        cmd: &Command,
+        io: ChildIo,
+    ) -> Result<(std::process::Child, oneshot::Receiver<ExitStatus>), WireError> {
+        let (program, prepared) = prepare(cmd)?;
+        let mut os = std::process::Command::new(program);
+        os.args(&cmd.argv[1..])
+            .env_clear()
+            .envs(prepared.env)
+            .current_dir(&prepared.cwd)
+            .stdin(io.stdin)
+            .stdout(io.stdout)
+            .stderr(io.stderr);
+        if io.terminal {
+            // A new session whose controlling terminal is stdin (a pty slave). The session
+            // leader is also its group leader, so `kill` reaches the group as for any child.
+            // SAFETY: setsid and ioctl are async-signal-safe.
+            unsafe {
+                os.pre_exec(|| {
+                    if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        } else {
+            os.process_group(0);
+        }
+        // A descriptor below 3 (silkd started with closed stdio) would be overwritten when the
+        // child's stdio is set up; `try_clone` duplicates to 3 or above.
+        let fd3 = match io.fd3 {
+            Some(fd) if fd.as_raw_fd() < 3 => Some(fd.try_clone().map_err(pipe_error)?),
+            other => other,
+        };
+        if let Some(fd) = &fd3 {
+            let raw = fd.as_raw_fd();
+            // SAFETY: dup2/fcntl are async-signal-safe; `fd` outlives the spawn below.
+            unsafe {
+                os.pre_exec(move || {
+                    let ok = if raw == 3 {
+                        // dup2 onto itself keeps close-on-exec: clear it instead.
+                        libc::fcntl(3, libc::F_SETFD, 0) == 0
+                    } else {
+                        libc::dup2(raw, 3) == 3
+                    };
+                    if !ok {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        if let Some(user) = prepared.user {
+            drop_privileges(&mut os, user);
+        }
+
+        let mut table = self.lock();
+        let child = os.spawn().map_err(|e| spawn_error(&cmd.argv[0], e))?;
+        let (tx, rx) = oneshot::channel();
+        table
+            .live
+            .insert(child.id(), Live { argv: cmd.argv.clone(), started_ms: now_ms(), on_exit: tx });
+        drop(table);
+        drop(fd3); // the child has its copy
+        Ok((child, rx))
     }
 
     /// Records a detached process so `ps`, `logs` and `attach` find it.
@@ -251,7 +325,7 @@ fn prepare(cmd: &Command) -> Result<(&str, Prepared), WireError> {
     }
     let name = user.as_ref().map_or_else(|| "root".to_string(), |u| u.name.clone());
     let mut env: Vec<(String, String)> = vec![
-        ("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()),
+        ("PATH".into(), BASE_PATH.into()),
         ("HOME".into(), home),
         ("USER".into(), name.clone()),
         ("LOGNAME".into(), name),
@@ -287,6 +361,22 @@ fn drop_privileges(os: &mut std::process::Command, user: User) {
             Ok(())
         });
     }
+}
+
+/// A close-on-exec pipe: (read end, write end).
+pub fn pipe_pair() -> Result<(OwnedFd, OwnedFd), WireError> {
+    let mut fds = [0; 2];
+    // SAFETY: `fds` has room for the two descriptors pipe2 returns.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(WireError::new(ErrorKind::ResourceExhausted, format!("pipe: {e}")));
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+fn pipe_error(e: std::io::Error) -> WireError {
+    WireError::new(ErrorKind::Internal, format!("pipe: {e}"))
 }
 
 fn spawn_error(program: &str, err: std::io::Error) -> WireError {

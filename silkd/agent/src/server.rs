@@ -20,10 +20,13 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use crate::listen::Listener;
 use crate::procs::Procs;
-use crate::{files, process, tree};
+use crate::pty::Ptys;
+use crate::session::Sessions;
+use crate::{files, forward, git, process, pty, search, session, tree, watch};
 
 /// Verb families served, as announced in `Welcome`.
-const CAPABILITIES: &[&str] = &["exec", "spawn", "files", "tar"];
+const CAPABILITIES: &[&str] =
+    &["exec", "spawn", "files", "tar", "sessions", "pty", "search", "watch", "git", "port_forward"];
 
 /// Tunables.
 #[derive(Debug, Clone)]
@@ -32,11 +35,23 @@ pub struct Options {
     pub ring_bytes: usize,
     /// How long children get between SIGTERM and SIGKILL at shutdown.
     pub shutdown_grace: Duration,
+    /// A session with no call for this long is killed.
+    pub session_idle: Duration,
+    /// Watch events queued per `watch` call before the call ends with an overflow error.
+    pub watch_queue: usize,
+    /// The git binary: a name looked up in the children's base `PATH`, or a path.
+    pub git: String,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Options { ring_bytes: 1 << 20, shutdown_grace: Duration::from_secs(2) }
+        Options {
+            ring_bytes: 1 << 20,
+            shutdown_grace: Duration::from_secs(2),
+            session_idle: Duration::from_secs(30 * 60),
+            watch_queue: 16_384,
+            git: "git".into(),
+        }
     }
 }
 
@@ -44,6 +59,8 @@ impl Default for Options {
 #[derive(Debug)]
 pub struct Agent {
     pub procs: Procs,
+    pub sessions: Sessions,
+    pub ptys: Ptys,
     pub options: Options,
     started: Instant,
     connections: AtomicU32,
@@ -81,6 +98,8 @@ pub async fn run(
 ) -> std::io::Result<()> {
     let agent = Arc::new(Agent {
         procs: Procs::default(),
+        sessions: Sessions::default(),
+        ptys: Ptys::default(),
         options,
         started: Instant::now(),
         connections: AtomicU32::new(0),
@@ -98,6 +117,7 @@ pub async fn run(
             }
         })
     };
+    let sweeper = tokio::spawn(Sessions::sweep(agent.clone()));
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     tokio::pin!(shutdown);
@@ -129,6 +149,7 @@ pub async fn run(
     }
     agent.procs.signal_all(libc::SIGKILL);
     reaper.abort();
+    sweeper.abort();
     Ok(())
 }
 
@@ -241,7 +262,7 @@ where
                 protocol: PROTOCOL_VERSION,
                 uptime_ms: agent.started.elapsed().as_millis() as u64,
                 processes: agent.procs.live_count() as u32,
-                sessions: 0,
+                sessions: agent.sessions.len() as u32,
                 connections: agent.connections.load(Ordering::Relaxed),
             }))?;
             Ok(wr.send(&Frame::Done).await?)
@@ -264,6 +285,17 @@ where
         Frame::Rename { from, to } => files::rename(from, to, wr).await,
         Frame::Push { path } => tree::push(path, rd, wr).await,
         Frame::Pull { path } => tree::pull(path, wr).await,
+        Frame::SessionCreate(req) => session::create(agent, req, wr).await,
+        Frame::SessionList => session::list(agent, wr).await,
+        Frame::SessionRm { id } => session::rm(agent, id, wr).await,
+        Frame::SessionExec(req) => session::exec(agent, req, rd, wr).await,
+        Frame::PtyOpen(req) => pty::open(agent, req, rd, wr).await,
+        Frame::PtyResize { pid, cols, rows } => pty::resize(agent, pid, cols, rows, wr).await,
+        Frame::Find(req) => search::find(req, rd, wr).await,
+        Frame::Replace(req) => search::replace(req, wr).await,
+        Frame::Watch(req) => watch::watch(agent, req, rd, wr).await,
+        Frame::Git(req) => git::git(agent, req, rd, wr).await,
+        Frame::PortForward { port } => forward::forward(port, rd, wr).await,
         reply @ (Frame::Stdout(_)
         | Frame::Stderr(_)
         | Frame::Exit(_)
@@ -276,7 +308,13 @@ where
         | Frame::Procs(_)
         | Frame::StatReply(_)
         | Frame::Entries(_)
-        | Frame::Dropped { .. }) => Err(Fail::Call(WireError::new(
+        | Frame::Dropped { .. }
+        | Frame::Ready
+        | Frame::Sessions(_)
+        | Frame::Matches(_)
+        | Frame::Replaced { .. }
+        | Frame::Events(_)
+        | Frame::GitReply(_)) => Err(Fail::Call(WireError::new(
             ErrorKind::BadRequest,
             format!("{} is a reply, not a request", reply.name()),
         ))),

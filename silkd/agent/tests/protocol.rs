@@ -16,7 +16,9 @@ async fn hello_and_info() {
     r.done();
     let Frame::Welcome(w) = &r.frames[0] else { panic!("expected Welcome") };
     assert_eq!(w.protocol, PROTOCOL_VERSION);
-    assert!(w.capabilities.contains(&"exec".to_string()));
+    for verb in ["exec", "sessions", "pty", "search", "watch", "git", "port_forward"] {
+        assert!(w.capabilities.contains(&verb.to_string()), "{verb}");
+    }
 
     let r = c.call(Frame::Hello(Hello { protocol: 99, client: "future".into() })).await;
     assert_eq!(r.error_kind(), Some(ErrorKind::Unsupported));
@@ -45,6 +47,8 @@ async fn malformed_frames_get_bad_request_and_the_connection_stays_usable() {
     // A reply sent as a request.
     assert_eq!(c.call(Frame::Done).await.error_kind(), Some(ErrorKind::BadRequest));
     assert_eq!(c.call(Frame::Procs(vec![])).await.error_kind(), Some(ErrorKind::BadRequest));
+    assert_eq!(c.call(Frame::Ready).await.error_kind(), Some(ErrorKind::BadRequest));
+    assert_eq!(c.call(Frame::Events(vec![])).await.error_kind(), Some(ErrorKind::BadRequest));
     // Stray stream frames between calls are ignored, not answered.
     c.send(Frame::Stdin(Bytes::from_static(b"late"))).await;
     c.send(Frame::Eof).await;

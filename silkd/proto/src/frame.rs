@@ -25,7 +25,8 @@ pub enum Frame {
     Data(Bytes),
 
     // ---- stream control ----
-    /// Client → agent: the client's input stream for this call is complete.
+    /// Client → agent: the client's input stream for this call is complete. Agent → client
+    /// (`PortForward` only): the far side's byte stream is complete.
     Eof,
     /// Client → agent: abandon the running call (the foreground process is killed).
     Cancel,
@@ -113,6 +114,54 @@ pub enum Frame {
     Dropped {
         bytes: u64,
     },
+
+    // ---- sessions, pty, search, watch, git, port forwarding (appended in protocol 1) ----
+    /// Start a persistent shell session.
+    SessionCreate(SessionRequest),
+    /// List live sessions.
+    SessionList,
+    /// End a session (its shell's process group is killed).
+    SessionRm {
+        id: String,
+    },
+    /// Run a script in a session's shell; `cd` and `export` carry over to later calls.
+    SessionExec(SessionExecRequest),
+    /// Run a command on a new pseudo-terminal, streaming its input and output.
+    PtyOpen(PtyRequest),
+    /// Set a pty's window size: a request of its own (any connection), or a control frame
+    /// inside the `PtyOpen` call that owns the pty.
+    PtyResize {
+        pid: u32,
+        cols: u16,
+        rows: u16,
+    },
+    /// Search file contents under a tree.
+    Find(FindRequest),
+    /// Rewrite files with a regex, atomically per file.
+    Replace(ReplaceRequest),
+    /// Stream filesystem events under a path until the client sends `Cancel`.
+    Watch(WatchRequest),
+    /// Run one git operation.
+    Git(GitRequest),
+    /// A byte stream to `127.0.0.1:port` inside the sandbox.
+    PortForward {
+        port: u16,
+    },
+    /// `Watch`: every watch is armed; `PortForward`: connected. Nothing after it is missed.
+    Ready,
+    /// `SessionCreate` (the new session) and `SessionList`.
+    Sessions(Vec<SessionInfo>),
+    /// `Find`: a batch of matching lines.
+    Matches(Vec<Match>),
+    /// `Replace`: one file done.
+    Replaced {
+        path: String,
+        count: u64,
+    },
+    /// `Watch`: a batch of events, in the order they happened.
+    Events(Vec<WatchEvent>),
+    /// `Git`: the structured result of operations that have one.
+    GitReply(GitReply),
 }
 
 /// How a process ended. `code` follows the shell convention: 128 + signal when killed.
@@ -239,6 +288,220 @@ pub struct DirEntry {
     pub stat: FileStat,
 }
 
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub struct SessionRequest {
+    /// A name chosen by the client (letters, digits, `-`, `_`, `.`); `None` lets the agent pick.
+    pub id: Option<String>,
+    pub cwd: Option<String>,
+    pub env: Vec<(String, String)>,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionInfo {
+    pub id: String,
+    /// The session shell's pid (it shows in `Ps`).
+    pub pid: u32,
+    /// Unix time in milliseconds.
+    pub created_ms: u64,
+    /// Unix time in milliseconds of the end of the last call (or creation).
+    pub last_used_ms: u64,
+    /// A call is running in it.
+    pub busy: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionExecRequest {
+    pub id: String,
+    /// Shell source, run by the session's `sh` as with `eval`; stdin is `/dev/null`.
+    pub script: String,
+    /// Kill the session after this long (its shell state is lost with it).
+    pub timeout_ms: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtyRequest {
+    /// `argv` empty runs `/bin/sh`.
+    pub command: Command,
+    pub cols: u16,
+    pub rows: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FindRequest {
+    /// A directory (searched recursively, symlinks not followed) or one file.
+    pub path: String,
+    /// A regular expression (Rust `regex` syntax), matched line by line.
+    pub pattern: String,
+    /// Only files whose name matches this glob (`*`, `?`, `[...]`, `{a,b}`; a glob with `/`
+    /// matches the path relative to `path`, where `**` spans directories).
+    pub glob: Option<String>,
+    /// Skip files larger than this (default 16 MiB).
+    pub max_file_bytes: Option<u64>,
+    /// Stop after this many matches.
+    pub max_matches: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Match {
+    pub path: String,
+    /// 1-based.
+    pub line: u64,
+    /// The line without its newline, lossily UTF-8, cut at 4 KiB.
+    pub text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplaceRequest {
+    /// Files rewritten in this order; the first failure stops the call.
+    pub paths: Vec<String>,
+    pub pattern: String,
+    /// `$1`, `${name}` expand to capture groups; `$$` is a literal `$`.
+    pub replacement: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchRequest {
+    pub path: String,
+    /// Watch every directory below `path` too, including ones created later.
+    pub recursive: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EventKind {
+    Created,
+    Modified,
+    Deleted,
+    /// `path` moved to `to`, both inside the watched tree.
+    Renamed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WatchEvent {
+    pub kind: EventKind,
+    pub path: String,
+    /// The new path of a `Renamed` event.
+    pub to: Option<String>,
+    pub dir: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitRequest {
+    /// The repository's working tree (for `Clone`, the directory to create).
+    pub repo: String,
+    pub op: GitOp,
+    /// Run git as this user (see [`Command::user`]).
+    pub user: Option<String>,
+    /// For `Clone`/`Pull`/`Push` over http(s): handed to git in memory, never on disk or argv.
+    pub credentials: Option<GitCredentials>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GitOp {
+    /// At most `limit` files (default 1000); the reply says when more were left out.
+    Status {
+        limit: Option<u32>,
+    },
+    /// Stage these paths; empty stages everything (`add -A`).
+    Add {
+        paths: Vec<String>,
+    },
+    Commit {
+        message: String,
+        author: Option<GitAuthor>,
+    },
+    BranchList,
+    BranchCreate {
+        name: String,
+        start: Option<String>,
+    },
+    Checkout {
+        branch: String,
+    },
+    BranchDelete {
+        name: String,
+        force: bool,
+    },
+    Clone {
+        url: String,
+        branch: Option<String>,
+    },
+    Pull {
+        remote: Option<String>,
+        branch: Option<String>,
+    },
+    Push {
+        remote: Option<String>,
+        branch: Option<String>,
+        set_upstream: bool,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitAuthor {
+    pub name: String,
+    pub email: String,
+}
+
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitCredentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for GitCredentials {
+    /// Keeps the password out of logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GitCredentials")
+            .field("username", &self.username)
+            .field("password", &"<redacted>")
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GitReply {
+    Status(GitStatus),
+    Branches(Vec<GitBranch>),
+    /// `Commit`: the new commit's id.
+    Committed {
+        oid: String,
+    },
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitStatus {
+    /// `None` on a detached HEAD.
+    pub branch: Option<String>,
+    /// `None` before the first commit.
+    pub oid: Option<String>,
+    pub upstream: Option<String>,
+    pub ahead: u32,
+    pub behind: u32,
+    pub files: Vec<GitFile>,
+    /// More files changed than the request's limit; `files` holds the first ones.
+    pub truncated: bool,
+}
+
+/// One changed path. `staged` and `unstaged` are git's porcelain letters (`M`, `A`, `D`, `R`,
+/// `C`, `T`, `U`) or `.` for unchanged; untracked files are `?` in both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitFile {
+    pub path: String,
+    /// The source path of a rename or copy.
+    pub orig_path: Option<String>,
+    pub staged: char,
+    pub unstaged: char,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GitBranch {
+    pub name: String,
+    pub current: bool,
+    pub oid: String,
+    pub upstream: Option<String>,
+}
+
 impl Frame {
     /// True for the frames that end a call.
     pub fn is_terminal(&self) -> bool {
@@ -283,6 +546,23 @@ impl Frame {
             Frame::StatReply(_) => "StatReply",
             Frame::Entries(_) => "Entries",
             Frame::Dropped { .. } => "Dropped",
+            Frame::SessionCreate(_) => "SessionCreate",
+            Frame::SessionList => "SessionList",
+            Frame::SessionRm { .. } => "SessionRm",
+            Frame::SessionExec(_) => "SessionExec",
+            Frame::PtyOpen(_) => "PtyOpen",
+            Frame::PtyResize { .. } => "PtyResize",
+            Frame::Find(_) => "Find",
+            Frame::Replace(_) => "Replace",
+            Frame::Watch(_) => "Watch",
+            Frame::Git(_) => "Git",
+            Frame::PortForward { .. } => "PortForward",
+            Frame::Ready => "Ready",
+            Frame::Sessions(_) => "Sessions",
+            Frame::Matches(_) => "Matches",
+            Frame::Replaced { .. } => "Replaced",
+            Frame::Events(_) => "Events",
+            Frame::GitReply(_) => "GitReply",
         }
     }
 
@@ -322,5 +602,22 @@ impl Frame {
         "StatReply",
         "Entries",
         "Dropped",
+        "SessionCreate",
+        "SessionList",
+        "SessionRm",
+        "SessionExec",
+        "PtyOpen",
+        "PtyResize",
+        "Find",
+        "Replace",
+        "Watch",
+        "Git",
+        "PortForward",
+        "Ready",
+        "Sessions",
+        "Matches",
+        "Replaced",
+        "Events",
+        "GitReply",
     ];
 }

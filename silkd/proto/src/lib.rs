@@ -7,9 +7,12 @@
 //!   `Data` frames and are decoded as slices of the read buffer (no second copy).
 //! - **Calls**: the client sends one request frame; the agent answers with zero or more reply or
 //!   stream frames and exactly one terminal frame: `Exit`, `Done` or `Error`. Calls that take an
-//!   input stream (`Exec` with stdin, `Write`, `Push`) read `Stdin`/`Data` frames from the client
-//!   until `Eof`. A connection carries one call at a time, back to back; many connections run
-//!   concurrently. The client may send `Hello` first to learn the version and capabilities.
+//!   input stream (`Exec` with stdin, `Write`, `Push`, `PtyOpen`, `PortForward`) read
+//!   `Stdin`/`Data` frames from the client until `Eof`; streaming calls (`Attach`, `Find`,
+//!   `Watch`) stop at the client's `Cancel`. `PortForward` also sends `Eof` to the client when
+//!   the far side's stream ends (half-close). A connection carries one call at a time, back to
+//!   back; many connections run concurrently. The client may send `Hello` first to learn the
+//!   version and capabilities.
 //! - **Closing**: the client closes the connection when done. Closing during a call cancels it:
 //!   the agent kills the call's foreground process and discards partial writes. Input-stream
 //!   frames that arrive after their call ended (a race with the process exiting) are ignored.

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use silk_proto::*;
 
 /// Pinned so that adding a variant is a deliberate act here too.
-const VARIANTS: usize = 34;
+const VARIANTS: usize = 51;
 
 fn stat() -> FileStat {
     FileStat {
@@ -84,6 +84,78 @@ fn samples() -> Vec<Frame> {
         Frame::StatReply(stat()),
         Frame::Entries(vec![DirEntry { name: "f".into(), stat: stat() }]),
         Frame::Dropped { bytes: 65536 },
+        Frame::SessionCreate(SessionRequest {
+            id: Some("build".into()),
+            cwd: Some("/work".into()),
+            env: vec![("CI".into(), "1".into())],
+            user: Some("nobody".into()),
+        }),
+        Frame::SessionList,
+        Frame::SessionRm { id: "build".into() },
+        Frame::SessionExec(SessionExecRequest {
+            id: "build".into(),
+            script: "cd src && make".into(),
+            timeout_ms: Some(60_000),
+        }),
+        Frame::PtyOpen(PtyRequest { command: command(), cols: 120, rows: 40 }),
+        Frame::PtyResize { pid: 42, cols: 100, rows: 30 },
+        Frame::Find(FindRequest {
+            path: "/src".into(),
+            pattern: "fn \\w+".into(),
+            glob: Some("*.rs".into()),
+            max_file_bytes: Some(1 << 20),
+            max_matches: Some(500),
+        }),
+        Frame::Replace(ReplaceRequest {
+            paths: vec!["/src/a.rs".into(), "/src/b.rs".into()],
+            pattern: "foo(\\d)".into(),
+            replacement: "bar$1".into(),
+        }),
+        Frame::Watch(WatchRequest { path: "/src".into(), recursive: true }),
+        Frame::Git(GitRequest {
+            repo: "/src".into(),
+            op: GitOp::Push { remote: Some("origin".into()), branch: None, set_upstream: true },
+            user: None,
+            credentials: Some(GitCredentials { username: "u".into(), password: "p".into() }),
+        }),
+        Frame::PortForward { port: 8080 },
+        Frame::Ready,
+        Frame::Sessions(vec![SessionInfo {
+            id: "build".into(),
+            pid: 9,
+            created_ms: 1_700_000_000_000,
+            last_used_ms: 1_700_000_000_500,
+            busy: false,
+        }]),
+        Frame::Matches(vec![Match {
+            path: "/src/a.rs".into(),
+            line: 3,
+            text: "fn main() {".into(),
+        }]),
+        Frame::Replaced { path: "/src/a.rs".into(), count: 2 },
+        Frame::Events(vec![
+            WatchEvent {
+                kind: EventKind::Renamed,
+                path: "/src/a".into(),
+                to: Some("/src/b".into()),
+                dir: false,
+            },
+            WatchEvent { kind: EventKind::Created, path: "/src/d".into(), to: None, dir: true },
+        ]),
+        Frame::GitReply(GitReply::Status(GitStatus {
+            branch: Some("main".into()),
+            oid: Some("0123456789abcdef0123456789abcdef01234567".into()),
+            upstream: Some("origin/main".into()),
+            ahead: 1,
+            behind: 2,
+            files: vec![GitFile {
+                path: "b.rs".into(),
+                orig_path: Some("a.rs".into()),
+                staged: 'R',
+                unstaged: '.',
+            }],
+            truncated: false,
+        })),
     ]
 }
 

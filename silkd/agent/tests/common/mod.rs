@@ -111,6 +111,34 @@ impl Client {
         self.conn.send(&frame).await.unwrap();
     }
 
+    /// The next frame; the connection must not close.
+    pub async fn recv(&mut self) -> Frame {
+        self.conn.recv().await.unwrap().expect("connection closed mid-call")
+    }
+
+    /// Reads `Stdout` until `needle` appears in it, and returns everything read. Panics if the
+    /// call ends first.
+    pub async fn stdout_until(&mut self, needle: &str) -> String {
+        let mut out = Vec::new();
+        loop {
+            match self.recv().await {
+                Frame::Stdout(b) => {
+                    out.extend_from_slice(&b);
+                    let text = String::from_utf8_lossy(&out);
+                    if text.contains(needle) {
+                        return text.into_owned();
+                    }
+                }
+                f if f.is_terminal() => panic!(
+                    "call ended with {} before {needle:?} appeared in {:?}",
+                    f.name(),
+                    String::from_utf8_lossy(&out)
+                ),
+                _ => {}
+            }
+        }
+    }
+
     /// Reads frames until the terminal one.
     pub async fn reply(&mut self) -> Reply {
         let mut frames = vec![];
