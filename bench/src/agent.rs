@@ -38,7 +38,7 @@ pub struct AgentArgs {
 }
 
 /// A child process killed on drop.
-struct Proc(Child);
+pub struct Proc(Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -47,7 +47,7 @@ impl Drop for Proc {
     }
 }
 
-fn start(cmd: &mut std::process::Command) -> anyhow::Result<Proc> {
+pub fn start(cmd: &mut std::process::Command) -> anyhow::Result<Proc> {
     let mut child = cmd.stdout(Stdio::piped()).spawn().context("start process")?;
     let mut line = String::new();
     BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
@@ -172,7 +172,7 @@ async fn sections(
     Ok(())
 }
 
-fn row(name: &str, s: &Samples, floor: &Samples) -> Vec<String> {
+pub fn row(name: &str, s: &Samples, floor: &Samples) -> Vec<String> {
     let ratio = s.pct(0.5).as_secs_f64() / floor.pct(0.5).as_secs_f64();
     vec![name.into(), us(s.pct(0.5)), us(s.pct(0.9)), format!("{ratio:.2}")]
 }
@@ -210,7 +210,7 @@ async fn read_all(c: &mut Connection<UnixStream>, path: &Path) -> anyhow::Result
     }
 }
 
-async fn until_terminal(c: &mut Connection<UnixStream>) -> anyhow::Result<Frame> {
+pub async fn until_terminal(c: &mut Connection<UnixStream>) -> anyhow::Result<Frame> {
     loop {
         let f = c.recv().await?.context("silkd closed the connection")?;
         if f.is_terminal() {

@@ -7,6 +7,7 @@
 mod agent;
 mod engine;
 mod journal;
+mod node;
 mod report;
 mod verbs;
 
@@ -29,6 +30,8 @@ enum Section {
     Engine(engine::EngineArgs),
     /// Claims journal commit time at 100, 1000 and 5000 live claims beside a raw append.
     Journal(journal::JournalArgs),
+    /// Warm claim over HTTP and the relay's overhead, on a throwaway sandboxd (needs root).
+    Node(node::NodeArgs),
     /// Internal: the floor's echo server (run as a separate process, like silkd).
     #[command(hide = true)]
     EchoServer { socket: std::path::PathBuf },
@@ -43,5 +46,6 @@ fn main() -> anyhow::Result<()> {
         // Synchronous, like the engine itself.
         Section::Engine(e) => engine::run(e),
         Section::Journal(j) => journal::run(j),
+        Section::Node(n) => node::run(n),
     }
 }

@@ -231,7 +231,7 @@ fn cpath(path: &Path) -> Result<CString> {
 fn mknod_whiteout(path: &Path) -> Result<()> {
     let c = cpath(path)?;
     // SAFETY: plain syscall with a valid C string.
-    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR | 0o000, 0) } != 0 {
+    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) } != 0 {
         return Err(EngineError::io("mknod whiteout")(std::io::Error::last_os_error()));
     }
     Ok(())

@@ -46,6 +46,9 @@ impl Histogram {
     }
 }
 
+/// A gauge family computed at render time: (name, help, [(labels, value)]).
+pub type Gauge<'a> = (&'a str, &'a str, Vec<(String, u64)>);
+
 #[derive(Debug, Default)]
 pub struct Metrics {
     claims: [AtomicU64; 3],
@@ -64,7 +67,7 @@ impl Metrics {
     }
 
     /// The text exposition, with gauges supplied by the caller: (name, help, [(labels, value)]).
-    pub fn render(&self, gauges: &[(&str, &str, Vec<(String, u64)>)]) -> String {
+    pub fn render(&self, gauges: &[Gauge<'_>]) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,

@@ -385,3 +385,16 @@ fn openapi_document_matches_the_routes() {
         .unwrap();
     assert!(!bad.status.success(), "open listen without a token is refused");
 }
+
+#[test]
+fn sigterm_stops_the_node_and_leaves_sandboxes_for_the_next_start() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    let s = node.claim("{}");
+    let (id, token) = (s["id"].as_str().unwrap(), s["token"].as_str().unwrap());
+    let mut child = node.child.take().unwrap();
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success(), "clean exit on SIGTERM");
+    assert!(std::net::TcpStream::connect(node.addr).is_err(), "no longer accepting");
+    node.restart();
+    assert_eq!(node.exec(id, token, "hostname")["stdout"], format!("{id}\n"), "re-adopted");
+}

@@ -81,11 +81,11 @@ fn jump(code: u32, k: u32, jt: u8, jf: u8) -> sock_filter {
     sock_filter { code: code as u16, jt, jf, k }
 }
 
-const LD_W_ABS: u32 = (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u32;
-const JEQ_K: u32 = (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u32;
-const JGE_K: u32 = (libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K) as u32;
-const JSET_K: u32 = (libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K) as u32;
-const RET_K: u32 = (libc::BPF_RET | libc::BPF_K) as u32;
+const LD_W_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+const JEQ_K: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+const JGE_K: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
+const JSET_K: u32 = libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K;
+const RET_K: u32 = libc::BPF_RET | libc::BPF_K;
 
 /// The filter program.
 pub fn program() -> Vec<sock_filter> {
@@ -125,8 +125,8 @@ pub fn program() -> Vec<sock_filter> {
     p[x32].jt = offset(x32, eperm);
     p[clone].jt = offset(clone, clone_check);
     p[clone3].jt = offset(clone3, enosys);
-    for i in first_blocked..allow {
-        p[i].jt = offset(i, eperm);
+    for (i, ins) in p.iter_mut().enumerate().take(allow).skip(first_blocked) {
+        ins.jt = offset(i, eperm);
     }
     p
 }
@@ -154,9 +154,7 @@ mod tests {
     fn every_jump_lands_inside_the_program() {
         let p = program();
         for (i, ins) in p.iter().enumerate() {
-            if u32::from(ins.code) & libc::BPF_JMP as u32 != 0
-                && u32::from(ins.code) & 0x07 == libc::BPF_JMP as u32
-            {
+            if u32::from(ins.code) & 0x07 == libc::BPF_JMP {
                 assert!(i + 1 + (ins.jt as usize) < p.len());
                 assert!(i + 1 + (ins.jf as usize) < p.len());
             }

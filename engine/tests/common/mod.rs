@@ -110,14 +110,11 @@ pub fn traces(h: &Harness, id: &SandboxId, pid: Option<u32>) -> Vec<String> {
             }
         }
     }
-    if let Some(pid) = pid {
-        if pid_alive(pid)
-            && !std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .unwrap_or_default()
-                .contains(") Z")
-        {
-            found.push(format!("process {pid}"));
-        }
+    if let Some(pid) = pid
+        && pid_alive(pid)
+        && !std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default().contains(") Z")
+    {
+        found.push(format!("process {pid}"));
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     if mounts.contains(h.data.path().to_str().unwrap()) {

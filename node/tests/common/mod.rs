@@ -136,10 +136,10 @@ impl Drop for Sandboxd {
         if let Ok(entries) = std::fs::read_dir(&boxes) {
             for e in entries.flatten() {
                 let record = std::fs::read_to_string(e.path().join("box.json")).unwrap_or_default();
-                if let Ok(v) = serde_json::from_str::<Value>(&record) {
-                    if let Some(pid) = v["info"]["pid"].as_i64() {
-                        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                    }
+                if let Ok(v) = serde_json::from_str::<Value>(&record)
+                    && let Some(pid) = v["info"]["pid"].as_i64()
+                {
+                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
                 }
             }
         }

@@ -1,0 +1,246 @@
+//! The node section: a throwaway `sandboxd` (release build, jail engine) measured over HTTP.
+//!
+//! | measurement | floor beside it |
+//! |---|---|
+//! | warm claim, request → 201 with a usable handle | `GET /healthz` on the same kept connection |
+//! | `info` and `exec /bin/true` through the relay (kept upgraded connection) | the same calls on a direct connection to the sandbox's silkd socket |
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use silk_proto::{Command, Connection, ExecRequest, Frame};
+
+use crate::report::{Samples, host_stamp, table, us};
+
+#[derive(Debug, clap::Args)]
+pub struct NodeArgs {
+    /// A statically linked silkd (default: $SILKD_STATIC).
+    #[arg(long, env = "SILKD_STATIC")]
+    silkd: PathBuf,
+    /// Warm claims to time.
+    #[arg(long, default_value_t = 200)]
+    claims: usize,
+    /// Round trips per arm for the relay comparison.
+    #[arg(long, default_value_t = 2000)]
+    rtt_iters: usize,
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+}
+
+const TOKEN: &str = "bench-root-token";
+
+/// A kept-alive HTTP/1.1 connection.
+struct Http {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+}
+
+impl Http {
+    fn connect(addr: SocketAddr) -> anyhow::Result<Http> {
+        let s = TcpStream::connect(addr)?;
+        s.set_nodelay(true)?;
+        Ok(Http { reader: BufReader::new(s.try_clone()?), writer: s })
+    }
+
+    fn call(&mut self, method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
+        write!(
+            self.writer,
+            "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )?;
+        let mut line = String::new();
+        self.reader.read_line(&mut line)?;
+        let status: u16 = line.split_whitespace().nth(1).context("status line")?.parse()?;
+        let mut len = 0;
+        loop {
+            line.clear();
+            self.reader.read_line(&mut line)?;
+            if line == "\r\n" {
+                break;
+            }
+            if let Some(v) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                len = v.trim().parse()?;
+            }
+        }
+        let mut body = vec![0; len];
+        self.reader.read_exact(&mut body)?;
+        Ok((status, String::from_utf8_lossy(&body).into_owned()))
+    }
+}
+
+fn json(body: &str) -> serde_json::Value {
+    serde_json::from_str(body).unwrap_or_default()
+}
+
+pub fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let work = args.dir.join(format!("silkbench-node-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let exe = std::env::current_exe()?;
+    let config = work.join("sandboxd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\napi_token = \"{TOKEN}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\nmax_claims = 100000\n[[pools]]\ntemplate = \"host\"\nwarm = 4\nwarm_max = 4\n",
+            work.join("data").display(),
+            args.silkd.display(),
+            exe.with_file_name("silk-jail").display()
+        ),
+    )?;
+    let mut node = std::process::Command::new(exe.with_file_name("sandboxd"))
+        .arg("--config")
+        .arg(&config)
+        .env("SANDBOXD_LOG", "warn")
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("start sandboxd (build it: cargo build --release -p sandboxd)")?;
+    let result = (|| {
+        let mut line = String::new();
+        BufReader::new(node.stdout.take().context("stdout")?).read_line(&mut line)?;
+        let addr: SocketAddr = line.trim().rsplit(' ').next().context("readiness line")?.parse()?;
+        sections(&args, addr, &work)
+    })();
+    let _ = node.kill();
+    let _ = node.wait();
+    // Jails outlive the node by design: remove them through a fresh engine on the same data.
+    let engine_dir = work.join("data/engine");
+    if let Ok(engine) = silk_engine::jail::JailEngine::new(silk_engine::jail::JailConfig::new(
+        &engine_dir,
+        &args.silkd,
+        exe.with_file_name("silk-jail"),
+    )) {
+        use silk_engine::Engine;
+        for b in engine.list().unwrap_or_default() {
+            let _ = engine.destroy(&b.id);
+        }
+    }
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+fn wait_warm(http: &mut Http, n: usize) -> anyhow::Result<()> {
+    for _ in 0..3000 {
+        let (_, info) = http.call("GET", "/v1/info", "")?;
+        if json(&info)["pools"][0]["warm"] == n {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    bail!("pool never reached {n} warm")
+}
+
+fn sections(args: &NodeArgs, addr: SocketAddr, work: &std::path::Path) -> anyhow::Result<()> {
+    println!("## node (sandboxd)\n\n{}", host_stamp());
+    let mut http = Http::connect(addr)?;
+    let (mut claim, mut floor) = (Samples::default(), Samples::default());
+    let mut last = None;
+    for _ in 0..args.claims {
+        wait_warm(&mut http, 4)?;
+        let t = Instant::now();
+        http.call("GET", "/healthz", "")?;
+        floor.push(t.elapsed());
+        let t = Instant::now();
+        let (status, body) = http.call("POST", "/v1/sandboxes", "{}")?;
+        let d = t.elapsed();
+        anyhow::ensure!(status == 201, "claim answered {status}: {body}");
+        let body = json(&body);
+        anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
+        claim.push(d);
+        if let Some(id) = last.replace(body["id"].as_str().context("id")?.to_string()) {
+            http.call("DELETE", &format!("/v1/sandboxes/{id}"), "")?;
+        }
+    }
+    let row = |name: &str, s: &Samples, f: &Samples| {
+        vec![
+            name.into(),
+            us(s.pct(0.5)),
+            us(s.pct(0.9)),
+            us(s.pct(1.0)),
+            format!("{:.2}", s.pct(0.5).as_secs_f64() / f.pct(0.5).as_secs_f64()),
+        ]
+    };
+    table(
+        &format!("warm claim over HTTP (kept connection, n = {})", claim.len()),
+        &["arm", "p50", "p90", "max", "p50 ratio"],
+        &[
+            row("`GET /healthz` round trip (floor)", &floor, &floor),
+            row("`POST /v1/sandboxes`, warm hit → 201", &claim, &floor),
+        ],
+    );
+
+    // Relay vs direct, on the last claimed sandbox.
+    let id = last.context("no sandbox")?;
+    let socket = work.join("data/engine/boxes").join(&id).join("agent.sock");
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(async {
+        let mut relayed = upgrade(addr, &id).await?;
+        let mut direct = Connection::new(tokio::net::UnixStream::connect(&socket).await?);
+        let exec = Frame::Exec(ExecRequest {
+            command: Command { argv: vec!["/bin/true".into()], ..Default::default() },
+            ..Default::default()
+        });
+        let mut rows = vec![];
+        for (name, request, iters) in [
+            ("`info`", Frame::Info, args.rtt_iters),
+            ("`exec /bin/true`", exec, args.rtt_iters / 4),
+        ] {
+            let (mut d, mut r) = (Samples::default(), Samples::default());
+            for i in 0..iters + 50 {
+                let t = Instant::now();
+                call(&mut direct, &request).await?;
+                let dd = t.elapsed();
+                let t = Instant::now();
+                call(&mut relayed, &request).await?;
+                if i >= 50 {
+                    d.push(dd);
+                    r.push(t.elapsed());
+                }
+            }
+            rows.push(row(&format!("{name} direct to silkd's socket (floor)"), &d, &d));
+            rows.push(row(&format!("{name} through the node's relay"), &r, &d));
+        }
+        table(
+            "relay overhead (kept connections, alternating calls)",
+            &["arm", "p50", "p90", "max", "p50 ratio"],
+            &rows,
+        );
+        anyhow::Ok(())
+    })
+}
+
+async fn upgrade(addr: SocketAddr, id: &str) -> anyhow::Result<Connection<tokio::net::TcpStream>> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    s.write_all(format!("GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n").as_bytes()).await?;
+    let mut reader = tokio::io::BufReader::new(s);
+    let mut line = String::new();
+    reader.read_line(&mut line).await?;
+    anyhow::ensure!(line.contains(" 101 "), "upgrade answered {line}");
+    loop {
+        line.clear();
+        reader.read_line(&mut line).await?;
+        if line == "\r\n" {
+            break;
+        }
+    }
+    anyhow::ensure!(reader.buffer().is_empty(), "bytes after the 101");
+    Ok(Connection::new(reader.into_inner()))
+}
+
+async fn call<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    c: &mut Connection<S>,
+    f: &Frame,
+) -> anyhow::Result<()> {
+    c.send(f).await?;
+    loop {
+        let frame = c.recv().await?.context("closed")?;
+        if frame.is_terminal() {
+            anyhow::ensure!(!matches!(frame, Frame::Error(_)), "call failed");
+            return Ok(());
+        }
+    }
+}
