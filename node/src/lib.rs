@@ -26,5 +26,13 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    // The relay forwards silkd's small frames as they come: Nagle plus the client's delayed ACK
+    // would hold the second of two back-to-back frames for ~40 ms.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+    });
     axum::serve(listener, api::router(node)).with_graceful_shutdown(shutdown).await
 }
