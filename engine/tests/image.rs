@@ -110,6 +110,8 @@ fn check_image(h: &Harness, archive: &Path, sandbox: &str) {
 
     let b = h.engine.boot(&t, &id(sandbox), &small()).unwrap();
     assert_eq!(ok(&b, "cat /opaque/new"), "layer 2");
+    // The image's config applies to commands that do not say otherwise.
+    assert_eq!(ok(&b, "echo $GREETING; pwd"), "hello from the image\n/work");
     assert_ne!(sh(&b, "test -e /etc/doomed").0, 0, "whiteout honoured");
     assert_ne!(sh(&b, "test -e /opaque/old").0, 0, "opaque directory honoured");
     assert_eq!(ok(&b, "hostname"), sandbox);

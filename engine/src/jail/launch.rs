@@ -43,6 +43,9 @@ pub struct LaunchSpec {
     pub cgroups: Vec<PathBuf>,
     /// silkd's stdout and stderr.
     pub log: PathBuf,
+    /// Extra silkd arguments (an image's default env, working directory and user).
+    #[serde(default)]
+    pub silkd_args: Vec<String>,
 }
 
 /// Capabilities root keeps inside a sandbox (like a container's default set, minus `MKNOD`: no
@@ -95,7 +98,9 @@ struct Plan {
     hostname: CString,
     log: CString,
     exe: CString,
-    argv: [CString; 3],
+    /// Owns the strings `argv_ptrs` points into.
+    _argv: Vec<CString>,
+    argv_ptrs: Vec<*const libc::c_char>,
     envp: [CString; 2],
     cgroup_procs: Vec<CString>,
     filter: Vec<libc::sock_filter>,
@@ -184,6 +189,11 @@ fn plan(spec: &LaunchSpec) -> Plan {
     // SAFETY: getrandom fills the buffer it is given.
     unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
     let machine_id: String = id.iter().map(|b| format!("{b:02x}")).collect::<String>() + "\n";
+    let argv: Vec<CString> = ["silkd", "--listen-fd", &LISTEN_FD.to_string()]
+        .into_iter()
+        .map(cs)
+        .chain(spec.silkd_args.iter().map(|a| cs(a)))
+        .collect();
     Plan {
         root: c(&spec.root),
         mounts,
@@ -197,7 +207,8 @@ fn plan(spec: &LaunchSpec) -> Plan {
         hostname: cs(&spec.hostname),
         log: c(&spec.log),
         exe: cs("/run/silkd"),
-        argv: [cs("silkd"), cs("--listen-fd"), cs(&LISTEN_FD.to_string())],
+        argv_ptrs: argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect(),
+        _argv: argv,
         envp: [
             cs("PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
             cs("HOME=/root"),
@@ -394,9 +405,8 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
         );
         // The listening socket must survive exec.
         check!("keep listen fd", libc::fcntl(LISTEN_FD, libc::F_SETFD, 0));
-        let argv = [p.argv[0].as_ptr(), p.argv[1].as_ptr(), p.argv[2].as_ptr(), null];
         let envp = [p.envp[0].as_ptr(), p.envp[1].as_ptr(), null];
-        libc::execve(p.exe.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        libc::execve(p.exe.as_ptr(), p.argv_ptrs.as_ptr(), envp.as_ptr());
         ("exec silkd", *libc::__errno_location())
     }
 }

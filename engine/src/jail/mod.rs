@@ -214,6 +214,7 @@ impl JailEngine {
             silkd: self.cfg.silkd.clone(),
             cgroups,
             log: dir.join("agent.log"),
+            silkd_args: image_defaults(&base.template),
         };
         let launch_path = dir.join("launch.json");
         let json =
@@ -450,6 +451,22 @@ impl Engine for JailEngine {
     fn agent(&self, id: &SandboxId) -> Result<AgentAddr> {
         Ok(self.record(id)?.info.agent)
     }
+}
+
+/// silkd flags carrying an image template's config, so commands run as the image intends.
+fn image_defaults(t: &Template) -> Vec<String> {
+    let mut args: Vec<String> =
+        t.env.iter().flat_map(|(k, v)| ["--env".to_string(), format!("{k}={v}")]).collect();
+    if let Some(cwd) = &t.cwd {
+        args.extend(["--default-cwd".to_string(), cwd.clone()]);
+    }
+    // `user:group` images: silkd takes the user (its groups come from the image's /etc/group).
+    if let Some(user) =
+        t.user.as_deref().and_then(|u| u.split(':').next()).filter(|u| !u.is_empty())
+    {
+        args.extend(["--default-user".to_string(), user.to_string()]);
+    }
+    args
 }
 
 fn now_ms() -> u64 {

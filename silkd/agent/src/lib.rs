@@ -23,4 +23,5 @@ mod users;
 mod watch;
 
 pub use listen::{ListenAddr, Listener};
+pub use procs::Defaults;
 pub use server::{Agent, Options, run};

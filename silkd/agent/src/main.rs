@@ -39,6 +39,16 @@ struct Args {
     /// The git binary (a name looked up in the children's PATH, or a path).
     #[arg(long, default_value = "git")]
     git: String,
+    /// An environment variable every command gets (under its request's own), as KEY=VALUE.
+    /// Repeatable; the jail engine passes an image template's `Env` here.
+    #[arg(long = "env", value_name = "KEY=VALUE")]
+    env: Vec<String>,
+    /// Working directory for commands whose request names none (an image's `WorkingDir`).
+    #[arg(long)]
+    default_cwd: Option<String>,
+    /// User for commands whose request names none (an image's `User`).
+    #[arg(long)]
+    default_user: Option<String>,
     /// Working directory that relative paths resolve against.
     #[arg(long)]
     workdir: Option<PathBuf>,
@@ -86,6 +96,16 @@ fn main() -> anyhow::Result<()> {
             session_idle: Duration::from_secs(args.session_idle_secs),
             watch_queue: args.watch_queue,
             git: args.git,
+            defaults: silkd::Defaults {
+                env: args
+                    .env
+                    .iter()
+                    .map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
+                    .collect::<Option<_>>()
+                    .ok_or_else(|| anyhow::anyhow!("--env takes KEY=VALUE"))?,
+                cwd: args.default_cwd,
+                user: args.default_user,
+            },
         };
         silkd::run(listener, options, std::future::pending()).await?;
         anyhow::Ok(())

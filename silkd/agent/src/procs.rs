@@ -30,6 +30,17 @@ const KEEP_EXITED: usize = 64;
 #[derive(Debug, Default)]
 pub struct Procs {
     table: Mutex<Table>,
+    defaults: Defaults,
+}
+
+/// What a command gets when its request does not say: an image template's config (`Env`,
+/// `WorkingDir`, `User`), passed to silkd by the engine.
+#[derive(Debug, Clone, Default)]
+pub struct Defaults {
+    /// Merged onto the clean base environment, under the request's own variables.
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
 }
 
 #[derive(Debug, Default)]
@@ -80,6 +91,10 @@ pub struct Child {
 }
 
 impl Procs {
+    pub fn new(defaults: Defaults) -> Procs {
+        Procs { table: Mutex::default(), defaults }
+    }
+
     fn lock(&self) -> MutexGuard<'_, Table> {
         // A panic while holding this lock would be a bug in this module; keep serving anyway.
         self.table.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -120,7 +135,7 @@ impl Procs {
         cmd: &Command,
         io: ChildIo,
     ) -> Result<(std::process::Child, oneshot::Receiver<ExitStatus>), WireError> {
-        let (program, prepared) = prepare(cmd)?;
+        let (program, prepared) = prepare(cmd, &self.defaults)?;
         let mut os = std::process::Command::new(program);
         os.args(&cmd.argv[1..])
             .env_clear()
@@ -297,18 +312,18 @@ struct Prepared {
 }
 
 /// Checks the request and builds the environment: a clean base, then the caller's variables.
-fn prepare(cmd: &Command) -> Result<(&str, Prepared), WireError> {
+fn prepare<'a>(cmd: &'a Command, defaults: &Defaults) -> Result<(&'a str, Prepared), WireError> {
     let Some(program) = cmd.argv.first() else {
         return Err(WireError::new(ErrorKind::BadRequest, "argv is empty"));
     };
     if cmd.argv.iter().any(|a| a.contains('\0')) {
         return Err(WireError::new(ErrorKind::BadRequest, "argv contains a NUL byte"));
     }
-    let user = cmd.user.as_deref().map(users::lookup).transpose()?;
+    let user = cmd.user.as_deref().or(defaults.user.as_deref()).map(users::lookup).transpose()?;
     let home = user
         .as_ref()
         .map_or_else(|| std::env::var("HOME").unwrap_or("/root".into()), |u| u.home.clone());
-    let cwd = cmd.cwd.clone().unwrap_or_else(|| {
+    let cwd = cmd.cwd.clone().or_else(|| defaults.cwd.clone()).unwrap_or_else(|| {
         if std::path::Path::new(&home).is_dir() { home.clone() } else { "/".into() }
     });
     match std::fs::metadata(&cwd) {
@@ -331,7 +346,7 @@ fn prepare(cmd: &Command) -> Result<(&str, Prepared), WireError> {
         ("LOGNAME".into(), name),
         ("LANG".into(), "C.UTF-8".into()),
     ];
-    for (key, value) in &cmd.env {
+    for (key, value) in defaults.env.iter().chain(&cmd.env) {
         if key.is_empty() || key.contains(['=', '\0']) || value.contains('\0') {
             return Err(WireError::new(
                 ErrorKind::BadRequest,

@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::listen::Listener;
-use crate::procs::Procs;
+use crate::procs::{Defaults, Procs};
 use crate::pty::Ptys;
 use crate::session::Sessions;
 use crate::{files, forward, git, process, pty, search, session, tree, watch};
@@ -41,6 +41,8 @@ pub struct Options {
     pub watch_queue: usize,
     /// The git binary: a name looked up in the children's base `PATH`, or a path.
     pub git: String,
+    /// Environment, working directory and user for commands whose request names none.
+    pub defaults: Defaults,
 }
 
 impl Default for Options {
@@ -51,6 +53,7 @@ impl Default for Options {
             session_idle: Duration::from_secs(30 * 60),
             watch_queue: 16_384,
             git: "git".into(),
+            defaults: Defaults::default(),
         }
     }
 }
@@ -97,7 +100,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let agent = Arc::new(Agent {
-        procs: Procs::default(),
+        procs: Procs::new(options.defaults.clone()),
         sessions: Sessions::default(),
         ptys: Ptys::default(),
         options,
