@@ -263,6 +263,17 @@ impl Node {
         let result = self.finish_claim(spec, key, warm, t0).await;
         self.lock().pending -= 1;
         self.refill.notify_one();
+        if let Ok(claimed) = &result
+            && claimed.record.tier == Tier::Cold
+        {
+            // The golden is built on first need, so the next claim of this template clones.
+            let (node, template) = (self.clone(), claimed.record.template.clone());
+            tokio::spawn(async move {
+                if let Err(e) = node.golden(&template).await {
+                    tracing::warn!(template, "golden build failed: {e}");
+                }
+            });
+        }
         result
     }
 
@@ -287,7 +298,6 @@ impl Node {
                     ),
                     None => {
                         let t = self.template(&spec.template).await?;
-                        // The refill loop builds the golden for next time.
                         (blocking(move || engine.boot(&t, &id, &box_spec)).await?, Tier::Cold)
                     }
                 }
@@ -501,6 +511,7 @@ impl Node {
             "draining": self.draining.load(Ordering::Relaxed),
             "uptime_ms": self.started.elapsed().as_millis() as u64,
             "pools": pools,
+            "goldens": st.goldens.keys().collect::<Vec<_>>(),
         })
     }
 

@@ -25,6 +25,12 @@ fn claims_are_served_in_three_tiers() {
     let cold = node.claim(r#"{"template": "tiny"}"#);
     assert_eq!(cold["tier"], "cold", "no golden for this template yet");
 
+    // The cold claim built the template's golden for next time.
+    eventually("golden of tiny", || {
+        node.info()["goldens"].as_array().is_some_and(|g| g.iter().any(|t| t == "tiny"))
+    });
+    assert_eq!(node.claim(r#"{"template": "tiny"}"#)["tier"], "clone");
+
     for s in [&warm, &clone, &cold] {
         let id = s["id"].as_str().unwrap();
         let out = node.exec(id, s["token"].as_str().unwrap(), "hostname");
@@ -32,8 +38,11 @@ fn claims_are_served_in_three_tiers() {
     }
     let (_, metrics) = node.req("GET", "/metrics", None, None);
     let metrics = metrics.as_str().unwrap().to_string();
-    for tier in ["warm", "clone", "cold"] {
-        assert!(metrics.contains(&format!("silkmesh_claims_total{{tier=\"{tier}\"}} 1")), "{tier}");
+    for (tier, n) in [("warm", 1), ("clone", 2), ("cold", 1)] {
+        assert!(
+            metrics.contains(&format!("silkmesh_claims_total{{tier=\"{tier}\"}} {n}")),
+            "{tier}"
+        );
     }
     assert!(metrics.contains("silkmesh_claim_seconds_bucket"));
 
