@@ -132,6 +132,9 @@ async fn list(
     let mut filter = vec![];
     for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name == "no_redirect" {
+            continue; // a retried redirect; this node answers itself
+        }
         if name != "metadata" {
             return Err(ApiError::bad_request(format!("unknown query parameter {name:?}")));
         }

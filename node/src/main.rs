@@ -76,7 +76,8 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
         let addr = listener.local_addr()?;
-        let node = Node::start(cfg).await?;
+        // Claims report where they live: the bound address, also when the config said port 0.
+        let node = Node::start(Config { listen: addr, ..cfg }).await?;
         // The readiness line: scripts and tests wait for it.
         let mut out = std::io::stdout().lock();
         writeln!(out, "sandboxd listening on {addr}")?;

@@ -275,8 +275,9 @@ fn max_claims_drain_and_metadata_filters() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["id"], b["id"]);
     assert!(rows[0].get("token").is_none(), "lists never carry tokens");
-    let (_, v) = node.req("GET", "/v1/sandboxes", Some(ROOT), None);
+    let (_, v) = node.req("GET", "/v1/sandboxes?no_redirect=1", Some(ROOT), None);
     assert_eq!(v["sandboxes"].as_array().unwrap().len(), 2);
+    assert_eq!(v["sandboxes"][0]["owner"], node.addr.to_string(), "the bound address, not port 0");
 
     let bid = b["id"].as_str().unwrap();
     assert_eq!(node.req("DELETE", &format!("/v1/sandboxes/{bid}"), Some(ROOT), None).0, 204);

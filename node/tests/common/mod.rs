@@ -130,33 +130,30 @@ impl Sandboxd {
 
 impl Drop for Sandboxd {
     fn drop(&mut self) {
-        // Stop the node, then every jail it left (tests must not leak sandboxes on the host).
+        // Stop the node, then kill whatever its jails left: everything in this node's own cgroup
+        // parent (named after its engine's data directory), never another node's.
         self.kill9();
-        let boxes = self.data().join("engine/boxes");
-        if let Ok(entries) = std::fs::read_dir(&boxes) {
-            for e in entries.flatten() {
-                let record = std::fs::read_to_string(e.path().join("box.json")).unwrap_or_default();
-                if let Ok(v) = serde_json::from_str::<Value>(&record)
-                    && let Some(pid) = v["info"]["pid"].as_i64()
-                {
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                }
-            }
-        }
+        let engine = self.data().join("engine");
+        let instance = blake3::hash(engine.as_os_str().as_encoded_bytes()).to_hex();
+        let parent = format!("silkmesh-{}", &instance[..12]);
         for ctl in ["memory", "cpu", "pids", "freezer"] {
-            let Ok(groups) = std::fs::read_dir(Path::new("/sys/fs/cgroup").join(ctl)) else {
-                continue;
-            };
-            for g in groups.flatten() {
-                if g.file_name().to_string_lossy().starts_with("silkmesh-") {
-                    if let Ok(sub) = std::fs::read_dir(g.path()) {
-                        for s in sub.flatten().filter(|s| s.path().is_dir()) {
-                            let _ = std::fs::remove_dir(s.path());
-                        }
+            let group = Path::new("/sys/fs/cgroup").join(ctl).join(&parent);
+            let Ok(sandboxes) = std::fs::read_dir(&group) else { continue };
+            for sandbox in sandboxes.flatten().filter(|s| s.path().is_dir()) {
+                for _ in 0..500 {
+                    let procs = std::fs::read_to_string(sandbox.path().join("cgroup.procs"))
+                        .unwrap_or_default();
+                    if procs.trim().is_empty() {
+                        break;
                     }
-                    let _ = std::fs::remove_dir(g.path());
+                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                    std::thread::sleep(Duration::from_millis(2));
                 }
+                let _ = std::fs::remove_dir(sandbox.path());
             }
+            let _ = std::fs::remove_dir(&group);
         }
     }
 }

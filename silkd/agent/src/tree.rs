@@ -122,10 +122,12 @@ where
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(Fail::Call(io_error(&dest, e))),
     }
+    // Stage on the target's own filesystem so the merge is a rename: inside an existing target
+    // (it may be a mount point, like /tmp), beside a new one.
     let parent = match dest.parent() {
+        _ if dest.is_dir() => dest.clone(),
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        Some(_) => PathBuf::from("."),
-        None => dest.clone(), // `/`: stage inside it
+        _ => PathBuf::from("."),
     };
     let staging = parent.join(format!(".silk-push-{}", unique_suffix()));
     std::fs::create_dir(&staging).map_err(|e| io_error(&staging, e))?;

@@ -248,13 +248,13 @@ async fn a_broken_push_changes_nothing() {
     let mut c = silkd.connect().await;
     push(&mut c, &dest, &tar[..tar.len() / 2], false).await;
     drop(c);
-    let parent = silkd.dir.path().to_path_buf();
-    eventually("staging removed", || {
-        !std::fs::read_dir(&parent)
+    let staged = |dir: &std::path::Path| {
+        std::fs::read_dir(dir)
             .unwrap()
             .any(|e| e.unwrap().file_name().to_string_lossy().starts_with(".silk-push"))
-    })
-    .await;
+    };
+    let parent = silkd.dir.path().to_path_buf();
+    eventually("staging removed", || !staged(&parent) && !staged(&dest)).await;
     assert_eq!(std::fs::read_dir(&dest).unwrap().count(), 1);
     assert_eq!(std::fs::read(dest.join("f1")).unwrap(), b"original");
 
@@ -269,4 +269,31 @@ async fn a_broken_push_changes_nothing() {
     assert!(r.error_kind().is_some());
     assert_eq!(std::fs::read(dest.join("f1")).unwrap(), b"original");
     assert_eq!(c.exec(&["true"]).await.exit().code, 0);
+}
+
+/// Staging happens on the target's filesystem, so pushing into a mount point (like /tmp in a
+/// sandbox) works: the merge is a rename, never a cross-device move.
+#[tokio::test]
+async fn push_into_a_mount_point() {
+    let silkd = Silkd::start();
+    let mnt = silkd.path("mnt");
+    std::fs::create_dir(&mnt).unwrap();
+    let ok = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "none"])
+        .arg(&mnt)
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mount tmpfs (the suite runs as root)");
+    let src = silkd.path("src");
+    std::fs::create_dir_all(src.join("d")).unwrap();
+    std::fs::write(src.join("d/f"), b"on tmpfs").unwrap();
+    let mut c = silkd.connect().await;
+    let r = push(&mut c, &mnt, &tar_of(&src), true).await.unwrap();
+    let content = std::fs::read(mnt.join("d/f"));
+    let leftovers: Vec<_> =
+        std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    r.done();
+    assert_eq!(content.unwrap(), b"on tmpfs");
+    assert_eq!(leftovers, vec![std::ffi::OsString::from("d")], "no staging left behind");
 }
