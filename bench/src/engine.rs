@@ -95,7 +95,10 @@ fn sections(args: &EngineArgs, launcher: PathBuf, data: &std::path::Path) -> any
 }
 
 /// The floor: the same namespaces and overlay mount, then `exec /bin/true`, timed to exit.
-fn floor_once(dir: &std::path::Path, lower: &std::path::Path) -> anyhow::Result<Duration> {
+pub(crate) fn floor_once(
+    dir: &std::path::Path,
+    lower: &std::path::Path,
+) -> anyhow::Result<Duration> {
     let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
     for d in [&upper, &work, &root] {
         std::fs::create_dir_all(d)?;

@@ -1,14 +1,20 @@
 //! `silkbench`: measures silkmesh and prints markdown tables, each beside a floor measured in the
 //! same run (these machines are noisy; only ratios within one run mean much).
 //!
-//! Sections grow with the system: `agent` (silkd over a unix socket), `verbs` (silkd's find,
-//! watch and session verbs), `engine` (jail starts).
+//! Sections: `agent` (silkd over a unix socket), `verbs` (find, watch, sessions), `engine` (jail
+//! starts), `journal`, `node` (warm claim over HTTP, the relay), `fleet` (claim tiers, burst,
+//! refill through the SDK), `sdk` (connection reuse), `store`. With no section, all of them (see
+//! `all`).
 
 mod agent;
+mod all;
 mod engine;
+mod fleet;
 mod journal;
 mod node;
 mod report;
+mod sdk;
+mod store;
 mod verbs;
 
 use clap::{Parser, Subcommand};
@@ -16,8 +22,11 @@ use clap::{Parser, Subcommand};
 #[derive(Debug, Parser)]
 #[command(about = "silkmesh benchmarks: tables beside same-run floors")]
 struct Args {
+    /// One section; without one, every section runs in turn.
     #[command(subcommand)]
-    section: Section,
+    section: Option<Section>,
+    #[command(flatten)]
+    all: all::AllArgs,
 }
 
 #[derive(Debug, Subcommand)]
@@ -32,6 +41,12 @@ enum Section {
     Journal(journal::JournalArgs),
     /// Warm claim over HTTP and the relay's overhead, on a throwaway sandboxd (needs root).
     Node(node::NodeArgs),
+    /// Claim tiers, a burst of clones and refill recovery through the SDK (needs root).
+    Fleet(fleet::FleetArgs),
+    /// Snapshot put/get on fs and S3 beside cp, dedup ratio, chunking + hashing on one core.
+    Store(store::StoreArgs),
+    /// SDK exec/info round trips: kept relay connection vs one dialled per call (needs root).
+    Sdk(sdk::SdkArgs),
     /// Internal: the floor's echo server (run as a separate process, like silkd).
     #[command(hide = true)]
     EchoServer { socket: std::path::PathBuf },
@@ -39,13 +54,20 @@ enum Section {
 
 fn main() -> anyhow::Result<()> {
     let runtime = || tokio::runtime::Builder::new_multi_thread().enable_all().build();
-    match Args::parse().section {
+    let args = Args::parse();
+    let Some(section) = args.section else {
+        return all::run(args.all);
+    };
+    match section {
         Section::Agent(a) => runtime()?.block_on(agent::run(a)),
         Section::Verbs(v) => runtime()?.block_on(verbs::run(v)),
+        Section::Sdk(a) => runtime()?.block_on(sdk::run(a)),
         Section::EchoServer { socket } => runtime()?.block_on(agent::echo_server(socket)),
         // Synchronous, like the engine itself.
         Section::Engine(e) => engine::run(e),
         Section::Journal(j) => journal::run(j),
         Section::Node(n) => node::run(n),
+        Section::Fleet(f) => runtime()?.block_on(fleet::run(f)),
+        Section::Store(s) => store::run(s),
     }
 }

@@ -31,22 +31,27 @@ pub struct NodeArgs {
     dir: PathBuf,
 }
 
-const TOKEN: &str = "bench-root-token";
+pub(crate) const TOKEN: &str = "bench-root-token";
 
 /// A kept-alive HTTP/1.1 connection.
-struct Http {
+pub(crate) struct Http {
     reader: BufReader<TcpStream>,
     writer: TcpStream,
 }
 
 impl Http {
-    fn connect(addr: SocketAddr) -> anyhow::Result<Http> {
+    pub(crate) fn connect(addr: SocketAddr) -> anyhow::Result<Http> {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
         Ok(Http { reader: BufReader::new(s.try_clone()?), writer: s })
     }
 
-    fn call(&mut self, method: &str, path: &str, body: &str) -> anyhow::Result<(u16, String)> {
+    pub(crate) fn call(
+        &mut self,
+        method: &str,
+        path: &str,
+        body: &str,
+    ) -> anyhow::Result<(u16, String)> {
         write!(
             self.writer,
             "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
@@ -76,47 +81,80 @@ fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_default()
 }
 
+/// A throwaway `sandboxd` (the release build next to this binary) on 127.0.0.1:0 with its own data
+/// directory under `work`. Dropping it kills the node and destroys every jail it left.
+pub(crate) struct NodeProc {
+    pub addr: SocketAddr,
+    pub work: PathBuf,
+    child: std::process::Child,
+    silkd: PathBuf,
+}
+
+impl NodeProc {
+    /// `extra` is TOML appended after the node's own keys (top-level keys first, then tables).
+    pub fn start(
+        silkd: &std::path::Path,
+        work: &std::path::Path,
+        extra: &str,
+    ) -> anyhow::Result<NodeProc> {
+        let exe = std::env::current_exe()?;
+        let config = work.join("sandboxd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\napi_token = \"{TOKEN}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n{extra}",
+                work.join("data").display(),
+                silkd.display(),
+                exe.with_file_name("silk-jail").display()
+            ),
+        )?;
+        let mut child = std::process::Command::new(exe.with_file_name("sandboxd"))
+            .arg("--config")
+            .arg(&config)
+            .env("SANDBOXD_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("start sandboxd (build it: cargo build --release -p sandboxd)")?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
+        let mut node = NodeProc {
+            addr: "127.0.0.1:1".parse()?,
+            work: work.to_path_buf(),
+            child,
+            silkd: silkd.to_path_buf(),
+        };
+        // On a bad readiness line `node` drops here, which stops the process.
+        node.addr = line.trim().rsplit(' ').next().context("readiness line")?.parse()?;
+        Ok(node)
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // Jails outlive the node by design: remove them through a fresh engine on the same data.
+        let Ok(exe) = std::env::current_exe() else { return };
+        let cfg = silk_engine::jail::JailConfig::new(
+            self.work.join("data/engine"),
+            &self.silkd,
+            exe.with_file_name("silk-jail"),
+        );
+        if let Ok(engine) = silk_engine::jail::JailEngine::new(cfg) {
+            use silk_engine::Engine;
+            for b in engine.list().unwrap_or_default() {
+                let _ = engine.destroy(&b.id);
+            }
+        }
+    }
+}
+
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let work = args.dir.join(format!("silkbench-node-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let exe = std::env::current_exe()?;
-    let config = work.join("sandboxd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\napi_token = \"{TOKEN}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\nmax_claims = 100000\n[[pools]]\ntemplate = \"host\"\nwarm = 4\nwarm_max = 4\n",
-            work.join("data").display(),
-            args.silkd.display(),
-            exe.with_file_name("silk-jail").display()
-        ),
-    )?;
-    let mut node = std::process::Command::new(exe.with_file_name("sandboxd"))
-        .arg("--config")
-        .arg(&config)
-        .env("SANDBOXD_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("start sandboxd (build it: cargo build --release -p sandboxd)")?;
-    let result = (|| {
-        let mut line = String::new();
-        BufReader::new(node.stdout.take().context("stdout")?).read_line(&mut line)?;
-        let addr: SocketAddr = line.trim().rsplit(' ').next().context("readiness line")?.parse()?;
-        sections(&args, addr, &work)
-    })();
-    let _ = node.kill();
-    let _ = node.wait();
-    // Jails outlive the node by design: remove them through a fresh engine on the same data.
-    let engine_dir = work.join("data/engine");
-    if let Ok(engine) = silk_engine::jail::JailEngine::new(silk_engine::jail::JailConfig::new(
-        &engine_dir,
-        &args.silkd,
-        exe.with_file_name("silk-jail"),
-    )) {
-        use silk_engine::Engine;
-        for b in engine.list().unwrap_or_default() {
-            let _ = engine.destroy(&b.id);
-        }
-    }
+    let config = "max_claims = 100000\n[[pools]]\ntemplate = \"host\"\nwarm = 4\nwarm_max = 4\n";
+    let result = NodeProc::start(&args.silkd, &work, config)
+        .and_then(|node| sections(&args, node.addr, &work));
     let _ = std::fs::remove_dir_all(&work);
     result
 }
@@ -211,7 +249,10 @@ fn sections(args: &NodeArgs, addr: SocketAddr, work: &std::path::Path) -> anyhow
     })
 }
 
-async fn upgrade(addr: SocketAddr, id: &str) -> anyhow::Result<Connection<tokio::net::TcpStream>> {
+pub(crate) async fn upgrade(
+    addr: SocketAddr,
+    id: &str,
+) -> anyhow::Result<Connection<tokio::net::TcpStream>> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await?;
     s.set_nodelay(true)?;
@@ -231,7 +272,7 @@ async fn upgrade(addr: SocketAddr, id: &str) -> anyhow::Result<Connection<tokio:
     Ok(Connection::new(reader.into_inner()))
 }
 
-async fn call<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+pub(crate) async fn call<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     c: &mut Connection<S>,
     f: &Frame,
 ) -> anyhow::Result<()> {

@@ -38,10 +38,22 @@ pub fn host_stamp() -> String {
         .unwrap_or_else(|| "?".into());
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    let virt = command_output("systemd-detect-virt", &[]).unwrap_or_else(|| "?".into());
+    // systemd-detect-virt prints "none" on bare metal; without it, /proc/cpuinfo's hypervisor flag.
+    let virt = command_output("systemd-detect-virt", &[]).unwrap_or_else(|| {
+        let flags = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+        if flags.contains(" hypervisor") { "vm".into() } else { "none".into() }
+    });
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next()?.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0.0, |kib| kib as f64 / (1 << 20) as f64);
     let commit =
         command_output("git", &["rev-parse", "--short", "HEAD"]).unwrap_or_else(|| "?".into());
-    format!("host: {cpu}, {cores} cores, kernel {}, virt {virt}, commit {commit}", kernel.trim())
+    let date = command_output("date", &["-u", "+%Y-%m-%d %H:%M UTC"]).unwrap_or_default();
+    format!(
+        "host: {cpu}, {cores} cores, {mem_gib:.0} GiB, kernel {}, virt {virt}, commit {commit}, {date}",
+        kernel.trim()
+    )
 }
 
 fn command_output(cmd: &str, args: &[&str]) -> Option<String> {

@@ -96,6 +96,7 @@ struct Plan {
     silkd_source: CString,
     machine_id: CString,
     hostname: CString,
+    hostname_line: CString,
     log: CString,
     exe: CString,
     /// Owns the strings `argv_ptrs` points into.
@@ -205,6 +206,7 @@ fn plan(spec: &LaunchSpec) -> Plan {
         silkd_source: c(&spec.silkd),
         machine_id: cs(&machine_id),
         hostname: cs(&spec.hostname),
+        hostname_line: cs(&format!("{}\n", spec.hostname)),
         log: c(&spec.log),
         exe: cs("/run/silkd"),
         argv_ptrs: argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect(),
@@ -376,6 +378,16 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
         check!("sethostname", libc::sethostname(p.hostname.as_ptr(), p.hostname.as_bytes().len()));
         check!("loopback", loopback_up());
         check!("chdir root", libc::chdir(p.root.as_ptr()));
+        // /etc/hostname agrees with the hostname (the skeleton's says `sandbox`).
+        let hn = libc::open(
+            c"etc/hostname".as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
+            0o644,
+        );
+        if hn >= 0 {
+            libc::write(hn, p.hostname_line.as_ptr().cast(), p.hostname_line.as_bytes().len());
+            libc::close(hn);
+        }
         let mid = libc::open(
             c"etc/machine-id".as_ptr(),
             libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,

@@ -1,0 +1,200 @@
+//! The fleet section, measured through the SDK as a user would: claim tiers (request → a handle
+//! whose silkd answered `info`), a burst of concurrent clone claims, and refill recovery after a
+//! drained pool. Floors, interleaved A B B A with the measured arm: one loopback HTTP round trip
+//! for claims, and `unshare` of the same namespaces + overlay mount + `/bin/true` for clones.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use silkmesh::{Client, Size, Tier};
+
+use crate::node::{Http, NodeProc};
+use crate::report::{Samples, host_stamp, table, us};
+
+#[derive(Debug, clap::Args)]
+pub struct FleetArgs {
+    /// A statically linked silkd (default: $SILKD_STATIC).
+    #[arg(long, env = "SILKD_STATIC")]
+    pub silkd: PathBuf,
+    /// Claims per tier.
+    #[arg(long, default_value_t = 40)]
+    pub claims: usize,
+    /// Concurrent clone claims in the burst.
+    #[arg(long, default_value_t = 8)]
+    pub burst: usize,
+    /// Warm target of the pool (also the refill-recovery size).
+    #[arg(long, default_value_t = 6)]
+    pub warm: usize,
+    #[arg(long, default_value = "/var/tmp")]
+    pub dir: PathBuf,
+}
+
+/// A busybox root filesystem per cold template: cold means "no golden yet", so each cold claim
+/// needs a template nobody claimed before.
+fn cold_templates(dir: &std::path::Path, n: usize) -> anyhow::Result<String> {
+    let mut toml = String::new();
+    for i in 0..n {
+        let root = dir.join(format!("cold{i}"));
+        for d in ["bin", "etc", "tmp", "proc", "dev", "run", "root"] {
+            std::fs::create_dir_all(root.join(d))?;
+        }
+        std::fs::copy("/bin/busybox", root.join("bin/busybox"))
+            .context("busybox-static is needed for cold templates")?;
+        std::os::unix::fs::symlink("busybox", root.join("bin/sh"))?;
+        std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")?;
+        toml.push_str(&format!("[templates.cold{i}]\ndir = \"{}\"\n", root.display()));
+    }
+    Ok(toml)
+}
+
+pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
+    let work = args.dir.join(format!("silkbench-fleet-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let templates = cold_templates(&work, args.claims)?;
+    let config = format!(
+        "max_claims = 100000\n[[pools]]\ntemplate = \"host\"\nwarm = {w}\nwarm_max = {w}\n{templates}",
+        w = args.warm
+    );
+    let node = NodeProc::start(&args.silkd, &work, &config)?;
+    let result = sections(&args, &node, &work).await;
+    drop(node);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+async fn claim_ready(
+    client: &Client,
+    template: &str,
+    size: Size,
+) -> anyhow::Result<(Duration, Tier, silkmesh::Sandbox)> {
+    let t = Instant::now();
+    let sb = client.claim(template).size(size).send().await?;
+    sb.agent_info().await?;
+    Ok((t.elapsed(), sb.tier(), sb))
+}
+
+/// One loopback HTTP round trip on a kept connection: the floor for a warm claim.
+fn http_floor(http: &mut Http) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    http.call("GET", "/healthz", "")?;
+    Ok(t.elapsed())
+}
+
+async fn wait_warm(client: &Client, n: usize) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    for _ in 0..6000 {
+        let info = client.info().await?;
+        if info.pools.first().is_some_and(|p| p.warm == n as u64 && p.starting == 0) {
+            return Ok(t.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    anyhow::bail!("pool never refilled to {n}")
+}
+
+async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> anyhow::Result<()> {
+    println!("## fleet (through the SDK)\n\n{}, engine jail", host_stamp());
+    let client =
+        Client::builder(format!("http://{}", node.addr)).token(crate::node::TOKEN).build()?;
+    wait_warm(&client, args.warm).await?;
+    let mut http = Http::connect(node.addr)?;
+
+    // Tiers, A B B A with the HTTP floor.
+    let (mut floor, mut warm, mut clone, mut cold) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    let mut keep = vec![];
+    for i in 0..args.claims {
+        wait_warm(&client, args.warm).await?;
+        floor.push(http_floor(&mut http)?);
+        let (d, tier, sb) = claim_ready(&client, "host", Size::Small).await?;
+        anyhow::ensure!(tier == Tier::Warm, "expected a warm hit");
+        warm.push(d);
+        keep.push(sb);
+        // Medium has no pool: the host golden serves it, the clone tier.
+        let (d, tier, sb) = claim_ready(&client, "host", Size::Medium).await?;
+        anyhow::ensure!(tier == Tier::Clone, "expected a clone");
+        clone.push(d);
+        keep.push(sb);
+        let (d, tier, sb) = claim_ready(&client, &format!("cold{i}"), Size::Small).await?;
+        anyhow::ensure!(tier == Tier::Cold, "expected a cold boot");
+        cold.push(d);
+        keep.push(sb);
+        floor.push(http_floor(&mut http)?);
+        for sb in keep.drain(..) {
+            sb.release().await?;
+        }
+    }
+    let scratch = work.join("floor");
+    let template = node.work.join("data/engine/templates");
+    let host_root = std::fs::read_dir(&template)?
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("host-"))
+        .map(|e| e.path().join("root"))
+        .context("host template not materialised")?;
+    let mut unshare = Samples::default();
+    for i in 0..args.claims.min(50) {
+        unshare.push(crate::engine::floor_once(&scratch.join(i.to_string()), &host_root)?);
+    }
+    let row = |name: &str, s: &Samples, f: &Samples| {
+        vec![
+            name.into(),
+            us(s.pct(0.5)),
+            us(s.pct(0.9)),
+            us(s.pct(1.0)),
+            s.len().to_string(),
+            format!("{:.2}", s.pct(0.5).as_secs_f64() / f.pct(0.5).as_secs_f64()),
+        ]
+    };
+    table(
+        "claim tiers: SDK request → handle whose silkd answered `info`",
+        &["arm", "p50", "p90", "max", "n", "p50 ratio to its floor"],
+        &[
+            row("loopback HTTP round trip (floor for warm)", &floor, &floor),
+            row("warm hit", &warm, &floor),
+            row("unshare 6 ns + overlay + /bin/true (floor for clone, cold)", &unshare, &unshare),
+            row("clone from golden", &clone, &unshare),
+            row("cold boot from template", &cold, &unshare),
+        ],
+    );
+
+    // Burst of concurrent clones.
+    let t = Instant::now();
+    let claims = (0..args.burst).map(|_| {
+        let client = client.clone();
+        tokio::spawn(async move { claim_ready(&client, "host", Size::Medium).await })
+    });
+    let mut per = Samples::default();
+    let mut made = vec![];
+    for c in claims {
+        let (d, _, sb) = c.await??;
+        per.push(d);
+        made.push(sb);
+    }
+    let wall = t.elapsed();
+    for sb in made {
+        sb.release().await?;
+    }
+    table(
+        &format!("burst of {} concurrent clone claims", args.burst),
+        &["per claim p50", "per claim p90", "wall"],
+        &[vec![us(per.pct(0.5)), us(per.pct(0.9)), us(wall)]],
+    );
+
+    // Refill recovery: drain the pool, time until it is back at target.
+    wait_warm(&client, args.warm).await?;
+    let mut drained = vec![];
+    for _ in 0..args.warm {
+        drained.push(client.claim("host").send().await?);
+    }
+    let recovery = wait_warm(&client, args.warm).await?;
+    for sb in drained {
+        sb.release().await?;
+    }
+    table(
+        &format!("refill recovery: pool of {} drained to 0", args.warm),
+        &["time back to target", "per sandbox"],
+        &[vec![us(recovery), us(recovery / args.warm as u32)]],
+    );
+    Ok(())
+}

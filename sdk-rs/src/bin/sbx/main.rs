@@ -1,0 +1,514 @@
+//! `sbx`: silkmesh sandboxes from the command line, built on the SDK.
+//!
+//! Output is for people by default and JSON with `--json`. The node's address and root token
+//! come from `--addr`/`--token` or `SBX_ADDR`/`SBX_TOKEN`; commands on one sandbox use
+//! `--sandbox-token`/`SBX_SANDBOX_TOKEN` when given, else the root token.
+//!
+//! Exit status: `exec`, `run` and `shell` pass the remote program's code through (128 + signal
+//! when it was killed); when sbx itself fails they exit 125 (as `docker run` does), other
+//! commands exit 1.
+
+mod cp;
+mod term;
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::Context;
+use bytes::Bytes;
+use clap::{Args, Parser, Subcommand};
+use serde_json::json;
+use silkmesh::{Chunk, Client, Exec, Output, Sandbox, SandboxInfo, Size};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// silkmesh sandboxes from the command line.
+#[derive(Debug, Parser)]
+#[command(name = "sbx", version)]
+struct Cli {
+    /// The node's API address.
+    #[arg(long, env = "SBX_ADDR", default_value = "http://127.0.0.1:7777", global = true)]
+    addr: String,
+    /// The node's root API token.
+    #[arg(long, env = "SBX_TOKEN", hide_env_values = true, global = true)]
+    token: Option<String>,
+    /// Print JSON for scripts instead of text for people.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+/// A sandbox id and the token to use for it.
+#[derive(Debug, Args)]
+struct Target {
+    /// The sandbox id.
+    id: String,
+    #[command(flatten)]
+    token: SandboxToken,
+}
+
+#[derive(Debug, Args)]
+struct SandboxToken {
+    /// The sandbox's own token (printed by `sbx claim`); default: the root token.
+    #[arg(long, env = "SBX_SANDBOX_TOKEN", hide_env_values = true)]
+    sandbox_token: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ClaimOpts {
+    /// Template to claim from.
+    #[arg(long, default_value = "host")]
+    template: String,
+    /// Size tier: small, medium or large.
+    #[arg(long)]
+    size: Option<Size>,
+    /// Lease in seconds (default: the node's).
+    #[arg(long)]
+    ttl: Option<u64>,
+    /// A metadata label, `key=value` (repeatable).
+    #[arg(long = "label", value_parser = key_value)]
+    labels: Vec<(String, String)>,
+}
+
+#[derive(Debug, Args)]
+struct ExecOpts {
+    /// Forward this terminal's stdin to the command.
+    #[arg(short = 'i', long)]
+    interactive: bool,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    cwd: Option<String>,
+    /// An environment variable, `KEY=value` (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = key_value)]
+    env: Vec<(String, String)>,
+    /// Run as this user of the sandbox.
+    #[arg(long)]
+    user: Option<String>,
+    /// Kill the command after this many seconds.
+    #[arg(long)]
+    timeout: Option<u64>,
+    /// The command and its arguments, after `--`.
+    #[arg(last = true, required = true)]
+    command: Vec<String>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Cmd {
+    /// Claim a sandbox; prints its id and token.
+    Claim(ClaimOpts),
+    /// List live sandboxes.
+    Ls {
+        /// Only sandboxes with this label, `key=value` (repeatable).
+        #[arg(long = "label", value_parser = key_value)]
+        labels: Vec<(String, String)>,
+    },
+    /// Release (destroy) a sandbox.
+    Rm(Target),
+    /// Run a command in a sandbox, streaming its output; its exit code is sbx's.
+    Exec {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        opts: ExecOpts,
+    },
+    /// Claim a sandbox, run one command in it, release it (also on failure or Ctrl-C).
+    Run {
+        #[command(flatten)]
+        claim: ClaimOpts,
+        #[command(flatten)]
+        opts: ExecOpts,
+    },
+    /// An interactive shell (or `-- CMD...`) on a terminal in the sandbox.
+    Shell {
+        #[command(flatten)]
+        target: Target,
+        /// The program to run instead of /bin/sh.
+        #[arg(last = true)]
+        command: Vec<String>,
+    },
+    /// Copy files or directories; one side is `ID:/path`.
+    Cp {
+        src: String,
+        dst: String,
+        #[command(flatten)]
+        token: SandboxToken,
+    },
+    /// The node: version, engine, claims, pools.
+    Info,
+    /// The warm pool configuration.
+    Pools,
+}
+
+fn key_value(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(k, _)| !k.is_empty())
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not key=value"))
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime =
+        match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+            Ok(rt) => rt,
+            Err(e) => {
+                eprintln!("sbx: cannot start the runtime: {e}");
+                return ExitCode::from(1);
+            }
+        };
+    let passes_code = matches!(cli.command, Cmd::Exec { .. } | Cmd::Run { .. } | Cmd::Shell { .. });
+    let code = runtime.block_on(dispatch(cli)).unwrap_or_else(|e| {
+        eprintln!("sbx: {e:#}");
+        if passes_code { 125 } else { 1 }
+    });
+    let _ = std::io::stdout().flush();
+    // Exit without waiting for the runtime: a blocking read of stdin (exec -i, shell) would
+    // otherwise hold the process open until the user pressed a key.
+    std::process::exit(code)
+}
+
+fn client(cli: &Cli) -> anyhow::Result<Client> {
+    let addr =
+        if cli.addr.contains("://") { cli.addr.clone() } else { format!("http://{}", cli.addr) };
+    let mut b = Client::builder(addr);
+    if let Some(t) = &cli.token {
+        b = b.token(t.clone());
+    }
+    Ok(b.build()?)
+}
+
+async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let c = client(&cli)?;
+    let json = cli.json;
+    match cli.command {
+        Cmd::Claim(opts) => {
+            let sandbox = claim(&c, &opts).await?;
+            if json {
+                let mut v = serde_json::to_value(sandbox.info())?;
+                v["token"] = json!(sandbox.token());
+                v["claim_micros"] = json!(sandbox.claim_took().map(|d| d.as_micros() as u64));
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                let info = sandbox.info();
+                println!("id:      {}", info.id);
+                println!("token:   {}", sandbox.token());
+                let took = sandbox
+                    .claim_took()
+                    .map(|d| format!(" in {:.2} ms", d.as_secs_f64() * 1e3))
+                    .unwrap_or_default();
+                println!("tier:    {:?}{took}", info.tier);
+                println!("expires: {}", expires(info.deadline_ms));
+            }
+            Ok(0)
+        }
+        Cmd::Ls { labels } => {
+            let filter: Vec<(&str, &str)> =
+                labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+            let rows = c.list_by(&filter).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&json!({ "sandboxes": rows }))?);
+            } else {
+                print_list(&rows);
+            }
+            Ok(0)
+        }
+        Cmd::Rm(t) => {
+            let sandbox = c.sandbox(&t.id, t.token.sandbox_token.as_deref()).await?;
+            sandbox.release().await?;
+            if json {
+                println!("{}", json!({ "released": t.id }));
+            } else {
+                println!("released {}", t.id);
+            }
+            Ok(0)
+        }
+        Cmd::Exec { target, opts } => {
+            let sandbox = c.sandbox(&target.id, target.token.sandbox_token.as_deref()).await?;
+            exec(&sandbox, &opts, json).await
+        }
+        Cmd::Run { claim: claim_opts, opts } => run(&c, &claim_opts, &opts, json).await,
+        Cmd::Shell { target, command } => {
+            let sandbox = c.sandbox(&target.id, target.token.sandbox_token.as_deref()).await?;
+            shell(&sandbox, command).await
+        }
+        Cmd::Cp { src, dst, token } => {
+            let moved = cp::run(&c, token.sandbox_token.as_deref(), &src, &dst).await?;
+            if json {
+                println!("{}", json!({ "src": src, "dst": dst, "tar_bytes": moved }));
+            }
+            Ok(0)
+        }
+        Cmd::Info => {
+            let info = c.info().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                println!("node:     silkmesh {} (engine {})", info.version, info.engine);
+                println!("claims:   {} of {}", info.claims, info.max_claims);
+                println!("draining: {}", if info.draining { "yes" } else { "no" });
+                println!("uptime:   {}", duration(Duration::from_millis(info.uptime_ms)));
+                let rows: Vec<Vec<String>> = info
+                    .pools
+                    .iter()
+                    .map(|p| {
+                        vec![
+                            p.template.clone(),
+                            p.size.clone(),
+                            p.lane.clone(),
+                            p.warm.to_string(),
+                            p.starting.to_string(),
+                            p.target.to_string(),
+                            if p.backing_off { "backing off".into() } else { "ok".into() },
+                        ]
+                    })
+                    .collect();
+                println!();
+                table(&["TEMPLATE", "SIZE", "LANE", "WARM", "STARTING", "TARGET", "STATE"], &rows);
+            }
+            Ok(0)
+        }
+        Cmd::Pools => {
+            let pools = c.pools().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&json!({ "pools": pools }))?);
+            } else {
+                let rows: Vec<Vec<String>> = pools
+                    .iter()
+                    .map(|p| {
+                        vec![
+                            p.template.clone(),
+                            p.size.clone(),
+                            p.lane.clone(),
+                            p.warm.to_string(),
+                            p.warm_max.map_or("-".into(), |m| m.to_string()),
+                        ]
+                    })
+                    .collect();
+                table(&["TEMPLATE", "SIZE", "LANE", "WARM", "WARM_MAX"], &rows);
+            }
+            Ok(0)
+        }
+    }
+}
+
+async fn claim(c: &Client, opts: &ClaimOpts) -> anyhow::Result<Sandbox> {
+    let mut b = c.claim(&opts.template);
+    if let Some(size) = opts.size {
+        b = b.size(size);
+    }
+    if let Some(ttl) = opts.ttl {
+        b = b.ttl(Duration::from_secs(ttl));
+    }
+    for (k, v) in &opts.labels {
+        b = b.metadata(k, v);
+    }
+    Ok(b.send().await?)
+}
+
+/// `sbx run`: claim, exec, release. The release happens whatever the exec did, and on Ctrl-C or
+/// SIGTERM (the command is killed first: dropping its connection makes silkd kill it).
+async fn run(
+    c: &Client,
+    claim_opts: &ClaimOpts,
+    opts: &ExecOpts,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use tokio::signal::unix::{SignalKind, signal};
+    // Listening before the claim: a Ctrl-C while it is under way is held until the claim
+    // answered, and then releases what it got instead of leaking it until its lease ends.
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let sandbox = claim(c, claim_opts).await?;
+    let outcome = tokio::select! {
+        biased;
+        _ = int.recv() => Ok(130),
+        _ = term.recv() => Ok(143),
+        r = exec(&sandbox, opts, json) => r,
+    };
+    let released = sandbox.release().await;
+    let code = outcome?;
+    released.with_context(|| format!("release {}", sandbox.id()))?;
+    Ok(code)
+}
+
+async fn exec(sandbox: &Sandbox, opts: &ExecOpts, json: bool) -> anyhow::Result<i32> {
+    let mut b = sandbox.exec(opts.command.iter().cloned());
+    if let Some(cwd) = &opts.cwd {
+        b = b.cwd(cwd);
+    }
+    for (k, v) in &opts.env {
+        b = b.env(k, v);
+    }
+    if let Some(u) = &opts.user {
+        b = b.user(u);
+    }
+    if let Some(t) = opts.timeout {
+        b = b.timeout(Duration::from_secs(t));
+    }
+    if opts.interactive {
+        b = b.stdin_stream();
+    }
+    let exec = b.start().await?;
+    if opts.interactive {
+        forward_stdin(&exec)?;
+    }
+    if json {
+        let out = exec.collect().await?;
+        println!("{}", serde_json::to_string_pretty(&output_json(&out))?);
+        return Ok(out.code());
+    }
+    stream(exec).await
+}
+
+/// Copies this process's stdin into the exec's, from a task of its own, then ends it.
+fn forward_stdin(exec: &Exec) -> anyhow::Result<()> {
+    let stdin = exec.stdin()?;
+    tokio::spawn(async move {
+        let mut local = tokio::io::stdin();
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            match local.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    if stdin.write(Bytes::copy_from_slice(&buf[..n])).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+        let _ = stdin.close().await;
+    });
+    Ok(())
+}
+
+/// Streams output to our stdout/stderr as it comes; returns the exit code.
+async fn stream(mut exec: Exec) -> anyhow::Result<i32> {
+    let (mut out, mut err) = (tokio::io::stdout(), tokio::io::stderr());
+    while let Some(chunk) = exec.next().await? {
+        match chunk {
+            Chunk::Stdout(b) => {
+                out.write_all(&b).await?;
+                out.flush().await?;
+            }
+            Chunk::Stderr(b) => {
+                err.write_all(&b).await?;
+                err.flush().await?;
+            }
+        }
+    }
+    let status = exec.status().context("exec ended without a status")?;
+    Ok(status.code)
+}
+
+fn output_json(out: &Output) -> serde_json::Value {
+    json!({
+        "exit_code": out.status.code,
+        "signal": out.status.signal,
+        "timed_out": out.status.timed_out,
+        "stdout": out.stdout_str(),
+        "stderr": out.stderr_str(),
+    })
+}
+
+/// `sbx shell`: the local terminal in raw mode, bytes both ways, the window size followed.
+async fn shell(sandbox: &Sandbox, command: Vec<String>) -> anyhow::Result<i32> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (cols, rows) = term::size(1).or_else(|| term::size(0)).unwrap_or((80, 24));
+    let mut b = sandbox.pty(cols, rows);
+    if !command.is_empty() {
+        b = b.command(command);
+    }
+    if let Ok(t) = std::env::var("TERM") {
+        b = b.env("TERM", t);
+    }
+    let mut pty = b.open().await?;
+    let mut winch = signal(SignalKind::window_change())?;
+    let raw = term::RawMode::enable(0)?;
+    let result = async {
+        let (mut stdin, mut stdout) = (tokio::io::stdin(), tokio::io::stdout());
+        let mut buf = vec![0u8; 16 * 1024];
+        let mut stdin_open = true;
+        let (output, input) = pty.split();
+        loop {
+            tokio::select! {
+                shown = output.read() => match shown? {
+                    Some(b) => {
+                        stdout.write_all(&b).await?;
+                        stdout.flush().await?;
+                    }
+                    None => break,
+                },
+                typed = stdin.read(&mut buf), if stdin_open => match typed {
+                    Ok(0) | Err(_) => stdin_open = false,
+                    Ok(n) => input.write(Bytes::copy_from_slice(&buf[..n])).await?,
+                },
+                _ = winch.recv() => {
+                    if let Some((cols, rows)) = term::size(1).or_else(|| term::size(0)) {
+                        input.resize(cols, rows).await?;
+                    }
+                }
+            }
+        }
+        anyhow::Ok(output.status().map_or(0, |s| s.code))
+    }
+    .await;
+    drop(raw);
+    result
+}
+
+fn expires(deadline_ms: u64) -> String {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    if deadline_ms <= now {
+        "now".into()
+    } else {
+        format!("in {}", duration(Duration::from_millis(deadline_ms - now)))
+    }
+}
+
+fn duration(d: Duration) -> String {
+    let s = d.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+fn print_list(rows: &[SandboxInfo]) {
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let labels: Vec<String> = r.metadata.iter().map(|(k, v)| format!("{k}={v}")).collect();
+            vec![
+                r.id.clone(),
+                r.template.clone(),
+                r.size.clone(),
+                format!("{:?}", r.tier).to_lowercase(),
+                r.state.clone(),
+                expires(r.deadline_ms),
+                labels.join(","),
+            ]
+        })
+        .collect();
+    table(&["ID", "TEMPLATE", "SIZE", "TIER", "STATE", "EXPIRES", "LABELS"], &rows);
+}
+
+/// Columns padded to their widest cell.
+fn table(header: &[&str], rows: &[Vec<String>]) {
+    let mut width: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for row in rows {
+        for (w, cell) in width.iter_mut().zip(row) {
+            *w = (*w).max(cell.chars().count());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let padded: Vec<String> =
+            cells.iter().zip(&width).map(|(c, w)| format!("{c:<w$}")).collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}

@@ -1,0 +1,399 @@
+//! [`Client`]: one node's address and root token, and the node-level calls (claim, list, info,
+//! pools). The JSON shapes the node answers with are typed here; fields the SDK does not know
+//! yet are ignored and missing ones take defaults, so a newer node does not break an older SDK.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::Method;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::error::{Error, Result};
+use crate::http::Http;
+use crate::sandbox::Sandbox;
+
+/// A node's HTTP API. Cheap to clone; clones share one connection pool.
+#[derive(Debug, Clone)]
+pub struct Client {
+    inner: Arc<ClientInner>,
+}
+
+#[derive(Debug)]
+pub(crate) struct ClientInner {
+    pub(crate) http: Http,
+    token: Option<String>,
+    pub(crate) max_idle: usize,
+}
+
+/// Options for a [`Client`].
+#[derive(Debug, Clone)]
+pub struct ClientBuilder {
+    url: String,
+    token: Option<String>,
+    connect_timeout: Duration,
+    request_timeout: Duration,
+    max_idle: usize,
+}
+
+impl ClientBuilder {
+    /// The node's root API token (needed for claim, list, info and pools).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Limit on dialling the node and on the relay's upgrade handshake (default 10 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// Limit on one JSON request, answer included (default 120 s: a claim may build a golden).
+    /// Relay calls (exec, files, ...) have no overall limit; give `exec` its own timeout.
+    pub fn request_timeout(mut self, d: Duration) -> Self {
+        self.request_timeout = d;
+        self
+    }
+
+    /// Idle relay connections each sandbox handle keeps for reuse (default and maximum 8; 0
+    /// dials a new connection for every call).
+    pub fn max_idle_connections(mut self, n: usize) -> Self {
+        self.max_idle = n;
+        self
+    }
+
+    pub fn build(self) -> Result<Client> {
+        let http = Http::new(&self.url, self.connect_timeout, self.request_timeout)?;
+        let inner = ClientInner { http, token: self.token, max_idle: self.max_idle };
+        Ok(Client { inner: Arc::new(inner) })
+    }
+}
+
+impl Client {
+    /// A client for the node at `url` (`http://host:port`), without a token.
+    pub fn new(url: &str) -> Result<Client> {
+        Client::builder(url).build()
+    }
+
+    pub fn builder(url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder {
+            url: url.into(),
+            token: None,
+            connect_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(120),
+            max_idle: crate::conn::MAX_IDLE,
+        }
+    }
+
+    /// The node's base URL as used for requests.
+    pub fn url(&self) -> &str {
+        self.inner.http.base()
+    }
+
+    pub(crate) fn http(&self) -> &Http {
+        &self.inner.http
+    }
+
+    pub(crate) fn max_idle(&self) -> usize {
+        self.inner.max_idle
+    }
+
+    pub(crate) fn root_token(&self) -> Option<&str> {
+        self.inner.token.as_deref()
+    }
+
+    pub(crate) async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Result<T> {
+        let v = self.inner.http.json(method.clone(), path, token, body).await?;
+        serde_json::from_value(v)
+            .map_err(|e| Error::Protocol(format!("{method} {path}: unexpected answer: {e}")))
+    }
+
+    /// Starts a claim of a sandbox from `template` (`"host"` is built in); finish with
+    /// [`ClaimBuilder::send`].
+    pub fn claim(&self, template: impl Into<String>) -> ClaimBuilder {
+        ClaimBuilder {
+            client: self.clone(),
+            template: template.into(),
+            size: None,
+            ttl: None,
+            metadata: BTreeMap::new(),
+            auto_release: false,
+        }
+    }
+
+    /// Every live claim on the node.
+    pub async fn list(&self) -> Result<Vec<SandboxInfo>> {
+        self.list_by(&[]).await
+    }
+
+    /// Live claims whose metadata has every `key = value` given.
+    pub async fn list_by(&self, metadata: &[(&str, &str)]) -> Result<Vec<SandboxInfo>> {
+        let query: Vec<String> = metadata
+            .iter()
+            .map(|(k, v)| format!("metadata={}", percent_encode(&format!("{k}={v}"))))
+            .collect();
+        let path = if query.is_empty() {
+            "/v1/sandboxes".to_string()
+        } else {
+            format!("/v1/sandboxes?{}", query.join("&"))
+        };
+        #[derive(Deserialize)]
+        struct Rows {
+            sandboxes: Vec<SandboxInfo>,
+        }
+        let rows: Rows = self.call(Method::GET, &path, self.root_token(), None).await?;
+        Ok(rows.sandboxes)
+    }
+
+    /// The node: version, engine, claims, pools and their warm counts.
+    pub async fn info(&self) -> Result<NodeInfo> {
+        self.call(Method::GET, "/v1/info", self.root_token(), None).await
+    }
+
+    /// The warm pool configuration.
+    pub async fn pools(&self) -> Result<Vec<PoolConfig>> {
+        #[derive(Deserialize)]
+        struct Pools {
+            pools: Vec<PoolConfig>,
+        }
+        let p: Pools = self.call(Method::GET, "/v1/pools", self.root_token(), None).await?;
+        Ok(p.pools)
+    }
+
+    /// A handle on an existing sandbox, checked with the node. `token` is the sandbox's own
+    /// token; `None` uses the client's root token.
+    pub async fn sandbox(&self, id: &str, token: Option<&str>) -> Result<Sandbox> {
+        // With neither token the calls go unauthenticated: a node without an api_token (the
+        // loopback default) accepts them; any other node answers 404.
+        let token = token.or(self.root_token()).unwrap_or_default().to_string();
+        let path = format!("/v1/sandboxes/{}", path_segment(id)?);
+        let info: SandboxInfo = self.call(Method::GET, &path, Some(&token), None).await?;
+        Ok(Sandbox::new(self.clone(), info, token, None, false))
+    }
+}
+
+/// A claim being prepared; [`send`](Self::send) makes it.
+#[derive(Debug)]
+pub struct ClaimBuilder {
+    client: Client,
+    template: String,
+    size: Option<Size>,
+    ttl: Option<Duration>,
+    metadata: BTreeMap<String, String>,
+    auto_release: bool,
+}
+
+impl ClaimBuilder {
+    pub fn size(mut self, size: Size) -> Self {
+        self.size = Some(size);
+        self
+    }
+
+    /// The lease (whole seconds; the node's default when unset, capped by the node).
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// A label; `list_by` filters on them.
+    pub fn metadata(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.metadata.insert(key.into(), value.into());
+        self
+    }
+
+    /// Release the sandbox when the last handle to it is dropped (see [`Sandbox::set_auto_release`]).
+    pub fn auto_release(mut self, yes: bool) -> Self {
+        self.auto_release = yes;
+        self
+    }
+
+    pub async fn send(self) -> Result<Sandbox> {
+        let mut body = json!({ "template": self.template, "metadata": self.metadata });
+        if let Some(size) = self.size {
+            body["size"] = json!(size);
+        }
+        if let Some(ttl) = self.ttl {
+            body["ttl_seconds"] = json!(ttl.as_secs().max(1));
+        }
+        #[derive(Deserialize)]
+        struct Claimed {
+            #[serde(flatten)]
+            info: SandboxInfo,
+            token: String,
+            #[serde(default)]
+            claim_micros: Option<u64>,
+        }
+        let c = &self.client;
+        let claimed: Claimed =
+            c.call(Method::POST, "/v1/sandboxes", c.root_token(), Some(&body)).await?;
+        let took = claimed.claim_micros.map(Duration::from_micros);
+        Ok(Sandbox::new(c.clone(), claimed.info, claimed.token, took, self.auto_release))
+    }
+}
+
+/// Size tiers (cpu, memory, process limits per the node's engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Size {
+    Small,
+    Medium,
+    Large,
+}
+
+impl std::str::FromStr for Size {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Size> {
+        match s {
+            "small" => Ok(Size::Small),
+            "medium" => Ok(Size::Medium),
+            "large" => Ok(Size::Large),
+            other => Err(Error::Invalid(format!("size {other:?}: small, medium or large"))),
+        }
+    }
+}
+
+/// How a claim was served: an already running sandbox, a clone of the template's golden, or a
+/// cold boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Warm,
+    Clone,
+    Cold,
+    /// A tier this SDK does not know yet.
+    #[serde(other)]
+    Other,
+}
+
+/// One claim as the node reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SandboxInfo {
+    pub id: String,
+    #[serde(default)]
+    pub template: String,
+    #[serde(default)]
+    pub size: String,
+    #[serde(default)]
+    pub lane: String,
+    pub tier: Tier,
+    #[serde(default)]
+    pub state: String,
+    /// The node that runs it (its API address).
+    #[serde(default)]
+    pub owner: String,
+    #[serde(default)]
+    pub created_ms: u64,
+    /// When the lease ends, unix milliseconds.
+    #[serde(default)]
+    pub deadline_ms: u64,
+    #[serde(default)]
+    pub on_expire: String,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+}
+
+/// `GET /v1/info`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct NodeInfo {
+    pub version: String,
+    pub engine: String,
+    /// The engine's capabilities, as the node reports them.
+    pub capabilities: Value,
+    pub claims: u64,
+    pub max_claims: u64,
+    pub draining: bool,
+    pub uptime_ms: u64,
+    pub pools: Vec<PoolStatus>,
+}
+
+/// One pool's live state in [`NodeInfo`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct PoolStatus {
+    pub template: String,
+    pub size: String,
+    pub lane: String,
+    pub warm: u64,
+    pub starting: u64,
+    pub target: u64,
+    pub warm_min: u64,
+    pub warm_max: u64,
+    pub golden: Option<String>,
+    pub backing_off: bool,
+}
+
+/// One pool's configuration (`GET /v1/pools`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolConfig {
+    pub template: String,
+    #[serde(default)]
+    pub size: String,
+    #[serde(default)]
+    pub lane: String,
+    pub warm: u64,
+    #[serde(default)]
+    pub warm_max: Option<u64>,
+}
+
+/// A sandbox id as one path segment: ids are letters, digits and `-`/`_`; anything else would
+/// change the route.
+pub(crate) fn path_segment(id: &str) -> Result<&str> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if ok && id != "." && id != ".." {
+        Ok(id)
+    } else {
+        Err(Error::Invalid(format!("sandbox id {id:?}")))
+    }
+}
+
+fn percent_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn claim_answers_parse_and_unknown_fields_are_ignored() {
+        let v = json!({
+            "id": "sb-1", "template": "host", "size": "small", "lane": "none", "tier": "warm",
+            "state": "claimed", "owner": "127.0.0.1:1", "created_ms": 1, "deadline_ms": 2,
+            "on_expire": "destroy", "metadata": {"a": "b"}, "agent_path": "/x", "new_field": 3
+        });
+        let info: SandboxInfo = serde_json::from_value(v).unwrap();
+        assert_eq!((info.tier, info.metadata["a"].as_str()), (Tier::Warm, "b"));
+        let t: Tier = serde_json::from_value(json!("teleported")).unwrap();
+        assert_eq!(t, Tier::Other);
+    }
+
+    #[test]
+    fn ids_cannot_change_the_route_and_filters_are_encoded() {
+        assert!(path_segment("sb-abc_1").is_ok());
+        for bad in ["", "..", "a/b", "a?b", "a b"] {
+            assert!(path_segment(bad).is_err(), "{bad}");
+        }
+        assert_eq!(percent_encode("team=a b&c"), "team%3Da%20b%26c");
+    }
+}

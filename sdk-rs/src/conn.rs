@@ -1,0 +1,254 @@
+//! Relay connections and the per-sandbox pool of idle ones.
+//!
+//! A [`RelayConn`] is an upgraded connection to the sandbox's silkd, split into a frame reader
+//! and a frame writer so a call can stream input while it reads output. silkd serves calls back
+//! to back on one connection, so a connection whose call ended with its terminal frame, and on
+//! which nothing else is in flight, goes back to the [`Pool`] and serves a later call without a
+//! new TCP connection, HTTP request and upgrade.
+//!
+//! Pool rules: at most [`MAX_IDLE`] idle connections (fewer if the client asks; 0 dials per
+//! call), each kept at most [`IDLE_TTL`]; the most
+//! recently used is reused first (it is the least likely to have been closed). Before reuse a
+//! connection is checked without blocking: if the node or silkd closed it, it is dropped and the
+//! next one (or a new dial) is used, so a stale connection never fails a call. A small reaper
+//! task, running only while connections sit idle, closes the expired ones. A connection whose
+//! call did not end cleanly (dropped mid-stream, a framing error) is never returned.
+
+use std::sync::{Mutex, Weak};
+use std::time::Duration;
+
+use silk_proto::{Frame, FrameReader, FrameWriter};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+// tokio's clock, so tests can pause and advance it.
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+
+pub(crate) const MAX_IDLE: usize = 8;
+pub(crate) const IDLE_TTL: Duration = Duration::from_secs(30);
+
+#[derive(Debug)]
+pub(crate) struct RelayConn {
+    pub(crate) rd: FrameReader<OwnedReadHalf>,
+    pub(crate) wr: FrameWriter<OwnedWriteHalf>,
+}
+
+impl RelayConn {
+    pub(crate) fn new(stream: TcpStream) -> RelayConn {
+        let (r, w) = stream.into_split();
+        RelayConn { rd: FrameReader::new(r), wr: FrameWriter::new(w) }
+    }
+
+    pub(crate) async fn send(&mut self, frame: &Frame) -> Result<()> {
+        Ok(self.wr.send(frame).await?)
+    }
+
+    /// The next frame; the peer closing the connection mid-call is an error.
+    pub(crate) async fn recv(&mut self) -> Result<Frame> {
+        recv(&mut self.rd).await
+    }
+
+    /// True when the idle connection is still open and silent. Never blocks: it looks at what the
+    /// socket already holds.
+    fn usable(&mut self) -> bool {
+        let mut probe = [0u8; 1];
+        match self.rd.get_mut().try_read(&mut probe) {
+            // Nothing to read: open and idle, as it should be.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => true,
+            // End of stream, an error, or bytes nobody asked for: not safe to reuse.
+            _ => false,
+        }
+    }
+}
+
+pub(crate) async fn recv(rd: &mut FrameReader<OwnedReadHalf>) -> Result<Frame> {
+    rd.recv().await?.ok_or_else(Error::closed)
+}
+
+/// Connection counters of one sandbox handle.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ConnStats {
+    /// Relay connections dialled (TCP connect + `Upgrade: silkd`).
+    pub dialled: u64,
+    /// Calls served on a kept connection instead of a new one.
+    pub reused: u64,
+    /// Connections idle in the pool now.
+    pub idle: usize,
+}
+
+#[derive(Debug)]
+pub(crate) struct Pool {
+    state: Mutex<PoolState>,
+    /// Idle connections kept at most (0 turns reuse off).
+    max_idle: usize,
+}
+
+impl Default for Pool {
+    fn default() -> Pool {
+        Pool::new(MAX_IDLE)
+    }
+}
+
+#[derive(Debug, Default)]
+struct PoolState {
+    /// Oldest first.
+    idle: Vec<(RelayConn, Instant)>,
+    reaper: bool,
+    dialled: u64,
+    reused: u64,
+}
+
+impl PoolState {
+    fn expire(&mut self, now: Instant) {
+        self.idle.retain(|(_, since)| now.duration_since(*since) < IDLE_TTL);
+    }
+}
+
+impl Pool {
+    pub(crate) fn new(max_idle: usize) -> Pool {
+        Pool { state: Mutex::default(), max_idle: max_idle.min(MAX_IDLE) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, PoolState> {
+        // A panic while holding this lock cannot leave the pool inconsistent (every update is a
+        // single push, pop or retain), so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A usable idle connection, most recent first.
+    pub(crate) fn take(&self) -> Option<RelayConn> {
+        let mut st = self.lock();
+        st.expire(Instant::now());
+        while let Some((mut conn, _)) = st.idle.pop() {
+            if conn.usable() {
+                st.reused += 1;
+                return Some(conn);
+            }
+        }
+        None
+    }
+
+    pub(crate) fn count_dial(&self) {
+        self.lock().dialled += 1;
+    }
+
+    /// Keeps `conn` for a later call. Returns true when a reaper should be started.
+    pub(crate) fn put(&self, conn: RelayConn) -> bool {
+        let mut st = self.lock();
+        st.expire(Instant::now());
+        if st.idle.len() >= self.max_idle {
+            return false;
+        }
+        st.idle.push((conn, Instant::now()));
+        let start = !st.reaper;
+        st.reaper = true;
+        start
+    }
+
+    pub(crate) fn stats(&self) -> ConnStats {
+        let st = self.lock();
+        ConnStats { dialled: st.dialled, reused: st.reused, idle: st.idle.len() }
+    }
+
+    pub(crate) fn clear(&self) {
+        self.lock().idle.clear();
+    }
+
+    /// One reaper pass: drops expired connections. Returns how long until the next one expires,
+    /// or `None` (and marks the reaper stopped) when nothing is idle.
+    fn reap(&self) -> Option<Duration> {
+        let mut st = self.lock();
+        let now = Instant::now();
+        st.expire(now);
+        match st.idle.first() {
+            Some((_, since)) => Some(IDLE_TTL.saturating_sub(now.duration_since(*since))),
+            None => {
+                st.reaper = false;
+                None
+            }
+        }
+    }
+}
+
+/// Closes expired idle connections while any are idle. Holds the pool weakly, so it never keeps
+/// a dropped sandbox handle alive.
+pub(crate) fn spawn_reaper<T: Send + Sync + 'static>(owner: Weak<T>, pool: fn(&T) -> &Pool) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        loop {
+            let wait = match owner.upgrade() {
+                Some(o) => pool(&o).reap(),
+                None => None,
+            };
+            let Some(wait) = wait else { return };
+            tokio::time::sleep(wait + Duration::from_millis(10)).await;
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn pair() -> (RelayConn, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        (RelayConn::new(client), server)
+    }
+
+    #[tokio::test]
+    async fn closed_or_chatty_connections_are_never_reused() {
+        use tokio::io::AsyncWriteExt;
+        let pool = Pool::default();
+        let (open, keep) = pair().await;
+        let (closed, peer) = pair().await;
+        let (mut closed, peer) = (closed, peer);
+        let (mut chatty, mut talker) = pair().await;
+        drop(peer);
+        talker.write_all(b"x").await.unwrap();
+        // Let the runtime's I/O driver see the close and the byte, as it would between calls.
+        for c in [&mut closed, &mut chatty] {
+            c.rd.get_mut().readable().await.unwrap();
+        }
+        assert!(pool.put(open));
+        assert!(!pool.put(closed), "the reaper is started once");
+        pool.put(chatty);
+        assert_eq!(pool.stats().idle, 3);
+        // Most recent first: the chatty and the closed ones are skipped, the open one is used.
+        let mut got = pool.take().expect("the open connection");
+        assert_eq!(got.rd.get_mut().peer_addr().unwrap(), keep.local_addr().unwrap());
+        assert!(pool.take().is_none());
+        assert_eq!(pool.stats(), ConnStats { dialled: 0, reused: 1, idle: 0 });
+    }
+
+    #[tokio::test]
+    async fn the_pool_keeps_at_most_eight() {
+        let pool = Pool::default();
+        let mut peers = vec![];
+        for _ in 0..MAX_IDLE + 2 {
+            let (c, p) = pair().await;
+            peers.push(p);
+            pool.put(c);
+        }
+        assert_eq!(pool.stats().idle, MAX_IDLE);
+        let off = Pool::new(0);
+        let (c, _peer) = pair().await;
+        assert!(!off.put(c));
+        assert_eq!(off.stats().idle, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_connections_expire() {
+        let pool = Pool::default();
+        let (c, _peer) = pair().await;
+        pool.put(c);
+        assert_eq!(pool.reap(), Some(IDLE_TTL));
+        tokio::time::advance(IDLE_TTL).await;
+        assert_eq!(pool.reap(), None, "expired and the reaper stops");
+        assert!(pool.take().is_none());
+    }
+}

@@ -1,0 +1,521 @@
+//! Files and trees: read (whole, a range, or streamed into a writer), write (bytes or streamed
+//! from a reader; atomic on silkd's side), stat, list, mkdir, rm, rename, and push/pull of a
+//! local directory or file as a tar stream.
+//!
+//! Tar work is blocking (the `tar` crate), so it runs on a blocking thread that exchanges
+//! `DATA_CHUNK` buffers with the connection through a small channel: the socket and the disk
+//! overlap, and memory stays bounded by the channel depth.
+//!
+//! Uploads read the connection while they send, so a call silkd fails at its first frame (a
+//! missing parent, a path that is not a directory) stops the upload at once instead of sending
+//! the rest into the void.
+
+use std::future::{Future, IntoFuture};
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+
+use bytes::{Buf, Bytes, BytesMut};
+use silk_proto::{DATA_CHUNK, DirEntry, FileStat, Frame, ReadRequest, WriteRequest};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use crate::conn::{RelayConn, recv};
+use crate::error::{Error, Result};
+use crate::sandbox::Sandbox;
+
+/// Chunks in flight between the tar thread and the socket.
+const PIPELINE: usize = 4;
+
+/// How a written file is created.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriteOptions {
+    /// Permission bits of a new file (default 0o644); an existing file keeps its own.
+    pub mode: Option<u32>,
+    /// Create missing parent directories.
+    pub parents: bool,
+}
+
+/// Where upload bytes come from.
+enum Source<'a> {
+    Bytes(Bytes),
+    Reader(Pin<Box<dyn AsyncRead + Send + 'a>>),
+    Tar(mpsc::Receiver<std::io::Result<Bytes>>),
+}
+
+impl Source<'_> {
+    /// The next chunk, `None` at the end. Cancel-safe.
+    async fn next(&mut self) -> Option<std::io::Result<Bytes>> {
+        match self {
+            Source::Bytes(b) => (!b.is_empty()).then(|| Ok(b.split_to(b.len().min(DATA_CHUNK)))),
+            Source::Reader(r) => {
+                let mut buf = BytesMut::with_capacity(DATA_CHUNK);
+                match r.read_buf(&mut buf).await {
+                    Ok(0) => None,
+                    Ok(_) => Some(Ok(buf.freeze())),
+                    Err(e) => Some(Err(e)),
+                }
+            }
+            Source::Tar(rx) => rx.recv().await,
+        }
+    }
+}
+
+type Progress<'a> = Option<Box<dyn FnMut(u64) + Send + 'a>>;
+
+impl Sandbox {
+    /// A whole file.
+    pub async fn read(&self, path: &str) -> Result<Bytes> {
+        self.read_range(path, 0, None).await
+    }
+
+    /// `len` bytes (to the end when `None`) from `offset`.
+    pub async fn read_range(&self, path: &str, offset: u64, len: Option<u64>) -> Result<Bytes> {
+        let mut out = BytesMut::new();
+        let req = Frame::Read(ReadRequest { path: path.into(), offset, len });
+        self.unary(req, |f| match f {
+            Frame::Data(b) => {
+                out.extend_from_slice(&b);
+                Ok(())
+            }
+            other => Err(Error::unexpected(&other, "read")),
+        })
+        .await?;
+        Ok(out.freeze())
+    }
+
+    /// Streams a file into `out`; returns the bytes written.
+    pub async fn read_into<W: AsyncWrite + Unpin>(&self, path: &str, out: &mut W) -> Result<u64> {
+        let mut conn = self.conn().await?;
+        conn.send(&Frame::Read(ReadRequest { path: path.into(), offset: 0, len: None })).await?;
+        let mut n = 0;
+        loop {
+            match conn.recv().await? {
+                // A local write error leaves the call half read: the connection is dropped.
+                Frame::Data(b) => {
+                    out.write_all(&b).await.map_err(Error::Local)?;
+                    n += b.len() as u64;
+                }
+                Frame::Done => {
+                    self.put_back(conn);
+                    out.flush().await.map_err(Error::Local)?;
+                    return Ok(n);
+                }
+                Frame::Error(e) => {
+                    self.put_back(conn);
+                    return Err(e.into());
+                }
+                other => return Err(Error::unexpected(&other, "read")),
+            }
+        }
+    }
+
+    /// Replaces `path` with `data` atomically (readers see the old or the new content).
+    pub async fn write(&self, path: &str, data: impl Into<Bytes>) -> Result<()> {
+        self.write_with(path, data, WriteOptions::default()).await
+    }
+
+    pub async fn write_with(
+        &self,
+        path: &str,
+        data: impl Into<Bytes>,
+        opts: WriteOptions,
+    ) -> Result<()> {
+        let req = write_request(path, opts);
+        self.upload(req, Source::Bytes(data.into()), &mut None).await.map(drop)
+    }
+
+    /// Streams `reader` into `path` (atomic: nothing changes unless the stream ends cleanly);
+    /// returns the bytes sent.
+    pub async fn write_from<R: AsyncRead + Send>(
+        &self,
+        path: &str,
+        reader: R,
+        opts: WriteOptions,
+    ) -> Result<u64> {
+        let req = write_request(path, opts);
+        self.upload(req, Source::Reader(Box::pin(reader)), &mut None).await
+    }
+
+    /// Metadata of `path` (a final symlink is not followed).
+    pub async fn stat(&self, path: &str) -> Result<FileStat> {
+        let mut stat = None;
+        self.unary(Frame::Stat { path: path.into() }, |f| match f {
+            Frame::StatReply(s) => {
+                stat = Some(s);
+                Ok(())
+            }
+            other => Err(Error::unexpected(&other, "stat")),
+        })
+        .await?;
+        stat.ok_or_else(|| Error::Protocol("stat ended without a reply".into()))
+    }
+
+    /// The entries of a directory.
+    pub async fn list(&self, path: &str) -> Result<Vec<DirEntry>> {
+        let mut all = vec![];
+        self.unary(Frame::List { path: path.into() }, |f| match f {
+            Frame::Entries(mut batch) => {
+                all.append(&mut batch);
+                Ok(())
+            }
+            other => Err(Error::unexpected(&other, "list")),
+        })
+        .await?;
+        Ok(all)
+    }
+
+    /// Creates a directory (and its missing parents with `parents`).
+    pub async fn mkdir(&self, path: &str, parents: bool) -> Result<()> {
+        let req = Frame::Mkdir { path: path.into(), parents };
+        self.unary(req, |f| Err(Error::unexpected(&f, "mkdir"))).await
+    }
+
+    /// Removes a file or an empty directory; a whole tree with `recursive`.
+    pub async fn rm(&self, path: &str, recursive: bool) -> Result<()> {
+        let req = Frame::Rm { path: path.into(), recursive };
+        self.unary(req, |f| Err(Error::unexpected(&f, "rm"))).await
+    }
+
+    pub async fn rename(&self, from: &str, to: &str) -> Result<()> {
+        let req = Frame::Rename { from: from.into(), to: to.into() };
+        self.unary(req, |f| Err(Error::unexpected(&f, "rename"))).await
+    }
+
+    /// Copies a local directory's content into `remote_dir` (created if missing; directories
+    /// merge, files are replaced), or a local file into `remote_dir/<its name>`. Atomic on
+    /// silkd's side: nothing changes unless the whole stream arrived. Resolves to the tar bytes
+    /// sent.
+    pub fn push(&self, local: impl AsRef<Path>, remote_dir: &str) -> Transfer<'_> {
+        self.transfer(Kind::Push, local.as_ref(), remote_dir)
+    }
+
+    /// Copies one local file to exactly `remote_path`, streamed and atomic; a new file gets the
+    /// local file's mode, an existing one keeps its own. Resolves to the bytes sent.
+    pub fn push_file(&self, local: impl AsRef<Path>, remote_path: &str) -> Transfer<'_> {
+        self.transfer(Kind::PushFile, local.as_ref(), remote_path)
+    }
+
+    /// Copies a remote directory's content into `local_dir` (created if missing), or a remote
+    /// file into `local_dir/<its name>`. Symlinks stay symlinks; entries that would land outside
+    /// `local_dir` are refused by the tar reader.
+    pub fn pull(&self, remote: &str, local_dir: impl AsRef<Path>) -> Transfer<'_> {
+        self.transfer(Kind::Pull, local_dir.as_ref(), remote)
+    }
+
+    /// Copies one remote file to exactly `local_path` (mode kept).
+    pub fn pull_file(&self, remote_path: &str, local_path: impl AsRef<Path>) -> Transfer<'_> {
+        self.transfer(Kind::PullFile, local_path.as_ref(), remote_path)
+    }
+
+    fn transfer(&self, kind: Kind, local: &Path, remote: &str) -> Transfer<'_> {
+        Transfer { sandbox: self, kind, local: local.into(), remote: remote.into(), progress: None }
+    }
+
+    /// Sends `request`, then the source as `Data` frames and `Eof`; expects `Done`.
+    async fn upload(
+        &self,
+        request: Frame,
+        mut source: Source<'_>,
+        progress: &mut Progress<'_>,
+    ) -> Result<u64> {
+        let mut conn = self.conn().await?;
+        conn.send(&request).await?;
+        let RelayConn { rd, wr } = &mut conn;
+        let mut sent = 0u64;
+        let early = loop {
+            // Both branches are cancel-safe; sending is not, so it happens outside the select.
+            let chunk = tokio::select! {
+                biased;
+                frame = recv(rd) => break Some(frame?),
+                chunk = source.next() => chunk,
+            };
+            match chunk {
+                Some(Ok(data)) => {
+                    sent += data.len() as u64;
+                    wr.send(&Frame::Data(data)).await?;
+                    if let Some(p) = progress {
+                        p(sent);
+                    }
+                }
+                // Dropping the connection mid-upload makes silkd discard what it got.
+                Some(Err(e)) => return Err(Error::Local(e)),
+                None => {
+                    wr.send(&Frame::Eof).await?;
+                    break None;
+                }
+            }
+        };
+        let eof_sent = early.is_none();
+        let terminal = match early {
+            Some(f) => f,
+            None => recv(rd).await?,
+        };
+        match terminal {
+            Frame::Done if eof_sent => {
+                self.put_back(conn);
+                Ok(sent)
+            }
+            // The call is over; silkd discards input frames that arrive after it, and none is
+            // half sent, so the connection is clean.
+            Frame::Error(e) => {
+                self.put_back(conn);
+                Err(e.into())
+            }
+            other => Err(Error::unexpected(&other, "upload")),
+        }
+    }
+}
+
+fn write_request(path: &str, opts: WriteOptions) -> Frame {
+    Frame::Write(WriteRequest { path: path.into(), mode: opts.mode, parents: opts.parents })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Push,
+    PushFile,
+    Pull,
+    PullFile,
+}
+
+/// A push or pull; `.await` it, optionally after [`progress`](Self::progress).
+#[must_use = "a Transfer does nothing until awaited"]
+pub struct Transfer<'a> {
+    sandbox: &'a Sandbox,
+    kind: Kind,
+    local: PathBuf,
+    remote: String,
+    progress: Progress<'a>,
+}
+
+impl std::fmt::Debug for Transfer<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transfer")
+            .field("kind", &self.kind)
+            .field("local", &self.local)
+            .field("remote", &self.remote)
+            .finish()
+    }
+}
+
+impl<'a> Transfer<'a> {
+    /// Called with the tar bytes moved so far, after each chunk.
+    pub fn progress(mut self, f: impl FnMut(u64) + Send + 'a) -> Self {
+        self.progress = Some(Box::new(f));
+        self
+    }
+
+    async fn run(mut self) -> Result<u64> {
+        match self.kind {
+            Kind::PushFile => {
+                // A streamed `Write` rather than a one-entry push: silkd stages a push beside
+                // its target directory, which fails when that directory is a mount point (a
+                // sandbox's `/tmp`), while a write's temp file sits beside the file itself.
+                let meta = std::fs::metadata(&self.local).map_err(Error::Local)?;
+                if !meta.is_file() {
+                    return Err(Error::Invalid(format!("{} is not a file", self.local.display())));
+                }
+                let file = tokio::fs::File::open(&self.local).await.map_err(Error::Local)?;
+                let opts =
+                    WriteOptions { mode: Some(meta.permissions().mode() & 0o7777), parents: false };
+                let req = write_request(&self.remote, opts);
+                self.sandbox.upload(req, Source::Reader(Box::pin(file)), &mut self.progress).await
+            }
+            Kind::Push => {
+                let meta = std::fs::metadata(&self.local).map_err(Error::Local)?;
+                let rx = build_tar(self.local.clone(), meta.is_dir());
+                let req = Frame::Push { path: self.remote.clone() };
+                self.sandbox.upload(req, Source::Tar(rx), &mut self.progress).await
+            }
+            Kind::Pull | Kind::PullFile => self.download().await,
+        }
+    }
+
+    async fn download(mut self) -> Result<u64> {
+        let (tx, rx) = mpsc::channel::<Bytes>(PIPELINE);
+        let target = self.local.clone();
+        let single = self.kind == Kind::PullFile;
+        let extract = tokio::task::spawn_blocking(move || extract_tar(rx, &target, single));
+        let mut conn = self.sandbox.conn().await?;
+        conn.send(&Frame::Pull { path: self.remote.clone() }).await?;
+        let mut got = 0u64;
+        let outcome = loop {
+            match conn.recv().await? {
+                Frame::Data(b) => {
+                    got += b.len() as u64;
+                    if tx.send(b).await.is_err() {
+                        // The extractor stopped; its error says why. The call is half read, so
+                        // the connection goes with it.
+                        drop(conn);
+                        break Err(None);
+                    }
+                    if let Some(p) = &mut self.progress {
+                        p(got);
+                    }
+                }
+                Frame::Done => {
+                    self.sandbox.put_back(conn);
+                    break Ok(());
+                }
+                Frame::Error(e) => {
+                    self.sandbox.put_back(conn);
+                    break Err(Some(Error::from(e)));
+                }
+                other => break Err(Some(Error::unexpected(&other, "pull"))),
+            }
+        };
+        drop(tx);
+        let extracted = extract
+            .await
+            .map_err(|e| Error::Local(std::io::Error::other(format!("tar thread: {e}"))))?;
+        match outcome {
+            Ok(()) => extracted.map(|()| got),
+            Err(Some(e)) => Err(e),
+            Err(None) => extracted.and(Err(Error::closed())),
+        }
+    }
+}
+
+impl<'a> IntoFuture for Transfer<'a> {
+    type Output = Result<u64>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<u64>> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.run())
+    }
+}
+
+/// Builds the tar stream of `local` on a blocking thread. A directory is sent as its content
+/// (`./…` entries, as silkd's own pull does); a file as one entry under its own name.
+fn build_tar(local: PathBuf, is_dir: bool) -> mpsc::Receiver<std::io::Result<Bytes>> {
+    let (tx, rx) = mpsc::channel(PIPELINE);
+    tokio::task::spawn_blocking(move || {
+        let out = ChannelWriter { tx: tx.clone(), buf: BytesMut::new() };
+        let mut tar = tar::Builder::new(out);
+        tar.follow_symlinks(false);
+        let built = if is_dir {
+            tar.append_dir_all(".", &local)
+        } else {
+            let name = local.file_name().map(PathBuf::from).unwrap_or_else(|| "file".into());
+            tar.append_path_with_name(&local, name)
+        };
+        let result = built.and_then(|()| tar.into_inner()).and_then(|mut out| out.flush());
+        if let Err(e) = result {
+            // A closed channel means the upload already stopped; nothing to tell.
+            let _ = tx.blocking_send(Err(std::io::Error::new(
+                e.kind(),
+                format!("{}: {e}", local.display()),
+            )));
+        }
+    });
+    rx
+}
+
+/// Unpacks the tar stream from `rx` into the directory `target`, or with `single`, writes its one
+/// regular-file entry to the path `target`.
+fn extract_tar(rx: mpsc::Receiver<Bytes>, target: &Path, single: bool) -> Result<()> {
+    let mut reader = ChannelReader { rx, cur: Bytes::new() };
+    let mut archive = tar::Archive::new(&mut reader);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_mtime(true);
+    archive.set_overwrite(true);
+    if single {
+        let mut entries = archive.entries().map_err(Error::Local)?;
+        let mut entry = match entries.next() {
+            Some(e) => e.map_err(Error::Local)?,
+            None => return Err(Error::Protocol("pull sent an empty archive".into())),
+        };
+        if entry.header().entry_type() != tar::EntryType::Regular {
+            return Err(Error::Invalid(
+                "the remote path is not a regular file; pull the tree".into(),
+            ));
+        }
+        entry.unpack(target).map_err(Error::Local)?;
+        if entries.next().is_some() {
+            return Err(Error::Protocol("pull of a file sent more than one entry".into()));
+        }
+    } else {
+        std::fs::create_dir_all(target).map_err(Error::Local)?;
+        archive.unpack(target).map_err(Error::Local)?;
+    }
+    // Read to the channel's end so the sender never blocks on a full channel.
+    std::io::copy(&mut reader, &mut std::io::sink()).map_err(Error::Local)?;
+    Ok(())
+}
+
+/// `Write` end of the push pipeline: fills `DATA_CHUNK` buffers for the socket.
+struct ChannelWriter {
+    tx: mpsc::Sender<std::io::Result<Bytes>>,
+    buf: BytesMut,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let n = data.len().min(DATA_CHUNK - self.buf.len());
+        self.buf.extend_from_slice(&data[..n]);
+        if self.buf.len() == DATA_CHUNK {
+            self.flush()?;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = self.buf.split().freeze();
+        self.buf.reserve(DATA_CHUNK);
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload stopped"))
+    }
+}
+
+/// `Read` end of the pull pipeline: the `Data` payloads, in order; the channel's close is the end.
+struct ChannelReader {
+    rx: mpsc::Receiver<Bytes>,
+    cur: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.cur.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(b) => self.cur = b,
+                None => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.cur.len());
+        out[..n].copy_from_slice(&self.cur[..n]);
+        self.cur.advance(n);
+        Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_tree_survives_the_tar_pipeline() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(src.path().join("d/e")).unwrap();
+        std::fs::write(src.path().join("d/e/f.txt"), vec![9u8; 3 * DATA_CHUNK + 5]).unwrap();
+        std::os::unix::fs::symlink("e/f.txt", src.path().join("d/link")).unwrap();
+        let mut rx = build_tar(src.path().into(), true);
+        let (tx, crx) = mpsc::channel(PIPELINE);
+        let dst = tempfile::tempdir().unwrap();
+        let target = dst.path().join("out");
+        let t2 = target.clone();
+        let extract = tokio::task::spawn_blocking(move || extract_tar(crx, &t2, false));
+        while let Some(chunk) = rx.recv().await {
+            tx.send(chunk.unwrap()).await.unwrap();
+        }
+        drop(tx);
+        extract.await.unwrap().unwrap();
+        assert_eq!(std::fs::read(target.join("d/e/f.txt")).unwrap().len(), 3 * DATA_CHUNK + 5);
+        assert_eq!(std::fs::read_link(target.join("d/link")).unwrap(), Path::new("e/f.txt"));
+    }
+}

@@ -1,0 +1,303 @@
+//! HTTP to the node: JSON requests on hyper-util's pooled client, and the `Upgrade: silkd`
+//! handshake that turns a fresh TCP connection into a raw silk-proto byte stream.
+//!
+//! Redirects: a `307` with a `Location` is followed **once**, to the same method and body, with
+//! `no_redirect=1` added to the retried request's query so the node it lands on serves it rather
+//! than redirecting again (DESIGN §7: at most one hop). A second `307` is an error. The bearer
+//! token travels to the redirect target: in a mesh every node is a peer that must see it.
+//!
+//! The upgrade uses hyper's connection-level client on a socket this module dials itself, then
+//! downcasts the upgraded stream back to that `TcpStream`: calls after the `101` run on the bare
+//! socket, with no HTTP layer or extra buffer in the way.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::header::{AUTHORIZATION, CONNECTION, CONTENT_TYPE, HOST, LOCATION, UPGRADE};
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::Client as Pooled;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use serde_json::Value;
+use tokio::net::TcpStream;
+
+use crate::error::{Error, Result};
+
+/// The query parameter a redirect's retry carries.
+pub(crate) const NO_REDIRECT: &str = "no_redirect=1";
+
+#[derive(Debug)]
+pub(crate) struct Http {
+    pooled: Pooled<HttpConnector, Full<Bytes>>,
+    /// `http://host:port` plus an optional path prefix, without a trailing slash.
+    base: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) request_timeout: Duration,
+}
+
+impl Http {
+    pub(crate) fn new(
+        base_url: &str,
+        connect_timeout: Duration,
+        request_timeout: Duration,
+    ) -> Result<Http> {
+        let uri: Uri =
+            base_url.parse().map_err(|e| Error::Invalid(format!("address {base_url:?}: {e}")))?;
+        match uri.scheme_str() {
+            Some("http") => {}
+            Some(other) => {
+                return Err(Error::Invalid(format!(
+                    "address {base_url:?}: scheme {other:?} is not supported (use http://)"
+                )));
+            }
+            None => return Err(Error::Invalid(format!("address {base_url:?} needs http://"))),
+        }
+        let authority = uri
+            .authority()
+            .ok_or_else(|| Error::Invalid(format!("address {base_url:?} has no host")))?;
+        let base = format!("http://{authority}{}", uri.path().trim_end_matches('/'));
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        connector.set_connect_timeout(Some(connect_timeout));
+        let pooled = Pooled::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_timer(TokioTimer::new())
+            .build(connector);
+        Ok(Http { pooled, base, connect_timeout, request_timeout })
+    }
+
+    pub(crate) fn base(&self) -> &str {
+        &self.base
+    }
+
+    fn url(&self, path: &str) -> Result<Uri> {
+        format!("{}{path}", self.base).parse().map_err(|e| Error::Invalid(format!("{path:?}: {e}")))
+    }
+
+    /// One JSON request; `Value::Null` for an empty success body (`204`).
+    pub(crate) async fn json(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&Value>,
+    ) -> Result<Value> {
+        let body = match body {
+            Some(v) => {
+                Bytes::from(serde_json::to_vec(v).map_err(|e| Error::Invalid(e.to_string()))?)
+            }
+            None => Bytes::new(),
+        };
+        let mut uri = self.url(path)?;
+        let mut hopped = false;
+        loop {
+            let mut req = Request::builder().method(method.clone()).uri(uri.clone());
+            if let Some(t) = token.filter(|t| !t.is_empty()) {
+                req = req.header(AUTHORIZATION, format!("Bearer {t}"));
+            }
+            if !body.is_empty() || method == Method::POST || method == Method::PUT {
+                req = req.header(CONTENT_TYPE, "application/json");
+            }
+            let req =
+                req.body(Full::new(body.clone())).map_err(|e| Error::Invalid(e.to_string()))?;
+            let exchange = async {
+                let res = self
+                    .pooled
+                    .request(req)
+                    .await
+                    .map_err(|e| Error::transport(format!("{method} {uri}"), e))?;
+                let status = res.status();
+                let location = res.headers().get(LOCATION).cloned();
+                let bytes = res
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| Error::transport(format!("{method} {uri}: body"), e))?
+                    .to_bytes();
+                Ok::<_, Error>((status, location, bytes))
+            };
+            let (status, location, bytes) = tokio::time::timeout(self.request_timeout, exchange)
+                .await
+                .map_err(|_| Error::timeout(&format!("{method} {path}")))??;
+            if status == StatusCode::TEMPORARY_REDIRECT {
+                uri = redirect(&uri, location.as_ref(), &mut hopped)?;
+                continue;
+            }
+            if !status.is_success() {
+                return Err(api_error(status, &bytes));
+            }
+            if bytes.is_empty() {
+                return Ok(Value::Null);
+            }
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| Error::Protocol(format!("{method} {path}: answer is not JSON: {e}")));
+        }
+    }
+
+    /// `GET path` with `Upgrade: silkd` on a new connection; after the `101`, the bare socket.
+    pub(crate) async fn upgrade(&self, path: &str, token: &str) -> Result<TcpStream> {
+        let mut uri = self.url(path)?;
+        let mut hopped = false;
+        loop {
+            let handshake = upgrade_once(&uri, token);
+            let outcome = tokio::time::timeout(self.connect_timeout, handshake)
+                .await
+                .map_err(|_| Error::timeout(&format!("upgrade {path}")))??;
+            match outcome {
+                Upgraded::Stream(s) => return Ok(s),
+                Upgraded::Redirect(location) => {
+                    uri = redirect(&uri, location.as_ref(), &mut hopped)?;
+                }
+                Upgraded::Refused(status, body) => return Err(api_error(status, &body)),
+            }
+        }
+    }
+}
+
+enum Upgraded {
+    Stream(TcpStream),
+    Redirect(Option<hyper::header::HeaderValue>),
+    Refused(StatusCode, Bytes),
+}
+
+async fn upgrade_once(uri: &Uri, token: &str) -> Result<Upgraded> {
+    let authority = uri.authority().ok_or_else(|| Error::Invalid(format!("{uri}: no host")))?;
+    let addr = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
+    let tcp = TcpStream::connect(&addr)
+        .await
+        .map_err(|e| Error::transport(format!("connect {addr}"), e))?;
+    tcp.set_nodelay(true).map_err(|e| Error::transport("set TCP_NODELAY", e))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(|e| Error::transport(format!("handshake with {addr}"), e))?;
+    // hyper needs the connection polled to send the request and to hand over the socket.
+    tokio::spawn(conn.with_upgrades());
+    let path = uri.path_and_query().map_or("/", |p| p.as_str());
+    let mut req = Request::get(path).header(HOST, authority.as_str());
+    if !token.is_empty() {
+        req = req.header(AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let req = req
+        .header(CONNECTION, "upgrade")
+        .header(UPGRADE, "silkd")
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| Error::Invalid(e.to_string()))?;
+    let res =
+        sender.send_request(req).await.map_err(|e| Error::transport(format!("GET {uri}"), e))?;
+    match res.status() {
+        StatusCode::SWITCHING_PROTOCOLS => {
+            let upgraded = hyper::upgrade::on(res)
+                .await
+                .map_err(|e| Error::transport(format!("upgrade {uri}"), e))?;
+            let parts = upgraded
+                .downcast::<TokioIo<TcpStream>>()
+                .map_err(|_| Error::Protocol("upgraded stream is not the dialled socket".into()))?;
+            // silkd only ever answers, so nothing can follow the 101 before the first request.
+            if !parts.read_buf.is_empty() {
+                return Err(Error::Protocol(format!(
+                    "{} unexpected bytes after the 101",
+                    parts.read_buf.len()
+                )));
+            }
+            Ok(Upgraded::Stream(parts.io.into_inner()))
+        }
+        StatusCode::TEMPORARY_REDIRECT => {
+            Ok(Upgraded::Redirect(res.headers().get(LOCATION).cloned()))
+        }
+        status => {
+            let body = res.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            Ok(Upgraded::Refused(status, body))
+        }
+    }
+}
+
+/// The retry target of a `307`: `Location` resolved against `from`, with `no_redirect=1` added.
+fn redirect(
+    from: &Uri,
+    location: Option<&hyper::header::HeaderValue>,
+    hopped: &mut bool,
+) -> Result<Uri> {
+    let location = location
+        .and_then(|l| l.to_str().ok())
+        .ok_or_else(|| Error::Protocol(format!("307 from {from} without a usable Location")))?;
+    if *hopped {
+        return Err(Error::TooManyRedirects { location: location.to_string() });
+    }
+    *hopped = true;
+    let target = if location.starts_with('/') {
+        let authority = from.authority().map_or("", |a| a.as_str());
+        format!("http://{authority}{location}")
+    } else if location.starts_with("http://") {
+        location.to_string()
+    } else {
+        return Err(Error::Protocol(format!(
+            "307 to {location:?}: only http:// and absolute paths are followed"
+        )));
+    };
+    let target = if target.contains('?') {
+        format!("{target}&{NO_REDIRECT}")
+    } else {
+        format!("{target}?{NO_REDIRECT}")
+    };
+    target.parse().map_err(|e| Error::Protocol(format!("307 to {location:?}: {e}")))
+}
+
+/// An error status as [`Error::Api`], from the node's `{"error": {"code", "message"}}` body when
+/// there is one.
+fn api_error(status: StatusCode, body: &[u8]) -> Error {
+    let parsed: Option<Value> = serde_json::from_slice(body).ok();
+    let field =
+        |name: &str| parsed.as_ref().and_then(|v| v["error"][name].as_str()).map(str::to_string);
+    Error::Api {
+        status: status.as_u16(),
+        code: field("code").unwrap_or_else(|| format!("http_{}", status.as_u16())),
+        message: field("message")
+            .unwrap_or_else(|| String::from_utf8_lossy(&body[..body.len().min(512)]).into_owned()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redirects_add_no_redirect_and_take_one_hop() {
+        let from: Uri = "http://10.0.0.1:7777/v1/sandboxes".parse().unwrap();
+        let mut hopped = false;
+        let to = redirect(&from, Some(&"/v1/x?a=b".parse().unwrap()), &mut hopped).unwrap();
+        assert_eq!(to.to_string(), "http://10.0.0.1:7777/v1/x?a=b&no_redirect=1");
+        let again = redirect(&to, Some(&"http://peer:1/v1/y".parse().unwrap()), &mut hopped);
+        assert!(matches!(again, Err(Error::TooManyRedirects { .. })));
+        let mut fresh = false;
+        let abs = redirect(&from, Some(&"http://peer:1/v1/y".parse().unwrap()), &mut fresh);
+        assert_eq!(abs.unwrap().to_string(), "http://peer:1/v1/y?no_redirect=1");
+        let mut fresh = false;
+        assert!(redirect(&from, Some(&"https://peer/".parse().unwrap()), &mut fresh).is_err());
+        assert!(redirect(&from, None, &mut false).is_err());
+    }
+
+    #[test]
+    fn error_bodies_become_typed_api_errors() {
+        let e = api_error(
+            StatusCode::NOT_FOUND,
+            br#"{"error": {"code": "not_found", "message": "no such sandbox"}}"#,
+        );
+        assert!(matches!(e, Error::Api { status: 404, ref code, .. } if code == "not_found"));
+        let e = api_error(StatusCode::BAD_GATEWAY, b"upstream down");
+        assert!(
+            matches!(e, Error::Api { status: 502, ref code, ref message } if code == "http_502" && message == "upstream down")
+        );
+        assert!(e.is_retryable());
+    }
+
+    #[test]
+    fn only_plain_http_addresses_are_accepted() {
+        let d = Duration::from_secs(1);
+        assert!(Http::new("https://x", d, d).is_err());
+        assert!(Http::new("127.0.0.1:7777", d, d).is_err());
+        let h = Http::new("http://127.0.0.1:7777/", d, d).unwrap();
+        assert_eq!(h.base(), "http://127.0.0.1:7777");
+        assert_eq!(h.url("/v1/info").unwrap().to_string(), "http://127.0.0.1:7777/v1/info");
+    }
+}

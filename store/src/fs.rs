@@ -1,0 +1,386 @@
+//! The `fs` backend: objects are files under a root directory, named by their key.
+//!
+//! A put streams into a temp file under `<root>/.tmp/`, syncs it (with `fsync`, the default),
+//! and renames it over the key's path: readers see the old file or the whole new one, and two
+//! writers of one key each rename a complete file (the last rename wins). A dropped or failed put
+//! removes its temp file; temp files left by a crash are removed by the next `open` once they are
+//! an hour old (younger ones may belong to another process writing into the same root).
+//!
+//! Keys are validated ([`Key`]): no `..`, no absolute paths, no hidden components, so a key always
+//! names a path inside the root. The backend never creates symlinks and does not follow them when
+//! listing; the root is assumed to be the store's own directory.
+
+use std::io::{ErrorKind, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt;
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
+
+use crate::object::check_prefix;
+use crate::{ByteRange, ByteStream, GetObject, Key, ListPage, ObjectMeta, ObjectStore};
+use crate::{Result, StoreError};
+
+/// Where staged writes live, inside the root so the final rename never crosses filesystems.
+const TMP_DIR: &str = ".tmp";
+/// Temp files older than this at `open` are leftovers of a crash.
+const STALE_TMP: Duration = Duration::from_secs(3600);
+/// Bytes per item of a get's stream.
+const READ_CHUNK: usize = 256 * 1024;
+
+/// The `fs` backend's settings (the `[store.fs]` table of the node config).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FsConfig {
+    /// The directory holding the objects; created if missing.
+    pub root: PathBuf,
+    /// Sync every object (and its directory) before it becomes visible. Off only for throwaway
+    /// stores: without it a power cut can leave a committed manifest pointing at lost chunks.
+    #[serde(default = "default_fsync")]
+    pub fsync: bool,
+    /// Objects per `list` page.
+    #[serde(default = "default_list_page")]
+    pub list_page: usize,
+}
+
+fn default_fsync() -> bool {
+    true
+}
+
+fn default_list_page() -> usize {
+    5000
+}
+
+impl FsConfig {
+    pub fn new(root: impl Into<PathBuf>) -> FsConfig {
+        FsConfig { root: root.into(), fsync: default_fsync(), list_page: default_list_page() }
+    }
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct FsStore {
+    root: PathBuf,
+    tmp: PathBuf,
+    fsync: bool,
+    list_page: usize,
+}
+
+impl FsStore {
+    /// Creates the root if needed and clears stale temp files.
+    pub async fn open(cfg: FsConfig) -> Result<FsStore> {
+        if cfg.list_page == 0 {
+            return Err(StoreError::InvalidConfig("fs list_page must be at least 1".into()));
+        }
+        let tmp = cfg.root.join(TMP_DIR);
+        tokio::fs::create_dir_all(&tmp)
+            .await
+            .map_err(StoreError::io(format!("creating {}", tmp.display())))?;
+        let store = FsStore { root: cfg.root, tmp, fsync: cfg.fsync, list_page: cfg.list_page };
+        let tmp = store.tmp.clone();
+        blocking(move || remove_stale_tmp(&tmp)).await?;
+        Ok(store)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path(&self, key: &Key) -> PathBuf {
+        self.root.join(key.as_str())
+    }
+
+    /// Moves a staged file over the key's path, then syncs the directory.
+    async fn commit(&self, key: &Key, tmp: &Path, guard: TempFile) -> Result<()> {
+        // Inline, not on a blocking thread: the object becomes visible only while the put's
+        // future is being polled, so a put that was dropped can never complete behind the
+        // caller's back. Both calls are metadata operations of a few microseconds.
+        let path = self.path(key);
+        let parent = path.parent().unwrap_or(&self.root).to_path_buf();
+        std::fs::create_dir_all(&parent)
+            .map_err(StoreError::io(format!("creating {}", parent.display())))?;
+        std::fs::rename(tmp, &path).map_err(StoreError::io(format!("renaming {key}")))?;
+        guard.disarm();
+        if self.fsync {
+            // The rename is durable only once its directory is synced.
+            blocking(move || {
+                std::fs::File::open(&parent)
+                    .and_then(|d| d.sync_all())
+                    .map_err(StoreError::io(format!("syncing {}", parent.display())))
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    fn temp_path(&self) -> PathBuf {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        self.tmp.join(format!(
+            "{}-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            nanos.as_nanos()
+        ))
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FsStore {
+    fn name(&self) -> String {
+        "fs".into()
+    }
+
+    async fn put(&self, key: &Key, mut body: ByteStream) -> Result<u64> {
+        let tmp = self.temp_path();
+        let guard = TempFile(Some(tmp.clone()));
+        let mut file = tokio::fs::File::create(&tmp)
+            .await
+            .map_err(StoreError::io(format!("creating {}", tmp.display())))?;
+        let mut written = 0u64;
+        while let Some(part) = body.next().await {
+            let part = part?;
+            file.write_all(&part).await.map_err(StoreError::io(format!("writing {key}")))?;
+            written += part.len() as u64;
+        }
+        file.flush().await.map_err(StoreError::io(format!("writing {key}")))?;
+        if self.fsync {
+            file.sync_data().await.map_err(StoreError::io(format!("syncing {key}")))?;
+        }
+        drop(file);
+        self.commit(key, &tmp, guard).await?;
+        Ok(written)
+    }
+
+    async fn put_bytes(&self, key: &Key, bytes: Bytes) -> Result<u64> {
+        // Chunks arrive whole: one trip to a blocking thread instead of one per write.
+        let tmp = self.temp_path();
+        let guard = TempFile(Some(tmp.clone()));
+        let (staged, fsync, name, len) = (tmp.clone(), self.fsync, key.to_string(), bytes.len());
+        blocking(move || {
+            let mut file = std::fs::File::create(&staged)
+                .map_err(StoreError::io(format!("creating {}", staged.display())))?;
+            file.write_all(&bytes).map_err(StoreError::io(format!("writing {name}")))?;
+            if fsync {
+                file.sync_data().map_err(StoreError::io(format!("syncing {name}")))?;
+            }
+            Ok(())
+        })
+        .await?;
+        self.commit(key, &tmp, guard).await?;
+        Ok(len as u64)
+    }
+
+    async fn get_bytes(&self, key: &Key) -> Result<Bytes> {
+        let (path, k) = (self.path(key), key.clone());
+        blocking(move || std::fs::read(&path).map(Bytes::from).map_err(not_found_or(&k, "reading")))
+            .await
+    }
+
+    async fn get(&self, key: &Key, range: Option<ByteRange>) -> Result<GetObject> {
+        let path = self.path(key);
+        let mut file = tokio::fs::File::open(&path).await.map_err(not_found_or(key, "opening"))?;
+        let md = file.metadata().await.map_err(StoreError::io(format!("stat {key}")))?;
+        if !md.is_file() {
+            return Err(StoreError::NotFound { key: key.to_string() });
+        }
+        let meta = meta_of(key.clone(), &md);
+        let (start, len) = match range {
+            Some(r) => r.resolve(key, meta.size)?,
+            None => (0, meta.size),
+        };
+        if start > 0 {
+            file.seek(SeekFrom::Start(start))
+                .await
+                .map_err(StoreError::io(format!("seek {key}")))?;
+        }
+        let name = key.to_string();
+        let body = futures_util::stream::try_unfold((file, len), move |(mut file, left)| {
+            let name = name.clone();
+            async move {
+                if left == 0 {
+                    return Ok(None);
+                }
+                let want = left.min(READ_CHUNK as u64) as usize;
+                let mut buf = BytesMut::with_capacity(want);
+                while buf.len() < want {
+                    let n = (&mut file)
+                        .take((want - buf.len()) as u64)
+                        .read_buf(&mut buf)
+                        .await
+                        .map_err(StoreError::io(format!("reading {name}")))?;
+                    if n == 0 {
+                        // Files are replaced by rename, never truncated: this is outside damage.
+                        return Err(StoreError::Io {
+                            context: format!("reading {name}"),
+                            source: ErrorKind::UnexpectedEof.into(),
+                        });
+                    }
+                }
+                Ok(Some((buf.freeze(), (file, left - want as u64))))
+            }
+        });
+        Ok(GetObject { meta, start, len, body: Box::pin(body) })
+    }
+
+    async fn head(&self, key: &Key) -> Result<ObjectMeta> {
+        let md = tokio::fs::metadata(self.path(key)).await.map_err(not_found_or(key, "stat"))?;
+        if !md.is_file() {
+            return Err(StoreError::NotFound { key: key.to_string() });
+        }
+        Ok(meta_of(key.clone(), &md))
+    }
+
+    async fn list(&self, prefix: &str, page: Option<&str>) -> Result<ListPage> {
+        check_prefix(prefix)?;
+        let (root, prefix) = (self.root.clone(), prefix.to_string());
+        let after = page.map(str::to_string);
+        let limit = self.list_page;
+        blocking(move || {
+            // The deepest directory that holds every match: the prefix up to its last `/`.
+            let dir = match prefix.rfind('/') {
+                Some(i) => root.join(&prefix[..i]),
+                None => root.clone(),
+            };
+            let mut found = Vec::new();
+            walk(&root, &dir, &prefix, after.as_deref(), &mut found)?;
+            found.sort_by(|a, b| a.key.cmp(&b.key));
+            let next = (found.len() > limit).then(|| found[limit - 1].key.to_string());
+            found.truncate(limit);
+            Ok(ListPage { objects: found, next })
+        })
+        .await
+    }
+
+    async fn delete(&self, keys: &[Key]) -> Result<()> {
+        let paths: Vec<(String, PathBuf)> =
+            keys.iter().map(|k| (k.to_string(), self.path(k))).collect();
+        blocking(move || {
+            for (key, path) in paths {
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(StoreError::io(format!("deleting {key}"))(e)),
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn touch(&self, key: &Key) -> Result<()> {
+        let (path, k) = (self.path(key), key.clone());
+        blocking(move || {
+            let file = std::fs::File::options()
+                .write(true)
+                .open(&path)
+                .map_err(not_found_or(&k, "opening"))?;
+            file.set_modified(SystemTime::now()).map_err(StoreError::io(format!("touching {k}")))
+        })
+        .await
+    }
+}
+
+/// Collects the files under `dir` whose keys start with `prefix` and sort after `after`.
+fn walk(
+    root: &Path,
+    dir: &Path,
+    prefix: &str,
+    after: Option<&str>,
+    out: &mut Vec<ObjectMeta>,
+) -> Result<()> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io(format!("listing {}", dir.display()))(e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(StoreError::io(format!("listing {}", dir.display())))?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if name.starts_with('.') {
+            continue; // `.tmp` and anything else that is not an object
+        }
+        let path = entry.path();
+        let Ok(rel) = path.strip_prefix(root) else { continue };
+        let Some(key) = rel.to_str() else { continue };
+        let md = match std::fs::symlink_metadata(&path) {
+            Ok(md) => md,
+            Err(e) if e.kind() == ErrorKind::NotFound => continue, // deleted meanwhile
+            Err(e) => return Err(StoreError::io(format!("stat {}", path.display()))(e)),
+        };
+        if md.is_dir() {
+            // Descend only where keys can still match the prefix.
+            let as_prefix = format!("{key}/");
+            if as_prefix.starts_with(prefix) || prefix.starts_with(&as_prefix) {
+                walk(root, &path, prefix, after, out)?;
+            }
+        } else if md.is_file()
+            && key.starts_with(prefix)
+            && after.is_none_or(|a| key > a)
+            && let Ok(key) = Key::new(key)
+        {
+            out.push(meta_of(key, &md));
+        }
+    }
+    Ok(())
+}
+
+fn meta_of(key: Key, md: &std::fs::Metadata) -> ObjectMeta {
+    ObjectMeta { key, size: md.len(), modified: md.modified().unwrap_or(SystemTime::UNIX_EPOCH) }
+}
+
+fn not_found_or(key: &Key, what: &'static str) -> impl FnOnce(std::io::Error) -> StoreError {
+    let key = key.to_string();
+    move |e| match e.kind() {
+        // A key whose path is a directory names no object either.
+        ErrorKind::NotFound | ErrorKind::IsADirectory => StoreError::NotFound { key },
+        _ => StoreError::Io { context: format!("{what} {key}"), source: e },
+    }
+}
+
+fn remove_stale_tmp(tmp: &Path) -> Result<()> {
+    let now = SystemTime::now();
+    let entries =
+        std::fs::read_dir(tmp).map_err(StoreError::io(format!("listing {}", tmp.display())))?;
+    for entry in entries.flatten() {
+        let old = entry
+            .metadata()
+            .and_then(|m| m.modified())
+            .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > STALE_TMP));
+        if old {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+    Ok(())
+}
+
+/// Runs blocking file-system work off the async threads.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| StoreError::Io {
+        context: "a blocking file-system task".into(),
+        source: std::io::Error::other(e.to_string()),
+    })?
+}
+
+/// A staged file that is removed unless the put got as far as renaming it into place — also
+/// when the put's future is dropped half way.
+struct TempFile(Option<PathBuf>);
+
+impl TempFile {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
