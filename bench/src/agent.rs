@@ -32,6 +32,9 @@ pub struct AgentArgs {
     /// Size of the read-throughput file, MiB.
     #[arg(long, default_value_t = 1024)]
     read_mib: usize,
+    /// Files in the pull/push tree.
+    #[arg(long, default_value_t = 10_000)]
+    tree_files: usize,
     /// Directory for the socket and the test file.
     #[arg(long, default_value = "/tmp")]
     dir: PathBuf,
@@ -169,6 +172,158 @@ async fn sections(
             ],
         ],
     );
+
+    // Writing the same bytes, beside `cat file > dest` on the same filesystem.
+    let content = std::fs::read(&file)?;
+    let dest = work.join("written.bin");
+    let (mut cp_best, mut write_best) = (Duration::MAX, Duration::MAX);
+    for _ in 0..3 {
+        let t = Instant::now();
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("cat '{}' > '{}'", file.display(), dest.display()))
+            .status()?;
+        anyhow::ensure!(status.success());
+        cp_best = cp_best.min(t.elapsed());
+        std::fs::remove_file(&dest)?;
+        let t = Instant::now();
+        write_all(&mut silk, &dest, &content).await?;
+        write_best = write_best.min(t.elapsed());
+        std::fs::remove_file(&dest)?;
+    }
+    drop(content);
+    table(
+        &format!("writing a {} MiB file (best of 3)", args.read_mib),
+        &["arm", "time", "MiB/s", "ratio"],
+        &[
+            throughput_row("`cat file > dest` (floor)", cp_best, bytes, cp_best),
+            throughput_row("silkd `write` over the protocol (atomic)", write_best, bytes, cp_best),
+        ],
+    );
+
+    // A 10 000-file tree: pull beside `tar -c | cat`, push beside `tar -x`.
+    let tree = work.join("tree");
+    let tree_bytes = make_tree(&tree, args.tree_files)?;
+    let tar_cmd = format!("tar -C '{}' -cf - . | cat > /dev/null", tree.display());
+    let (mut tar_best, mut pull_best, mut pulled) = (Duration::MAX, Duration::MAX, Vec::new());
+    for _ in 0..3 {
+        let t = Instant::now();
+        anyhow::ensure!(
+            std::process::Command::new("sh").arg("-c").arg(&tar_cmd).status()?.success()
+        );
+        tar_best = tar_best.min(t.elapsed());
+        let t = Instant::now();
+        pulled = pull_all(&mut silk, &tree).await?;
+        pull_best = pull_best.min(t.elapsed());
+    }
+    let (mut untar_best, mut push_best) = (Duration::MAX, Duration::MAX);
+    for i in 0..3 {
+        let into = work.join(format!("untar{i}"));
+        std::fs::create_dir(&into)?;
+        let mut child = std::process::Command::new("tar")
+            .arg("-C")
+            .arg(&into)
+            .arg("-xf")
+            .arg("-")
+            .stdin(std::process::Stdio::piped())
+            .spawn()?;
+        let t = Instant::now();
+        child.stdin.take().context("stdin")?.write_all(&pulled)?;
+        anyhow::ensure!(child.wait()?.success());
+        untar_best = untar_best.min(t.elapsed());
+        std::fs::remove_dir_all(&into)?;
+        let into = work.join(format!("pushed{i}"));
+        let t = Instant::now();
+        push_all(&mut silk, &into, &pulled).await?;
+        push_best = push_best.min(t.elapsed());
+        std::fs::remove_dir_all(&into)?;
+    }
+    table(
+        &format!(
+            "a {}-file tree ({:.1} MiB of content; best of 3)",
+            args.tree_files,
+            tree_bytes as f64 / (1 << 20) as f64
+        ),
+        &["arm", "time", "MiB/s", "ratio"],
+        &[
+            throughput_row("`tar -c | cat` (floor for pull)", tar_best, tree_bytes, tar_best),
+            throughput_row(
+                "silkd `pull` (tar stream over the protocol)",
+                pull_best,
+                tree_bytes,
+                tar_best,
+            ),
+            throughput_row("`tar -x` (floor for push)", untar_best, tree_bytes, untar_best),
+            throughput_row(
+                "silkd `push` (staged, merged after a clean end)",
+                push_best,
+                tree_bytes,
+                untar_best,
+            ),
+        ],
+    );
+    Ok(())
+}
+
+fn throughput_row(name: &str, d: Duration, bytes: u64, floor: Duration) -> Vec<String> {
+    let mibs = |d: Duration| bytes as f64 / (1 << 20) as f64 / d.as_secs_f64();
+    vec![
+        name.into(),
+        format!("{:.0} ms", d.as_secs_f64() * 1e3),
+        format!("{:.0}", mibs(d)),
+        format!("{:.2}", mibs(d) / mibs(floor)),
+    ]
+}
+
+/// `n` files of 1–8 KiB in 100 directories; returns the content bytes.
+fn make_tree(root: &Path, n: usize) -> anyhow::Result<u64> {
+    let mut total = 0;
+    for i in 0..n {
+        let dir = root.join(format!("d{:02}", i % 100));
+        std::fs::create_dir_all(&dir)?;
+        let len = 1024 + (i * 7919) % 7168;
+        std::fs::write(dir.join(format!("f{i}.txt")), vec![b'a' + (i % 26) as u8; len])?;
+        total += len as u64;
+    }
+    Ok(total)
+}
+
+async fn write_all(
+    c: &mut Connection<UnixStream>,
+    path: &Path,
+    content: &[u8],
+) -> anyhow::Result<()> {
+    let path = path.to_str().context("utf-8 path")?.to_string();
+    c.queue(&Frame::Write(silk_proto::WriteRequest { path, mode: None, parents: false }))?;
+    for chunk in content.chunks(silk_proto::DATA_CHUNK) {
+        c.send(&Frame::Data(bytes::Bytes::copy_from_slice(chunk))).await?;
+    }
+    c.send(&Frame::Eof).await?;
+    anyhow::ensure!(until_terminal(c).await? == Frame::Done, "write failed");
+    Ok(())
+}
+
+async fn pull_all(c: &mut Connection<UnixStream>, path: &Path) -> anyhow::Result<Vec<u8>> {
+    let path = path.to_str().context("utf-8 path")?.to_string();
+    c.send(&Frame::Pull { path }).await?;
+    let mut out = Vec::new();
+    loop {
+        match c.recv().await?.context("closed")? {
+            Frame::Data(b) => out.extend_from_slice(&b),
+            Frame::Done => return Ok(out),
+            other => bail!("pull ended with {}", other.name()),
+        }
+    }
+}
+
+async fn push_all(c: &mut Connection<UnixStream>, path: &Path, tar: &[u8]) -> anyhow::Result<()> {
+    let path = path.to_str().context("utf-8 path")?.to_string();
+    c.queue(&Frame::Push { path })?;
+    for chunk in tar.chunks(silk_proto::DATA_CHUNK) {
+        c.send(&Frame::Data(bytes::Bytes::copy_from_slice(chunk))).await?;
+    }
+    c.send(&Frame::Eof).await?;
+    anyhow::ensure!(until_terminal(c).await? == Frame::Done, "push failed");
     Ok(())
 }
 

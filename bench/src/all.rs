@@ -23,7 +23,11 @@ pub struct AllArgs {
 
 /// (section, full-size arguments, quick arguments)
 const SECTIONS: &[(&str, &[&str], &[&str])] = &[
-    ("agent", &[], &["--rtt-iters", "500", "--exec-iters", "50", "--read-mib", "32"]),
+    (
+        "agent",
+        &[],
+        &["--rtt-iters", "500", "--exec-iters", "50", "--read-mib", "32", "--tree-files", "300"],
+    ),
     (
         "verbs",
         &[],

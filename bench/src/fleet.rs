@@ -104,7 +104,7 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
     let (mut floor, mut warm, mut clone, mut cold) =
         (Samples::default(), Samples::default(), Samples::default(), Samples::default());
     let mut keep = vec![];
-    for i in 0..args.claims {
+    for _ in 0..args.claims {
         wait_warm(&client, args.warm).await?;
         floor.push(http_floor(&mut http)?);
         let (d, tier, sb) = claim_ready(&client, "host", Size::Small).await?;
@@ -116,14 +116,18 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
         anyhow::ensure!(tier == Tier::Clone, "expected a clone");
         clone.push(d);
         keep.push(sb);
-        let (d, tier, sb) = claim_ready(&client, &format!("cold{i}"), Size::Small).await?;
-        anyhow::ensure!(tier == Tier::Cold, "expected a cold boot");
-        cold.push(d);
-        keep.push(sb);
         floor.push(http_floor(&mut http)?);
         for sb in keep.drain(..) {
             sb.release().await?;
         }
+    }
+    // Cold claims last: each one starts a golden build in the background (so the next claim of
+    // its template clones), which would load the machine under the warm and clone arms.
+    for i in 0..args.claims {
+        let (d, tier, sb) = claim_ready(&client, &format!("cold{i}"), Size::Small).await?;
+        anyhow::ensure!(tier == Tier::Cold, "expected a cold boot");
+        cold.push(d);
+        sb.release().await?;
     }
     let scratch = work.join("floor");
     let template = node.work.join("data/engine/templates");
