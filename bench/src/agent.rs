@@ -88,20 +88,20 @@ async fn sections(
     let mut echo = UnixStream::connect(&echo_sock).await?;
     let (mut info, mut floor) = (Samples::default(), Samples::default());
     let block = 1000.min(args.rtt_iters);
+    // Blocks in A B B A order, so drift over the run weighs on both arms alike.
     for round in 0..=(args.rtt_iters / block) {
         let warmup = round == 0;
-        for _ in 0..block {
-            let t = Instant::now();
-            echo_once(&mut echo).await?;
-            if !warmup {
-                floor.push(t.elapsed());
-            }
-        }
-        for _ in 0..block {
-            let t = Instant::now();
-            info_once(&mut silk).await?;
-            if !warmup {
-                info.push(t.elapsed());
+        for arm in if round % 2 == 0 { [0, 1] } else { [1, 0] } {
+            for _ in 0..block {
+                let t = Instant::now();
+                if arm == 0 {
+                    echo_once(&mut echo).await?;
+                } else {
+                    info_once(&mut silk).await?;
+                }
+                if !warmup {
+                    if arm == 0 { &mut floor } else { &mut info }.push(t.elapsed());
+                }
             }
         }
     }
@@ -118,15 +118,21 @@ async fn sections(
         ..Default::default()
     });
     for i in 0..(args.exec_iters + 50) {
-        let t = Instant::now();
-        let status = std::process::Command::new("/bin/true").status()?;
-        let d = t.elapsed();
-        anyhow::ensure!(status.success());
-        let t = Instant::now();
-        exec_once(&mut silk, &req).await?;
+        // A B B A: the arm that goes first alternates.
+        let (mut d_fork, mut d_exec) = (Duration::ZERO, Duration::ZERO);
+        for arm in if i % 2 == 0 { [0, 1] } else { [1, 0] } {
+            let t = Instant::now();
+            if arm == 0 {
+                anyhow::ensure!(std::process::Command::new("/bin/true").status()?.success());
+                d_fork = t.elapsed();
+            } else {
+                exec_once(&mut silk, &req).await?;
+                d_exec = t.elapsed();
+            }
+        }
         if i >= 50 {
-            fork.push(d);
-            exec.push(t.elapsed());
+            fork.push(d_fork);
+            exec.push(d_exec);
         }
     }
     table(

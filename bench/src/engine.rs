@@ -47,28 +47,38 @@ fn sections(args: &EngineArgs, launcher: PathBuf, data: &std::path::Path) -> any
     println!("## jail engine\n\n{}", host_stamp());
 
     let scratch = data.join("floor");
-    let (mut floor, mut clone, mut cold) =
-        (Samples::default(), Samples::default(), Samples::default());
+    // A peer tool, when installed: bubblewrap starting /bin/true in the same kinds of namespaces.
+    let bwrap = which("bwrap");
+    let (mut floor, mut clone, mut cold, mut peer) =
+        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
     for i in 0..args.iters + 5 {
         let warm = i >= 5;
-        let d = floor_once(&scratch.join(i.to_string()), &template.root)?;
-        if warm {
-            floor.push(d);
+        // A B C C B A: the order of the arms reverses every iteration.
+        let order = if i % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+        for arm in order {
+            let d = match arm {
+                0 => floor_once(&scratch.join(i.to_string()), &template.root)?,
+                1 | 2 => {
+                    let id = format!("bench-{arm}-{i}").parse()?;
+                    let t = Instant::now();
+                    if arm == 1 {
+                        engine.clone_golden(&golden, &id, &spec)?;
+                    } else {
+                        engine.boot(&template, &id, &spec)?;
+                    }
+                    let d = t.elapsed();
+                    engine.destroy(&id)?;
+                    d
+                }
+                _ => match &bwrap {
+                    Some(bwrap) => bwrap_once(bwrap)?,
+                    None => continue,
+                },
+            };
+            if warm {
+                [&mut floor, &mut clone, &mut cold, &mut peer][arm].push(d);
+            }
         }
-        let id = format!("bench-c{i}").parse()?;
-        let t = Instant::now();
-        engine.clone_golden(&golden, &id, &spec)?;
-        if warm {
-            clone.push(t.elapsed());
-        }
-        engine.destroy(&id)?;
-        let id = format!("bench-b{i}").parse()?;
-        let t = Instant::now();
-        engine.boot(&template, &id, &spec)?;
-        if warm {
-            cold.push(t.elapsed());
-        }
-        engine.destroy(&id)?;
     }
     let row = |name: &str, s: &Samples| {
         vec![
@@ -89,9 +99,47 @@ fn sections(args: &EngineArgs, launcher: PathBuf, data: &std::path::Path) -> any
             row("floor: unshare 6 namespaces + overlay mount + exec /bin/true", &floor),
             row("clone from golden", &clone),
             row("cold boot from template", &cold),
-        ],
+        ]
+        .into_iter()
+        .chain(
+            (peer.len() > 0)
+                .then(|| row("peer: bwrap --unshare-all, /usr bound, /bin/true", &peer)),
+        )
+        .collect::<Vec<_>>(),
     );
+    if bwrap.is_none() {
+        println!("\n(no peer arm: bubblewrap is not installed)");
+    }
     Ok(())
+}
+
+fn which(tool: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| PathBuf::from(d).join(tool))
+        .find(|p| p.is_file())
+}
+
+fn bwrap_once(bwrap: &std::path::Path) -> anyhow::Result<Duration> {
+    let t = Instant::now();
+    let status = std::process::Command::new(bwrap)
+        .args(["--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr"])
+        .args([
+            "--symlink",
+            "usr/bin",
+            "/bin",
+            "--symlink",
+            "usr/lib",
+            "/lib",
+            "--symlink",
+            "usr/lib64",
+            "/lib64",
+        ])
+        .args(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "/bin/true"])
+        .status()?;
+    anyhow::ensure!(status.success(), "bwrap failed");
+    Ok(t.elapsed())
 }
 
 /// The floor: the same namespaces and overlay mount, then `exec /bin/true`, timed to exit.

@@ -149,6 +149,7 @@ async fn measure(args: &SdkArgs, addr: SocketAddr) -> anyhow::Result<()> {
                 format!("{name} {arm}"),
                 us(s.pct(0.5)),
                 us(s.pct(0.9)),
+                us(s.pct(0.99)),
                 us(s.pct(1.0)),
                 format!("{:.2}", s.pct(0.5).as_secs_f64() / floor.pct(0.5).as_secs_f64()),
             ]
@@ -160,7 +161,7 @@ async fn measure(args: &SdkArgs, addr: SocketAddr) -> anyhow::Result<()> {
     let (k, d) = (sandbox.connection_stats(), per_call.connection_stats());
     table(
         &format!("SDK round trip, reuse vs dial per call (n = {} per arm, rotating)", args.iters),
-        &["arm", "p50", "p90", "max", "p50 vs floor"],
+        &["arm", "p50", "p90", "p99", "max", "p50 vs floor"],
         &rows,
     );
     println!(
