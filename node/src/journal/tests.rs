@@ -1,0 +1,288 @@
+//! Tests of the claims journal: replay, group commit, torn tails, corruption, compaction, and
+//! acknowledged commits surviving kill -9 of a writer process.
+
+use super::*;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Rec {
+    seq: u64,
+    note: String,
+}
+
+fn rec(seq: u64) -> Rec {
+    Rec { seq, note: format!("note-{seq}") }
+}
+
+fn open(dir: &Path) -> (Journal<Rec>, BTreeMap<String, Rec>) {
+    Journal::open(dir, false).expect("open journal")
+}
+
+fn log_len(dir: &Path) -> u64 {
+    fs::metadata(dir.join(LOG)).expect("stat log").len()
+}
+
+fn append_bytes(dir: &Path, bytes: &[u8]) {
+    let mut f = OpenOptions::new().append(true).open(dir.join(LOG)).expect("open log");
+    f.write_all(bytes).expect("append");
+}
+
+fn put(key: &str, seq: u64) -> Change<Rec> {
+    Change::Put(key.to_string(), rec(seq))
+}
+
+#[tokio::test]
+async fn put_delete_replay_round_trip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (journal, live) = open(dir.path());
+    assert!(live.is_empty());
+    journal.commit(vec![put("a", 1), put("b", 2), put("c", 3)]).await.expect("commit");
+    journal.commit(vec![Change::Delete("b".into()), put("a", 4)]).await.expect("commit");
+    journal.commit(vec![Change::Delete("missing".into())]).await.expect("commit");
+    journal.commit(vec![]).await.expect("empty commit");
+    assert_eq!(journal.len(), 2);
+    drop(journal);
+
+    let (journal, live) = open(dir.path());
+    let want: BTreeMap<_, _> = [("a".to_string(), rec(4)), ("c".to_string(), rec(3))].into();
+    assert_eq!(live, want);
+    assert_eq!(journal.len(), 2);
+    // Appending after a replay extends the same log.
+    journal.commit(vec![put("d", 5)]).await.expect("commit");
+    drop(journal);
+    let (_journal, live) = open(dir.path());
+    assert_eq!(live.len(), 3);
+    assert_eq!(live["d"], rec(5));
+}
+
+#[tokio::test]
+async fn payload_is_postcard_of_the_batch() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(dir.path());
+    journal.commit(vec![put("x", 7), Change::Delete("y".into())]).await.expect("commit");
+    drop(journal);
+    let bytes = fs::read(dir.path().join(LOG)).expect("read log");
+    assert_eq!(bytes[..HEADER_LEN], HEADER);
+    assert_eq!(HEADER[MAGIC_LEN..], VERSION.to_le_bytes());
+    let frame = &bytes[HEADER_LEN..];
+    let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
+    let payload = &frame[FRAME_HEADER..];
+    assert_eq!(payload.len(), len);
+    assert_eq!(frame[4..8], blake3::hash(payload).as_bytes()[..4]);
+    let batch: Vec<(String, Option<Rec>)> = vec![("x".into(), Some(rec(7))), ("y".into(), None)];
+    assert_eq!(payload, postcard::to_allocvec(&batch).expect("encode"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_commits_are_all_acknowledged_and_kept() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // fsync on: slow writes are what make batches queue up behind each other.
+    let (journal, _) = Journal::<Rec>::open(dir.path(), true).expect("open");
+    let journal = Arc::new(journal);
+    let mut tasks = Vec::new();
+    for t in 0..8u64 {
+        let journal = journal.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..25u64 {
+                let key = format!("t{t}-{i}");
+                journal.commit(vec![Change::Put(key, rec(t * 100 + i))]).await?;
+            }
+            Ok::<_, JournalError>(())
+        }));
+    }
+    for task in tasks {
+        task.await.expect("task").expect("commits");
+    }
+    assert_eq!(journal.len(), 200);
+    drop(Arc::into_inner(journal).expect("sole owner"));
+
+    let (_journal, live) = open(dir.path());
+    assert_eq!(live.len(), 200);
+    for t in 0..8u64 {
+        for i in 0..25u64 {
+            assert_eq!(live[&format!("t{t}-{i}")], rec(t * 100 + i));
+        }
+    }
+}
+
+#[tokio::test]
+async fn torn_tail_is_truncated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(dir.path());
+    journal.commit(vec![put("a", 1)]).await.expect("commit");
+    let good = log_len(dir.path());
+    journal.commit(vec![put("b", 2)]).await.expect("commit");
+    drop(journal);
+
+    // A last batch cut short.
+    let file = OpenOptions::new().write(true).open(dir.path().join(LOG)).expect("open");
+    file.set_len(log_len(dir.path()) - 3).expect("truncate");
+    drop(file);
+    let (journal, live) = open(dir.path());
+    assert_eq!(live.keys().collect::<Vec<_>>(), ["a"]);
+    assert_eq!(log_len(dir.path()), good);
+    journal.commit(vec![put("c", 3)]).await.expect("commit after trim");
+    drop(journal);
+    let good = log_len(dir.path());
+
+    // Garbage: an in-bounds length whose checksum does not match, then zeros (what a power
+    // cut can leave in blocks the size update reached first).
+    let mut garbage = 6u32.to_le_bytes().to_vec();
+    garbage.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef, 1, 2, 3, 4, 5, 6]);
+    garbage.extend_from_slice(&[0; 100]);
+    append_bytes(dir.path(), &garbage);
+    let (journal, live) = open(dir.path());
+    assert_eq!(live.keys().collect::<Vec<_>>(), ["a", "c"]);
+    assert_eq!(log_len(dir.path()), good);
+    drop(journal);
+
+    // A lone partial frame header.
+    append_bytes(dir.path(), &[0xff; 5]);
+    let (_journal, live) = open(dir.path());
+    assert_eq!(live.len(), 2);
+    assert_eq!(log_len(dir.path()), good);
+}
+
+#[tokio::test]
+async fn damage_before_good_batches_is_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(dir.path());
+    for i in 0..3 {
+        journal.commit(vec![put(&format!("k{i}"), i)]).await.expect("commit");
+    }
+    drop(journal);
+    let path = dir.path().join(LOG);
+    let pristine = fs::read(&path).expect("read");
+
+    // A flipped payload byte in the first batch, then a length that runs past the end.
+    for at in [HEADER_LEN + FRAME_HEADER + 2, HEADER_LEN + 2] {
+        let mut bytes = pristine.clone();
+        bytes[at] ^= 0x40;
+        fs::write(&path, &bytes).expect("write");
+        match Journal::<Rec>::open(dir.path(), false) {
+            Err(JournalError::Corrupt { offset, .. }) => assert_eq!(offset, HEADER_LEN as u64),
+            other => panic!("expected corruption, got {other:?}"),
+        }
+        // Nothing was truncated.
+        assert_eq!(fs::read(&path).expect("read"), bytes);
+    }
+
+    fs::write(&path, b"not a journal at all").expect("write");
+    assert!(matches!(
+        Journal::<Rec>::open(dir.path(), false),
+        Err(JournalError::Corrupt { offset: 0, .. })
+    ));
+}
+
+#[tokio::test]
+async fn compaction_bounds_the_log_and_keeps_the_data() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(dir.path());
+    let pad = "x".repeat(4096);
+    let mut written = 0;
+    for i in 0..1000u64 {
+        let key = format!("hot-{}", i % 8);
+        let value = Rec { seq: i, note: format!("{i}-{pad}") };
+        journal.commit(vec![Change::Put(key, value)]).await.expect("commit");
+        written += 4096;
+    }
+    journal.commit(vec![put("cold", 1)]).await.expect("commit");
+    assert_eq!(journal.len(), 9);
+    drop(journal);
+    let len = log_len(dir.path());
+    assert!(len <= COMPACT_FLOOR + 8192, "log is {len} bytes after {written} written");
+    assert!(!dir.path().join(TMP).exists());
+
+    let (_journal, live) = open(dir.path());
+    assert_eq!(live.len(), 9);
+    assert_eq!(live["cold"], rec(1));
+    for k in 0..8u64 {
+        let last = 992 + k;
+        assert_eq!(live[&format!("hot-{k}")], Rec { seq: last, note: format!("{last}-{pad}") });
+    }
+}
+
+#[tokio::test]
+async fn second_open_is_refused_and_stale_tmp_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = open(dir.path());
+    assert!(matches!(Journal::<Rec>::open(dir.path(), false), Err(JournalError::InUse(_))));
+    journal.commit(vec![put("a", 1)]).await.expect("commit");
+    drop(journal);
+    // What a kill during compaction leaves: the old log whole, a partial image beside it.
+    fs::write(dir.path().join(TMP), b"half a compaction").expect("write tmp");
+    let (_journal, live) = open(dir.path());
+    assert_eq!(live.keys().collect::<Vec<_>>(), ["a"]);
+    assert!(!dir.path().join(TMP).exists());
+}
+
+/// Set in the child process that `crash_writer_child` turns into a writer.
+const CRASH_DIR: &str = "SILKMESH_JOURNAL_CRASH_DIR";
+/// Acknowledged records the parent waits for before killing the child: enough for the
+/// records' padding to push the log through a few compactions.
+const CRASH_ACKS: u64 = 600;
+
+/// Not a test on its own: with `CRASH_DIR` set it commits records until killed, printing
+/// `acked <seq>` once each commit returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crash_writer_child() {
+    let Some(dir) = std::env::var_os(CRASH_DIR) else {
+        return;
+    };
+    let (journal, _) = Journal::<Rec>::open(Path::new(&dir), false).expect("child open");
+    let pad = "p".repeat(4096);
+    let mut out = io::stdout().lock();
+    for seq in 0..100 * CRASH_ACKS {
+        let changes = vec![
+            Change::Put(format!("seq-{seq}"), rec(seq)),
+            Change::Put(format!("hot-{}", seq % 16), Rec { seq, note: pad.clone() }),
+        ];
+        journal.commit(changes).await.expect("child commit");
+        // Straight to fd 1: the test harness captures `println!`, not the stdout handle.
+        if writeln!(out, "acked {seq}").and_then(|()| out.flush()).is_err() {
+            return; // the parent is gone
+        }
+    }
+}
+
+#[test]
+fn acknowledged_commits_survive_kill_9() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let exe = std::env::current_exe().expect("current exe");
+    let mut child = Command::new(exe)
+        .args(["crash_writer_child", "--nocapture", "--test-threads=1"])
+        .env(CRASH_DIR, dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let mut lines = io::BufReader::new(stdout).lines();
+    let mut acked = Vec::new();
+    let parse = |line: String| line.strip_prefix("acked ").map(|s| s.parse::<u64>().expect("seq"));
+    while (acked.len() as u64) < CRASH_ACKS {
+        let line = lines.next().expect("child exited early").expect("read child");
+        acked.extend(parse(line));
+    }
+    child.kill().expect("kill -9");
+    child.wait().expect("reap child");
+    // Lines the child printed before it died were acknowledged too.
+    for line in lines {
+        acked.extend(parse(line.expect("read child")));
+    }
+
+    let (_journal, live) = open(dir.path());
+    for &seq in &acked {
+        assert_eq!(live.get(&format!("seq-{seq}")), Some(&rec(seq)), "acked seq {seq} lost");
+    }
+    let last = *acked.last().expect("some acks");
+    for k in 0..16 {
+        // The newest acknowledged write to each hot key, or one after it.
+        let newest = (0..=last).rev().find(|s| s % 16 == k).expect("every hot key written");
+        assert!(live[&format!("hot-{k}")].seq >= newest, "hot-{k} went back in time");
+    }
+}
