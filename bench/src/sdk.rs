@@ -7,10 +7,8 @@
 //! |---|---|
 //! | `exec /bin/true` and `info` through the SDK on a kept relay connection (its default) | the same calls with `max_idle_connections(0)` (one dial per call); the floor: the same frames written by hand on a kept upgraded connection, no SDK |
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -18,7 +16,7 @@ use silk_proto::{Command, Connection, ExecRequest, Frame};
 use silkmesh::{Client, Sandbox};
 use tokio::net::TcpStream;
 
-use crate::node::{TOKEN, call, upgrade};
+use crate::node::{NodeProc, TOKEN, call, upgrade};
 use crate::report::{Samples, host_stamp, table, us};
 
 #[derive(Debug, clap::Args)]
@@ -38,47 +36,13 @@ const WARMUP: usize = 50;
 pub async fn run(args: SdkArgs) -> anyhow::Result<()> {
     let work = args.dir.join(format!("silkbench-sdk-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let exe = std::env::current_exe()?;
-    let config = work.join("sandboxd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\napi_token = \"{TOKEN}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n",
-            work.join("data").display(),
-            args.silkd.display(),
-            exe.with_file_name("silk-jail").display()
-        ),
-    )?;
-    let mut node = std::process::Command::new(exe.with_file_name("sandboxd"))
-        .arg("--config")
-        .arg(&config)
-        .env("SANDBOXD_LOG", "warn")
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("start sandboxd (build it: cargo build --release -p sandboxd)")?;
-    let result = async {
-        let mut line = String::new();
-        BufReader::new(node.stdout.take().context("stdout")?).read_line(&mut line)?;
-        let addr: SocketAddr = line.trim().rsplit(' ').next().context("readiness line")?.parse()?;
-        measure(&args, addr).await
-    }
-    .await;
-    let _ = node.kill();
-    let _ = node.wait();
-    destroy_jails(&work.join("data/engine"), &args.silkd, &exe.with_file_name("silk-jail"));
+    let config = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
+    let result = match NodeProc::start(&args.silkd, &work, config) {
+        Ok(node) => measure(&args, node.addr).await,
+        Err(e) => Err(e),
+    };
     let _ = std::fs::remove_dir_all(&work);
     result
-}
-
-/// Jails outlive the node by design: remove them through a fresh engine on the same data.
-fn destroy_jails(engine_dir: &Path, silkd: &Path, launcher: &Path) {
-    use silk_engine::Engine;
-    use silk_engine::jail::{JailConfig, JailEngine};
-    if let Ok(engine) = JailEngine::new(JailConfig::new(engine_dir, silkd, launcher)) {
-        for b in engine.list().unwrap_or_default() {
-            let _ = engine.destroy(&b.id);
-        }
-    }
 }
 
 /// Which call an arm times.
