@@ -12,11 +12,11 @@ use std::net::Ipv4Addr;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::BytesMut;
-use silk_proto::{ErrorKind, Frame, FrameReader, FrameWriter, ProtoError, WireError};
+use silk_proto::{ErrorKind, Frame, FrameReader, FrameWriter, WireError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::server::{CallResult, Fail};
+use crate::server::{CallResult, Fail, interrupted};
 
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -65,17 +65,7 @@ where
                     }
                 }
                 Ok(Some(Frame::Cancel)) => return Ok(()),
-                Ok(Some(other)) => {
-                    return Err(Fail::Call(WireError::new(
-                        ErrorKind::BadRequest,
-                        format!("{} sent during a port forward; it was closed", other.name()),
-                    )));
-                }
-                Ok(None) => return Err(Fail::Conn(ProtoError::Truncated)),
-                Err(e) if e.is_recoverable() => {
-                    return Err(Fail::Call(WireError::new(ErrorKind::BadRequest, e.to_string())));
-                }
-                Err(e) => return Err(Fail::Conn(e)),
+                other => return Err(interrupted(other, "during a port forward; it was closed")),
             }
         }
     };

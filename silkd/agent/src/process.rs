@@ -21,7 +21,7 @@ use tokio::net::unix::pipe;
 
 use crate::procs::{Detached, Procs, now_ms};
 use crate::ring::Ring;
-use crate::server::{Agent, CallResult, Fail};
+use crate::server::{Agent, CallResult, Fail, interrupted};
 
 const PIPE_READ: usize = 64 * 1024;
 
@@ -150,20 +150,12 @@ async fn pump_input<R: AsyncRead + Unpin>(
             }
             Ok(Some(Frame::Eof)) => stdin = None,
             Ok(Some(Frame::Cancel)) => return Ok(InputEnd::Cancel),
-            Ok(Some(other)) => {
-                return Err(Fail::Call(WireError::new(
-                    ErrorKind::BadRequest,
-                    format!(
-                        "{} sent while a process is running; the call was abandoned",
-                        other.name()
-                    ),
-                )));
+            other => {
+                return Err(interrupted(
+                    other,
+                    "while a process is running; the call was abandoned",
+                ));
             }
-            Ok(None) => return Err(Fail::Conn(ProtoError::Truncated)),
-            Err(e) if e.is_recoverable() => {
-                return Err(Fail::Call(WireError::new(ErrorKind::BadRequest, e.to_string())));
-            }
-            Err(e) => return Err(Fail::Conn(e)),
         }
     }
 }

@@ -20,14 +20,12 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Bytes, BytesMut};
-use silk_proto::{
-    ErrorKind, ExitStatus, Frame, FrameReader, FrameWriter, ProtoError, PtyRequest, WireError,
-};
+use silk_proto::{ErrorKind, ExitStatus, Frame, FrameReader, FrameWriter, PtyRequest, WireError};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::procs::ChildIo;
-use crate::server::{Agent, CallResult, Fail};
+use crate::server::{Agent, CallResult, Fail, interrupted};
 
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -172,17 +170,7 @@ async fn pump_input<R: AsyncRead + Unpin>(
             Ok(Some(Frame::PtyResize { pid: target, cols, rows })) if target == pid => {
                 set_size(master.get_ref(), cols, rows)?;
             }
-            Ok(Some(other)) => {
-                return Err(Fail::Call(WireError::new(
-                    ErrorKind::BadRequest,
-                    format!("{} sent during a pty call; the call was abandoned", other.name()),
-                )));
-            }
-            Ok(None) => return Err(Fail::Conn(ProtoError::Truncated)),
-            Err(e) if e.is_recoverable() => {
-                return Err(Fail::Call(WireError::new(ErrorKind::BadRequest, e.to_string())));
-            }
-            Err(e) => return Err(Fail::Conn(e)),
+            other => return Err(interrupted(other, "during a pty call; the call was abandoned")),
         }
     }
 }

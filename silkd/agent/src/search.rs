@@ -23,14 +23,13 @@ use std::path::{Path, PathBuf};
 
 use regex::bytes::{Regex, RegexBuilder};
 use silk_proto::{
-    ErrorKind, FindRequest, Frame, FrameReader, FrameWriter, Match, ProtoError, ReplaceRequest,
-    WireError,
+    ErrorKind, FindRequest, Frame, FrameReader, FrameWriter, Match, ReplaceRequest, WireError,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use crate::files::{blocking, checked_path, io_error, open_temp_for};
-use crate::server::{CallResult, Fail};
+use crate::server::{CallResult, interrupted};
 
 /// Batches in flight between the walker and the socket.
 const PIPELINE: usize = 4;
@@ -88,17 +87,7 @@ where
                 // Dropping `rx` on the way out stops the walker.
                 Ok(Some(Frame::Cancel)) => break,
                 Ok(Some(Frame::Stdin(_) | Frame::Data(_) | Frame::Eof)) => {}
-                Ok(Some(other)) => {
-                    return Err(Fail::Call(WireError::new(
-                        ErrorKind::BadRequest,
-                        format!("{} sent during a find; the find was stopped", other.name()),
-                    )));
-                }
-                Ok(None) => return Err(Fail::Conn(ProtoError::Truncated)),
-                Err(e) if e.is_recoverable() => {
-                    return Err(Fail::Call(WireError::new(ErrorKind::BadRequest, e.to_string())));
-                }
-                Err(e) => return Err(Fail::Conn(e)),
+                other => return Err(interrupted(other, "during a find; the find was stopped")),
             },
         }
     }

@@ -92,6 +92,23 @@ impl From<ProtoError> for Fail {
 
 pub type CallResult = Result<(), Fail>;
 
+/// What a streaming call answers to a frame it has no use for: another request (the call is
+/// abandoned with `BadRequest`, `what` saying what happened), the client closing the connection,
+/// or a frame that does not decode.
+pub fn interrupted(frame: Result<Option<Frame>, ProtoError>, what: &str) -> Fail {
+    match frame {
+        Ok(Some(other)) => Fail::Call(WireError::new(
+            ErrorKind::BadRequest,
+            format!("{} sent {what}", other.name()),
+        )),
+        Ok(None) => Fail::Conn(ProtoError::Truncated),
+        Err(e) if e.is_recoverable() => {
+            Fail::Call(WireError::new(ErrorKind::BadRequest, e.to_string()))
+        }
+        Err(e) => Fail::Conn(e),
+    }
+}
+
 /// Serves `listener` until `shutdown` resolves or SIGTERM/SIGINT arrives, then stops children
 /// (SIGTERM, then SIGKILL after the grace period) and returns.
 pub async fn run(

@@ -31,15 +31,15 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use silk_proto::{
-    Command, ErrorKind, ExitStatus, Frame, FrameReader, FrameWriter, ProtoError,
-    SessionExecRequest, SessionInfo, SessionRequest, WireError,
+    Command, ErrorKind, ExitStatus, Frame, FrameReader, FrameWriter, SessionExecRequest,
+    SessionInfo, SessionRequest, WireError,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
 use crate::procs::{ChildIo, now_ms, pipe_pair};
-use crate::server::{Agent, CallResult, Fail};
+use crate::server::{Agent, CallResult, interrupted};
 
 /// Live sessions at most; more is `ResourceExhausted`.
 const MAX_SESSIONS: usize = 256;
@@ -347,17 +347,7 @@ where
                 // The script's stdin is /dev/null: input-stream frames have nowhere to go.
                 Ok(Some(Frame::Stdin(_) | Frame::Eof)) => {}
                 Ok(Some(Frame::Cancel)) => break Outcome::Killed { timed_out: false },
-                Ok(Some(other)) => {
-                    return Err(Fail::Call(WireError::new(
-                        ErrorKind::BadRequest,
-                        format!("{} sent during a session call; the session was ended", other.name()),
-                    )));
-                }
-                Ok(None) => return Err(Fail::Conn(ProtoError::Truncated)),
-                Err(e) if e.is_recoverable() => {
-                    return Err(Fail::Call(WireError::new(ErrorKind::BadRequest, e.to_string())));
-                }
-                Err(e) => return Err(Fail::Conn(e)),
+                other => return Err(interrupted(other, "during a session call; the session was ended")),
             },
             () = &mut timeout => break Outcome::Killed { timed_out: true },
         }

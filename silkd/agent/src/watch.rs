@@ -23,15 +23,14 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use silk_proto::{
-    ErrorKind, EventKind, Frame, FrameReader, FrameWriter, ProtoError, WatchEvent, WatchRequest,
-    WireError,
+    ErrorKind, EventKind, Frame, FrameReader, FrameWriter, WatchEvent, WatchRequest, WireError,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::files::{checked_path, io_error};
 use crate::procs::pipe_pair;
-use crate::server::{Agent, CallResult, Fail};
+use crate::server::{Agent, CallResult, Fail, interrupted};
 
 /// Events per `Events` frame.
 const BATCH: usize = 256;
@@ -115,17 +114,7 @@ where
             frame = rd.recv() => match frame {
                 Ok(Some(Frame::Cancel)) => break,
                 Ok(Some(Frame::Stdin(_) | Frame::Data(_) | Frame::Eof)) => {}
-                Ok(Some(other)) => {
-                    return Err(Fail::Call(WireError::new(
-                        ErrorKind::BadRequest,
-                        format!("{} sent during a watch; the watch was stopped", other.name()),
-                    )));
-                }
-                Ok(None) => return Err(Fail::Conn(ProtoError::Truncated)),
-                Err(e) if e.is_recoverable() => {
-                    return Err(Fail::Call(WireError::new(ErrorKind::BadRequest, e.to_string())));
-                }
-                Err(e) => return Err(Fail::Conn(e)),
+                other => return Err(interrupted(other, "during a watch; the watch was stopped")),
             },
         }
     }
