@@ -58,6 +58,10 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts) -> Result<()> 
                 Whiteouts::Delete => clear_dir(&parent)?,
                 Whiteouts::Overlay => {
                     std::fs::create_dir_all(&parent).map_err(EngineError::io("mkdir"))?;
+                    // The marker follows its directory's entry and precedes its children, so
+                    // this clears only what an earlier layer put there (a merge, see
+                    // `golden_from_snapshot`); in a fresh upper directory it is a no-op.
+                    clear_dir(&parent)?;
                     set_xattr(&parent, OPAQUE_XATTR, b"y")?;
                 }
             }

@@ -23,6 +23,8 @@ pub use error::EngineError;
 pub use template::{TemplateDef, TemplateSource};
 pub use types::*;
 
+use std::path::Path;
+
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;
 
 /// What every backend implements. See the crate docs.
@@ -45,8 +47,14 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     /// The cold tier: a new sandbox straight from the template (no warmup result).
     fn boot(&self, template: &Template, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo>;
 
-    /// Captures a sandbox's filesystem changes (and its memory where the engine can).
-    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode) -> Result<Snapshot>;
+    /// Captures a sandbox's filesystem changes (and its memory where the engine can) into the
+    /// file `into`, which appears only once the capture is complete (a crash mid-capture leaves
+    /// no file there, and the source as it was). The file belongs to the caller.
+    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot>;
+
+    /// Freezes a snapshot as a golden: the base's golden (if any) and the snapshot's changes
+    /// merged into one read-only layer, so new sandboxes clone from it (promote).
+    fn golden_from_snapshot(&self, snapshot: &Snapshot) -> Result<Golden>;
 
     /// A new sandbox from a snapshot: wake, branch and fork all land here.
     fn restore(&self, snapshot: &Snapshot, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo>;

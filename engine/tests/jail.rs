@@ -21,13 +21,19 @@ fn contract_clones() {
 #[test]
 fn contract_snapshots() {
     let h = Harness::new();
-    contract::snapshot_and_restore_keep_the_filesystem(&h.engine, &h.host());
+    contract::snapshot_and_restore_keep_the_filesystem(&h.engine, &h.host(), h.data.path());
 }
 
 #[test]
 fn contract_errors() {
     let h = Harness::new();
-    contract::errors_are_typed(&h.engine, &h.host());
+    contract::errors_are_typed(&h.engine, &h.host(), h.data.path());
+}
+
+#[test]
+fn contract_promote() {
+    let h = Harness::new();
+    contract::goldens_from_snapshots_keep_every_change(&h.engine, &h.host(), h.data.path());
 }
 
 #[test]
@@ -89,4 +95,28 @@ fn destroy_leaves_nothing_behind() {
     assert!(!traces(&h, &a.id, a.pid).is_empty());
     h.engine.destroy(&a.id).unwrap();
     assert_eq!(traces(&h, &a.id, a.pid), Vec::<String>::new());
+}
+
+#[test]
+fn a_sandbox_frozen_by_a_crash_mid_snapshot_is_thawed_at_start() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("f-a"), &small()).unwrap();
+    // What a kill -9 inside `snapshot` leaves: the sandbox's freezer cgroup still FROZEN.
+    let instance = blake3::hash(h.data.path().as_os_str().as_encoded_bytes()).to_hex();
+    let state = std::path::Path::new("/sys/fs/cgroup/freezer")
+        .join(format!("silkmesh-{}", &instance[..12]))
+        .join("f-a/freezer.state");
+    let v2 = std::path::Path::new("/sys/fs/cgroup")
+        .join(format!("silkmesh-{}", &instance[..12]))
+        .join("f-a/cgroup.freeze");
+    if state.exists() {
+        std::fs::write(&state, "FROZEN").unwrap();
+    } else {
+        std::fs::write(&v2, "1").unwrap();
+    }
+    let restarted = h.reopen();
+    let again = restarted.list().unwrap().into_iter().find(|i| i.id == a.id).unwrap();
+    assert_eq!(ok(&again, "echo thawed"), "thawed");
+    restarted.destroy(&a.id).unwrap();
 }

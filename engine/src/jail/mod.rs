@@ -6,7 +6,6 @@
 //! templates/<kind>-<digest>/root     materialised templates (host skeletons, flattened images)
 //! goldens/<digest>/{layer,golden.json}   warmup results, read-only lower layers
 //! boxes/<id>/{box.json,launch.json,upper,work,root,agent.sock,agent.log}
-//! snapshots/<id>-<n>.tar             captured layers, handed to the caller
 //! ```
 //! `box.json` is the record [`Engine::list`] reads back after the node restarts; a sandbox is
 //! running when the pid it names is alive *and* has the start time recorded with it, so a reused
@@ -21,7 +20,6 @@ use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -69,7 +67,6 @@ impl JailConfig {
 pub struct JailEngine {
     cfg: JailConfig,
     cgroups: Cgroups,
-    next_snapshot: AtomicU64,
 }
 
 /// What `boxes/<id>/box.json` holds.
@@ -95,15 +92,16 @@ impl JailEngine {
                 return Err(EngineError::Host(format!("{} not found", tool.display())));
             }
         }
-        for dir in ["templates", "goldens", "boxes", "snapshots"] {
+        for dir in ["templates", "goldens", "boxes"] {
             let d = cfg.data_dir.join(dir);
             std::fs::create_dir_all(&d)
                 .map_err(EngineError::io(format!("mkdir {}", d.display())))?;
         }
         let instance = blake3::hash(cfg.data_dir.as_os_str().as_encoded_bytes()).to_hex();
         let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{}", &instance[..12]))?;
-        let engine = JailEngine { cfg, cgroups, next_snapshot: AtomicU64::new(0) };
+        let engine = JailEngine { cfg, cgroups };
         engine.remove_incomplete()?;
+        engine.thaw_all();
         Ok(engine)
     }
 
@@ -123,6 +121,18 @@ impl JailEngine {
             }
         }
         Ok(())
+    }
+
+    /// A sandbox is frozen only inside `snapshot`; one still frozen now was caught there by a
+    /// crash. Thaw it, so a crash mid-snapshot leaves the source running as it was.
+    fn thaw_all(&self) {
+        let Ok(entries) = std::fs::read_dir(self.cfg.data_dir.join("boxes")) else { return };
+        for entry in entries.flatten() {
+            let Ok(id) = entry.file_name().to_string_lossy().parse::<SandboxId>() else { continue };
+            if let Err(e) = self.cgroups.freeze(&id, false) {
+                tracing::debug!(sandbox = %id, "thaw at start: {e}");
+            }
+        }
     }
 
     fn box_dir(&self, id: &SandboxId) -> PathBuf {
@@ -379,20 +389,25 @@ impl Engine for JailEngine {
         self.create(Base { template: template.clone(), golden: None }, id, spec, None)
     }
 
-    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode) -> Result<Snapshot> {
+    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot> {
         let record = self.record(id)?;
         if self.live_pid(&record).is_none() {
             return Err(EngineError::BadRequest(format!("sandbox {id} is not running")));
         }
-        let n = self.next_snapshot.fetch_add(1, Ordering::Relaxed);
-        let path = self.cfg.data_dir.join("snapshots").join(format!("{id}-{}-{n}.tar", now_ms()));
+        let partial = partial_path(into);
         self.cgroups.freeze(id, true)?;
         let captured = (|| {
-            let file = std::fs::File::create(&path).map_err(EngineError::io("create snapshot"))?;
+            let file =
+                std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
             let mut out = std::io::BufWriter::new(file);
             layer::capture(&self.box_dir(id).join("upper"), &mut out)?;
-            std::io::Write::flush(&mut out).map_err(EngineError::io("write snapshot"))?;
-            std::fs::metadata(&path).map(|m| m.len()).map_err(EngineError::io("stat snapshot"))
+            let file =
+                out.into_inner().map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
+            file.sync_all().map_err(EngineError::io("sync snapshot"))?;
+            let bytes =
+                file.metadata().map(|m| m.len()).map_err(EngineError::io("stat snapshot"))?;
+            std::fs::rename(&partial, into).map_err(EngineError::io("commit snapshot"))?;
+            Ok(bytes)
         })();
         let after = match mode {
             SnapshotMode::KeepRunning => self.cgroups.freeze(id, false),
@@ -403,7 +418,7 @@ impl Engine for JailEngine {
         let bytes = match captured {
             Ok(bytes) => bytes,
             Err(e) => {
-                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(&partial);
                 return Err(e);
             }
         };
@@ -411,10 +426,61 @@ impl Engine for JailEngine {
         Ok(Snapshot {
             base: record.info.base,
             spec: record.info.spec,
-            layer_tar: path,
+            layer_tar: into.to_path_buf(),
             bytes,
             memory: false,
         })
+    }
+
+    fn golden_from_snapshot(&self, snapshot: &Snapshot) -> Result<Golden> {
+        if snapshot.memory {
+            return Err(EngineError::Unsupported {
+                what: "promoting process memory",
+                engine: "jail",
+            });
+        }
+        let base = &snapshot.base;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"silk-golden-promoted-v1").update(base.template.digest.0.as_bytes());
+        if let Some(g) = &base.golden {
+            hasher.update(g.digest.0.as_bytes());
+        }
+        let mut tar = std::fs::File::open(&snapshot.layer_tar)
+            .map_err(EngineError::io(format!("open {}", snapshot.layer_tar.display())))?;
+        hasher.update_reader(&mut tar).map_err(EngineError::io("hash snapshot"))?;
+        let digest = Digest::of(&hasher);
+        let dir = self.golden_dir(&digest);
+        let golden = Golden {
+            digest: digest.clone(),
+            template: base.template.clone(),
+            layer: dir.join("layer"),
+        };
+        if dir.join("golden.json").is_file() {
+            return Ok(golden);
+        }
+        template::build_atomically(&dir, |staging| {
+            let layer_dir = staging.join("layer");
+            std::fs::create_dir(&layer_dir).map_err(EngineError::io("mkdir golden layer"))?;
+            if let Some(g) = &base.golden {
+                // The old golden's layer first (as a layer tar, so its whiteouts carry over),
+                // then the snapshot's changes on top.
+                let below = staging.join("below.tar");
+                let file = std::fs::File::create(&below).map_err(EngineError::io("create"))?;
+                let mut out = std::io::BufWriter::new(file);
+                layer::capture(&g.layer, &mut out)?;
+                std::io::Write::flush(&mut out).map_err(EngineError::io("write layer"))?;
+                let file = std::fs::File::open(&below).map_err(EngineError::io("open"))?;
+                layer::apply(file, &layer_dir, Whiteouts::Overlay)?;
+                std::fs::remove_file(&below).map_err(EngineError::io("remove"))?;
+            }
+            let file = std::fs::File::open(&snapshot.layer_tar).map_err(EngineError::io("open"))?;
+            layer::apply(file, &layer_dir, Whiteouts::Overlay)?;
+            let json =
+                serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
+            std::fs::write(staging.join("golden.json"), json)
+                .map_err(EngineError::io("write golden.json"))
+        })?;
+        Ok(golden)
     }
 
     fn restore(&self, snapshot: &Snapshot, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
@@ -467,6 +533,13 @@ fn image_defaults(t: &Template) -> Vec<String> {
         args.extend(["--default-user".to_string(), user.to_string()]);
     }
     args
+}
+
+/// Where a snapshot is written before it is complete.
+fn partial_path(into: &Path) -> PathBuf {
+    let mut name = into.as_os_str().to_owned();
+    name.push(".partial");
+    PathBuf::from(name)
 }
 
 fn now_ms() -> u64 {

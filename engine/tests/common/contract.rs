@@ -1,6 +1,7 @@
 //! The engine contract: what every backend must do, written against `&dyn Engine` only. Each
 //! backend's test file calls every function here with its own engine and a template.
 
+use std::path::Path;
 use std::time::Duration;
 
 use silk_engine::*;
@@ -46,15 +47,18 @@ pub fn clones_are_separate_machines(e: &dyn Engine, t: &Template) {
 }
 
 /// A snapshot carries files written and files deleted; the source keeps running (or stops).
-pub fn snapshot_and_restore_keep_the_filesystem(e: &dyn Engine, t: &Template) {
+pub fn snapshot_and_restore_keep_the_filesystem(e: &dyn Engine, t: &Template, scratch: &Path) {
     let g = e.prepare(t, &Warmup::default()).unwrap();
     let src = e.clone_golden(&g, &id("c-src"), &small()).unwrap();
     ok(
         &src,
         "mkdir -p /srv/data && echo v1 > /srv/data/f && rm /etc/hosts && chmod 600 /srv/data/f",
     );
-    let snap = e.snapshot(&src.id, SnapshotMode::KeepRunning).unwrap();
+    let into = scratch.join("keep.tar");
+    let snap = e.snapshot(&src.id, SnapshotMode::KeepRunning, &into).unwrap();
     assert!(!snap.memory || e.capabilities().memory_snapshot);
+    assert_eq!(snap.layer_tar, into);
+    assert_eq!(std::fs::metadata(&into).unwrap().len(), snap.bytes);
     ok(&src, "echo v2 > /srv/data/f"); // still running and writable after the snapshot
 
     let copy = e.restore(&snap, &id("c-copy"), &small()).unwrap();
@@ -63,7 +67,7 @@ pub fn snapshot_and_restore_keep_the_filesystem(e: &dyn Engine, t: &Template) {
     assert_ne!(sh(&copy, "test -e /etc/hosts").0, 0, "a deletion survives the snapshot");
     assert_eq!(ok(&copy, "hostname"), "c-copy");
 
-    let stopped = e.snapshot(&src.id, SnapshotMode::Stop).unwrap();
+    let stopped = e.snapshot(&src.id, SnapshotMode::Stop, &scratch.join("stop.tar")).unwrap();
     assert!(e.list().unwrap().iter().all(|b| b.id != src.id), "Stop destroys the source");
     let again = e.restore(&stopped, &id("c-again"), &small()).unwrap();
     assert_eq!(ok(&again, "cat /srv/data/f"), "v2");
@@ -73,7 +77,7 @@ pub fn snapshot_and_restore_keep_the_filesystem(e: &dyn Engine, t: &Template) {
 }
 
 /// Bad requests are typed and leave nothing behind.
-pub fn errors_are_typed(e: &dyn Engine, t: &Template) {
+pub fn errors_are_typed(e: &dyn Engine, t: &Template, scratch: &Path) {
     let g = e.prepare(t, &Warmup::default()).unwrap();
     let a = e.clone_golden(&g, &id("c-dup"), &small()).unwrap();
     assert!(matches!(e.clone_golden(&g, &id("c-dup"), &small()), Err(EngineError::Exists(_))));
@@ -92,9 +96,10 @@ pub fn errors_are_typed(e: &dyn Engine, t: &Template) {
         ));
     }
     assert!(matches!(
-        e.snapshot(&id("c-none"), SnapshotMode::KeepRunning),
+        e.snapshot(&id("c-none"), SnapshotMode::KeepRunning, &scratch.join("none.tar")),
         Err(EngineError::NotFound(_))
     ));
+    assert!(!scratch.join("none.tar").exists(), "a failed snapshot leaves no file");
 
     let failing = e.prepare(t, &warmup(&["/bin/sh", "-c", "echo broken >&2; exit 7"]));
     assert!(
@@ -110,4 +115,36 @@ pub fn errors_are_typed(e: &dyn Engine, t: &Template) {
         "{hanging:?}"
     );
     assert!(e.list().unwrap().is_empty(), "failed warmups leave no sandbox");
+}
+
+/// A golden made from a snapshot (promote) holds the golden it was cloned from plus the
+/// sandbox's changes, deletions and replaced directories included.
+pub fn goldens_from_snapshots_keep_every_change(e: &dyn Engine, t: &Template, scratch: &Path) {
+    let g = e
+        .prepare(
+            t,
+            &warmup(&[
+                "/bin/sh",
+                "-c",
+                "mkdir -p /srv/old && echo w > /srv/old/a && echo w > /etc/warm",
+            ]),
+        )
+        .unwrap();
+    let src = e.clone_golden(&g, &id("p-src"), &small()).unwrap();
+    ok(
+        &src,
+        "echo promoted > /etc/new && rm /etc/warm && rm -r /srv/old && mkdir /srv/old && echo b > /srv/old/b && rm /etc/hosts",
+    );
+    let snap = e.snapshot(&src.id, SnapshotMode::KeepRunning, &scratch.join("p.tar")).unwrap();
+    let promoted = e.golden_from_snapshot(&snap).unwrap();
+    assert_ne!(promoted.digest, g.digest);
+    assert_eq!(e.golden_from_snapshot(&snap).unwrap(), promoted, "same snapshot, same golden");
+    let child = e.clone_golden(&promoted, &id("p-child"), &small()).unwrap();
+    assert_eq!(ok(&child, "cat /etc/new; ls /srv/old"), "promoted\nb");
+    assert_ne!(sh(&child, "test -e /etc/warm").0, 0, "a file deleted before promote stays deleted");
+    assert_ne!(sh(&child, "test -e /etc/hosts").0, 0, "a template file deleted stays deleted");
+    assert_eq!(ok(&child, "hostname"), "p-child");
+    for b in [src.id, child.id] {
+        e.destroy(&b).unwrap();
+    }
 }
