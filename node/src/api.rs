@@ -42,6 +42,18 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/sandboxes/{id}", get(get_one).delete(release))
         .route("/v1/sandboxes/{id}/renew", post(renew))
         .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/hibernate", post(hibernate))
+        .route("/v1/sandboxes/{id}/wake", post(wake))
+        .route("/v1/sandboxes/{id}/archive", post(archive))
+        .route("/v1/sandboxes/{id}/checkpoint", post(checkpoint))
+        .route("/v1/sandboxes/{id}/checkpoints", get(sandbox_checkpoints))
+        .route("/v1/sandboxes/{id}/fork", post(fork))
+        .route("/v1/sandboxes/{id}/promote", post(promote))
+        .route("/v1/checkpoints", get(all_checkpoints))
+        .route("/v1/checkpoints/{id}", get(get_checkpoint).delete(delete_checkpoint))
+        .route("/v1/checkpoints/{id}/claim", post(branch))
+        .route("/v1/templates", get(templates))
+        .route("/v1/templates/{name}", axum::routing::delete(delete_template))
         .route("/v1/sandboxes/{id}/agent", get(relay::agent))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
         .method_not_allowed_fallback(|| async {
@@ -78,6 +90,14 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// A JSON body that may be left out (no body means every field's default).
+fn optional_json<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("request body: {e}")))
+}
+
 fn json_error(rejection: JsonRejection) -> ApiError {
     let code = match rejection.status() {
         StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
@@ -92,6 +112,7 @@ fn json_error(rejection: JsonRejection) -> ApiError {
 }
 
 fn row(node: &Node, r: &ClaimRecord) -> Value {
+    let memory = node.capabilities().memory_snapshot;
     json!({
         "id": r.id,
         "template": r.template,
@@ -105,7 +126,22 @@ fn row(node: &Node, r: &ClaimRecord) -> Value {
         "on_expire": r.on_expire,
         "metadata": r.metadata,
         "agent_path": format!("/v1/sandboxes/{}/agent", r.id),
+        "lease_seconds": r.lease_seconds,
+        "state_since_ms": r.state_since_ms,
+        "from_checkpoint": r.from_checkpoint,
+        "forked_from": r.forked_from,
+        // The jail engine keeps files, not process memory: processes restart on wake, branch
+        // and fork.
+        "memory_snapshot": memory,
     })
+}
+
+/// A new claim's row with its token (shown this once).
+fn claimed_row(node: &Node, c: &Claimed) -> Value {
+    let mut body = row(node, &c.record);
+    body["token"] = json!(c.token);
+    body["claim_micros"] = json!(c.took.as_micros() as u64);
+    body
 }
 
 async fn claim(
@@ -115,11 +151,8 @@ async fn claim(
 ) -> Result<Response, ApiError> {
     root(&node, &headers)?;
     let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
-    let Claimed { record, token, took } = node.claim(spec).await?;
-    let mut body = row(&node, &record);
-    body["token"] = json!(token);
-    body["claim_micros"] = json!(took.as_micros() as u64);
-    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+    let claimed = node.claim(spec).await?;
+    Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
 }
 
 /// `GET /v1/sandboxes?metadata=key=value&metadata=...`
@@ -229,10 +262,13 @@ async fn exec(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecBody>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let live = node.authorized(&id, bearer(&headers))?;
+    node.authorized(&id, bearer(&headers))?;
     if req.argv.is_empty() {
         return Err(ApiError::bad_request("argv is empty"));
     }
+    // A hibernated or archived sandbox wakes: the call is slower, not an error.
+    let live = node.wake(&id).await?;
+    let _active = relay::Active::new(&live);
     node.metrics.execs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let unavailable =
         |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "agent_unavailable", e);
@@ -337,4 +373,192 @@ async fn drain_off(State(node): Shared, headers: HeaderMap) -> Result<axum::Json
     root(&node, &headers)?;
     node.set_draining(false);
     Ok(axum::Json(node.info()))
+}
+
+// ---- lifecycle ----
+
+async fn hibernate(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    let record = node.hibernate(&id).await?;
+    Ok(axum::Json(row(&node, &record)))
+}
+
+async fn wake(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    let live = node.wake(&id).await?;
+    Ok(axum::Json(row(&node, &live.record)))
+}
+
+async fn archive(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    let record = node.archive(&id).await?;
+    Ok(axum::Json(row(&node, &record)))
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct CheckpointBody {
+    #[serde(default)]
+    name: Option<String>,
+}
+
+async fn checkpoint(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    let name = optional_json::<CheckpointBody>(&body)?.name;
+    let ck = node.checkpoint(&id, name).await?;
+    let mut body = json!(ck);
+    body["memory_snapshot"] = json!(node.capabilities().memory_snapshot);
+    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+}
+
+async fn sandbox_checkpoints(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    Ok(axum::Json(json!({ "checkpoints": node.checkpoints(Some(&id)).await? })))
+}
+
+async fn all_checkpoints(
+    State(node): Shared,
+    headers: HeaderMap,
+) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    Ok(axum::Json(json!({ "checkpoints": node.checkpoints(None).await? })))
+}
+
+async fn get_checkpoint(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<axum::Json<Value>, ApiError> {
+    Ok(axum::Json(json!(node.authorized_checkpoint(&id, bearer(&headers)).await?)))
+}
+
+async fn delete_checkpoint(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    node.authorized_checkpoint(&id, bearer(&headers)).await?;
+    node.delete_checkpoint(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct BranchBody {
+    #[serde(default)]
+    ttl_seconds: Option<u64>,
+    #[serde(default)]
+    metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    on_expire: crate::claims::OnExpire,
+}
+
+async fn branch(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<Response, ApiError> {
+    let ck = node.authorized_checkpoint(&id, bearer(&headers)).await?;
+    let b = optional_json::<BranchBody>(&body)?;
+    let spec = ClaimRequest {
+        template: Some(ck.template),
+        ttl_seconds: b.ttl_seconds,
+        metadata: b.metadata,
+        on_expire: b.on_expire,
+        ..Default::default()
+    }
+    .validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    let claimed = node.branch(&id, spec).await?;
+    Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ForkBody {
+    count: usize,
+    #[serde(default)]
+    ttl_seconds: Option<u64>,
+}
+
+async fn fork(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<ForkBody>,
+) -> Result<Response, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    let ttl = match req.ttl_seconds {
+        None => None,
+        t => Some(checked_ttl(t, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?),
+    };
+    let children = node.fork(&id, req.count, ttl).await?;
+    let rows: Vec<Value> = children.iter().map(|c| claimed_row(&node, c)).collect();
+    Ok((StatusCode::CREATED, axum::Json(json!({ "sandboxes": rows }))).into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PromoteBody {
+    template: String,
+}
+
+fn template_row(name: &str, p: &crate::node::Promoted) -> Value {
+    json!({
+        "name": name,
+        "kind": "promoted",
+        "digest": p.golden.digest.0,
+        "source": p.source,
+        "created_ms": p.created_ms,
+    })
+}
+
+async fn promote(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    JsonBody(req): JsonBody<PromoteBody>,
+) -> Result<Response, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    let p = node.promote(&id, &req.template).await?;
+    Ok((StatusCode::CREATED, axum::Json(template_row(&req.template, &p))).into_response())
+}
+
+async fn templates(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    let mut rows = vec![json!({ "name": "host", "kind": "builtin" })];
+    rows.extend(node.cfg.templates.keys().map(|n| json!({ "name": n, "kind": "configured" })));
+    rows.extend(node.promoted().iter().map(|(n, p)| template_row(n, p)));
+    Ok(axum::Json(json!({ "templates": rows })))
+}
+
+async fn delete_template(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    root(&node, &headers)?;
+    node.delete_template(&name)?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
-use silk_engine::{Lane, Size};
+use silk_engine::{Lane, Size, Snapshot};
 
 use crate::error::ApiError;
 use crate::state::SandboxState;
@@ -58,6 +58,28 @@ pub struct ClaimRecord {
     pub deadline_ms: u64,
     pub on_expire: OnExpire,
     pub metadata: BTreeMap<String, String>,
+    /// The lease's length, so a wake from an archive grants a fresh lease of the same length.
+    pub lease_seconds: u64,
+    /// Hibernate after this long without a data-plane call (from the pool).
+    pub idle_hibernate_seconds: Option<u64>,
+    /// Lineage: the checkpoint this sandbox was branched from, or the sandbox it was forked from.
+    pub from_checkpoint: Option<String>,
+    pub forked_from: Option<String>,
+    /// When the current state began.
+    pub state_since_ms: u64,
+    /// The sandbox's files on this node while it is hibernated.
+    pub stopped: Option<Snapshot>,
+    /// A lifecycle operation that was begun and not finished: written before acting, so the
+    /// next start completes or rolls it back.
+    pub intent: Option<Intent>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Intent {
+    /// Hibernating into `stopped`'s tar: a complete tar there means the capture finished.
+    Hibernate(Box<Snapshot>),
+    /// Uploading the hibernated snapshot as the sandbox's archive.
+    Archive,
 }
 
 /// `POST /v1/sandboxes` body, as sent.

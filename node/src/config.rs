@@ -43,6 +43,23 @@ pub struct Config {
     pub templates: BTreeMap<String, TemplateConfig>,
     /// Warm pools.
     pub pools: Vec<PoolConfig>,
+    /// Where checkpoints and archives go (and, across nodes, goldens).
+    pub store: StoreConfig,
+    /// Archive a sandbox after this long hibernated (never when unset).
+    pub archive_after_seconds: Option<u64>,
+    /// Delete an archive (and release its claim) after this long archived (never when unset).
+    pub archive_retention_seconds: Option<u64>,
+}
+
+/// `[store]`: a local directory (`[store.fs]`, default `<data_dir>/store`) or an S3 bucket
+/// (`[store.s3]`), and the snapshot store's settings (`[store.snapshots]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    pub fs: Option<silk_store::fs::FsConfig>,
+    pub s3: Option<silk_store::s3::S3Config>,
+    #[serde(default)]
+    pub snapshots: silk_store::SnapshotConfig,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +92,10 @@ pub struct PoolConfig {
     pub warm: usize,
     /// Ceiling the warm target may rise to while claims outrun refills (default: 2 × warm).
     pub warm_max: Option<usize>,
+    /// Hibernate a claimed sandbox of this pool after this long without a data-plane call (the
+    /// clock pauses while a relay connection is open). Never when unset.
+    #[serde(default)]
+    pub idle_hibernate_seconds: Option<u64>,
 }
 
 fn default_size() -> Size {
@@ -109,7 +130,11 @@ impl Default for Config {
                 lane: Lane::None,
                 warm: 2,
                 warm_max: None,
+                idle_hibernate_seconds: None,
             }],
+            store: StoreConfig::default(),
+            archive_after_seconds: None,
+            archive_retention_seconds: None,
         }
     }
 }
@@ -161,6 +186,9 @@ impl Config {
             if t.dir.is_some() == t.image.is_some() {
                 return bad(format!("template {name}: set exactly one of dir and image"));
             }
+        }
+        if self.store.fs.is_some() && self.store.s3.is_some() {
+            return bad("set at most one of [store.fs] and [store.s3]".into());
         }
         for p in &self.pools {
             if p.template != "host" && !self.templates.contains_key(&p.template) {

@@ -54,6 +54,22 @@ impl From<EngineError> for ApiError {
     }
 }
 
+impl From<silk_store::StoreError> for ApiError {
+    fn from(e: silk_store::StoreError) -> ApiError {
+        use silk_store::StoreError::*;
+        let (status, code) = match &e {
+            NotFound { .. } => (StatusCode::NOT_FOUND, "not_found"),
+            Unavailable { .. } => (StatusCode::SERVICE_UNAVAILABLE, "store_unavailable"),
+            Corrupt { .. } | CorruptManifest { .. } | UnsupportedFormat { .. } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "store_corrupt")
+            }
+            Refused { .. } => (StatusCode::BAD_GATEWAY, "store_refused"),
+            _ => (StatusCode::INTERNAL_SERVER_ERROR, "store_failed"),
+        };
+        ApiError::new(status, code, e.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });

@@ -58,6 +58,13 @@ pub struct Metrics {
     pub refill_failures: AtomicU64,
     pub relay_bytes: AtomicU64,
     pub execs: AtomicU64,
+    pub hibernated: AtomicU64,
+    pub woken: AtomicU64,
+    pub archived: AtomicU64,
+    pub checkpoints: AtomicU64,
+    pub branched: AtomicU64,
+    pub forked: AtomicU64,
+    pub promoted: AtomicU64,
 }
 
 impl Metrics {
@@ -110,6 +117,17 @@ impl Metrics {
                 &self.relay_bytes,
             ),
             ("silkmesh_exec_total", "Buffered exec calls.", &self.execs),
+            ("silkmesh_hibernated_total", "Sandboxes hibernated.", &self.hibernated),
+            (
+                "silkmesh_woken_total",
+                "Sandboxes woken (from hibernation or an archive).",
+                &self.woken,
+            ),
+            ("silkmesh_archived_total", "Sandboxes archived to the store.", &self.archived),
+            ("silkmesh_checkpoints_total", "Checkpoints taken.", &self.checkpoints),
+            ("silkmesh_branched_total", "Sandboxes branched from checkpoints.", &self.branched),
+            ("silkmesh_forked_total", "Sandboxes made by fork.", &self.forked),
+            ("silkmesh_promoted_total", "Templates promoted.", &self.promoted),
         ] {
             let _ = writeln!(
                 out,

@@ -18,9 +18,10 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use silk_engine::jail::{JailConfig, JailEngine};
 use silk_engine::{
-    AgentAddr, BoxInfo, BoxSpec, Engine, EngineError, Golden, SandboxId, Template, TemplateDef,
-    TemplateSource, Warmup,
+    AgentAddr, Base, BoxInfo, BoxSpec, Engine, EngineError, Golden, SandboxId, Template,
+    TemplateDef, TemplateSource, Warmup,
 };
+use silk_store::SnapshotStore;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::claims::{
@@ -33,6 +34,9 @@ use crate::metrics::Metrics;
 use crate::pool::{Pool, PoolKey};
 use crate::state::SandboxState;
 
+mod lifecycle;
+pub use lifecycle::{CheckpointInfo, Promoted};
+
 const REFILL_TICK: Duration = Duration::from_millis(250);
 const REAP_TICK: Duration = Duration::from_millis(500);
 
@@ -40,6 +44,7 @@ const REAP_TICK: Duration = Duration::from_millis(500);
 pub struct Node {
     pub cfg: Config,
     engine: Arc<dyn Engine>,
+    store: SnapshotStore,
     journal: Journal<ClaimRecord>,
     state: Mutex<State>,
     /// Golden builds run one at a time (two builds of one golden would collide).
@@ -59,13 +64,53 @@ struct State {
     pools: BTreeMap<PoolKey, Pool>,
     templates: HashMap<String, Template>,
     goldens: HashMap<String, Golden>,
+    /// Templates made by promote: name → golden.
+    promoted: BTreeMap<String, Promoted>,
+    /// One lock per sandbox: lifecycle calls on one sandbox run one at a time.
+    busy: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
+    /// Background lifecycle work (idle hibernate, archive) that failed waits until then.
+    retry_at: HashMap<String, Instant>,
 }
 
 /// A claimed sandbox.
 #[derive(Debug, Clone)]
 pub struct Live {
     pub record: ClaimRecord,
+    /// Where its silkd listens while it runs.
     pub agent: PathBuf,
+    /// The layers it runs on (unknown for a sandbox adopted while archived).
+    pub base: Option<Base>,
+    pub activity: Arc<Activity>,
+}
+
+/// Data-plane use of one sandbox, for idle hibernation.
+#[derive(Debug, Default)]
+pub struct Activity {
+    /// Relay connections open now.
+    pub open: std::sync::atomic::AtomicUsize,
+    /// When the last data-plane call ended (ms since the epoch).
+    pub last_ms: std::sync::atomic::AtomicU64,
+    /// Wakes relay tasks so they end when the sandbox stops (hibernate, archive, release).
+    pub hangup: Notify,
+}
+
+impl Activity {
+    fn new() -> Arc<Activity> {
+        let a = Activity::default();
+        a.last_ms.store(now_ms(), Ordering::Relaxed);
+        Arc::new(a)
+    }
+}
+
+impl Live {
+    fn new(record: ClaimRecord, info: &BoxInfo) -> Live {
+        Live {
+            record,
+            agent: agent_path(info),
+            base: Some(info.base.clone()),
+            activity: Activity::new(),
+        }
+    }
 }
 
 /// What a successful claim hands back (the token only this once).
@@ -108,11 +153,13 @@ impl Node {
         let engine =
             JailEngine::new(JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher))?;
         let (journal, records) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
+        let store = lifecycle::open_store(&cfg).await?;
         let pools = load_pools(&cfg)?;
         let node = Arc::new(Node {
             background: Arc::new(Semaphore::new(cfg.background_concurrency.max(1))),
             cfg,
             engine: Arc::new(engine),
+            store,
             journal,
             state: Mutex::default(),
             golden_lock: tokio::sync::Mutex::new(()),
@@ -121,6 +168,11 @@ impl Node {
             metrics: Metrics::default(),
             started: Instant::now(),
         });
+        {
+            let mut st = node.lock();
+            st.promoted = lifecycle::load_promoted(&node.cfg)?;
+            st.goldens = st.promoted.iter().map(|(n, p)| (n.clone(), p.golden.clone())).collect();
+        }
         node.set_pool_configs(&pools);
         node.reconcile(records).await?;
         tokio::spawn(refill_loop(node.clone()));
@@ -132,40 +184,57 @@ impl Node {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Re-adopts claimed sandboxes that are still running; removes every other sandbox and
-    /// forgets claims whose sandbox is gone.
+    /// Re-adopts claimed sandboxes that are still running, keeps hibernated and archived ones,
+    /// finishes or rolls back lifecycle operations a crash interrupted (see `lifecycle`),
+    /// removes every other sandbox and forgets claims whose sandbox is gone.
     async fn reconcile(&self, records: BTreeMap<String, ClaimRecord>) -> anyhow::Result<()> {
         let engine = self.engine.clone();
-        let boxes = blocking(move || engine.list()).await?;
-        let mut adopted = HashMap::new();
-        let mut doomed = vec![];
-        for info in boxes {
-            match records.get(info.id.as_str()) {
-                Some(rec) if info.running && rec.state == SandboxState::Claimed => {
-                    adopted.insert(
-                        rec.id.clone(),
-                        Live { record: rec.clone(), agent: agent_path(&info) },
-                    );
+        let boxes: HashMap<String, BoxInfo> = blocking(move || engine.list())
+            .await?
+            .into_iter()
+            .map(|b| (b.id.to_string(), b))
+            .collect();
+        let mut kept = HashMap::new();
+        let mut changes = vec![];
+        for (id, rec) in records {
+            match self.recover(rec, boxes.get(&id)).await {
+                Some((live, changed)) => {
+                    if changed {
+                        changes.push(Change::Put(id.clone(), live.record.clone()));
+                    }
+                    kept.insert(id, live);
                 }
-                _ => doomed.push(info.id),
+                None => changes.push(Change::Delete(id)),
             }
         }
-        let lost: Vec<_> =
-            records.keys().filter(|id| !adopted.contains_key(*id)).cloned().collect();
+        // A box is kept only for a claim that runs on it.
+        let doomed: Vec<_> = boxes
+            .into_values()
+            .filter(|b| {
+                kept.get(b.id.as_str())
+                    .is_none_or(|l: &Live| l.record.state != SandboxState::Claimed)
+            })
+            .map(|b| b.id)
+            .collect();
         tracing::info!(
-            adopted = adopted.len(),
+            kept = kept.len(),
             removed = doomed.len(),
-            lost = lost.len(),
+            changed = changes.len(),
             "reconciled"
         );
-        if !lost.is_empty() {
-            self.journal.commit(lost.into_iter().map(Change::Delete).collect()).await?;
+        if !changes.is_empty() {
+            self.journal.commit(changes).await?;
         }
-        self.lock().claims = adopted;
+        let referenced: Vec<PathBuf> = kept
+            .values()
+            .filter_map(|l| l.record.stopped.as_ref().map(|s| s.layer_tar.clone()))
+            .collect();
+        self.lock().claims = kept;
         for id in doomed {
             let engine = self.engine.clone();
             blocking(move || engine.destroy(&id)).await?;
         }
+        lifecycle::sweep_files(&self.cfg, &referenced);
         Ok(())
     }
 
@@ -174,6 +243,12 @@ impl Node {
     fn template_def(&self, name: &str) -> Result<TemplateDef, ApiError> {
         if name == "host" {
             return Ok(TemplateDef::host());
+        }
+        if let Some(p) = self.lock().promoted.get(name) {
+            return Ok(TemplateDef {
+                name: name.into(),
+                source: TemplateSource::Dir(p.golden.template.root.clone()),
+            });
         }
         let t = self.cfg.templates.get(name).ok_or_else(|| {
             ApiError::new(
@@ -205,6 +280,9 @@ impl Node {
         if let Some(t) = self.lock().templates.get(name) {
             return Ok(t.clone());
         }
+        if let Some(p) = self.lock().promoted.get(name) {
+            return Ok(p.golden.template.clone());
+        }
         let def = self.template_def(name)?;
         let engine = self.engine.clone();
         let t = blocking(move || engine.template(&def)).await?;
@@ -232,13 +310,6 @@ impl Node {
 
     pub async fn claim(self: &Arc<Self>, spec: ClaimSpec) -> Result<Claimed, ApiError> {
         let t0 = Instant::now();
-        if spec.on_expire == OnExpire::Archive {
-            return Err(ApiError::new(
-                axum::http::StatusCode::NOT_IMPLEMENTED,
-                "unsupported",
-                "on_expire = archive needs the object store, which this node does not have yet",
-            ));
-        }
         if self.draining.load(Ordering::Relaxed) {
             return Err(ApiError::new(
                 axum::http::StatusCode::SERVICE_UNAVAILABLE,
@@ -248,19 +319,14 @@ impl Node {
         }
         self.template_def(&spec.template)?;
         let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
-        let warm = {
+        let (warm, idle) = {
             let mut st = self.lock();
-            if st.claims.len() + st.pending >= self.cfg.max_claims {
-                return Err(ApiError::new(
-                    axum::http::StatusCode::TOO_MANY_REQUESTS,
-                    "node_full",
-                    format!("this node holds its maximum of {} claims", self.cfg.max_claims),
-                ));
-            }
-            st.pending += 1;
-            st.pools.get_mut(&key).and_then(|p| p.take(Instant::now()))
+            self.admit(&mut st, 1)?;
+            let pool = st.pools.get_mut(&key);
+            let idle = pool.as_ref().and_then(|p| p.idle_hibernate);
+            (pool.and_then(|p| p.take(Instant::now())), idle)
         };
-        let result = self.finish_claim(spec, key, warm, t0).await;
+        let result = self.finish_claim(spec, key, warm, idle, t0).await;
         self.lock().pending -= 1;
         self.refill.notify_one();
         if let Ok(claimed) = &result
@@ -277,11 +343,25 @@ impl Node {
         result
     }
 
+    /// Counts `n` claims in flight, or answers 429 when the node is full.
+    fn admit(&self, st: &mut State, n: usize) -> Result<(), ApiError> {
+        if st.claims.len() + st.pending + n > self.cfg.max_claims {
+            return Err(ApiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "node_full",
+                format!("this node holds its maximum of {} claims", self.cfg.max_claims),
+            ));
+        }
+        st.pending += n;
+        Ok(())
+    }
+
     async fn finish_claim(
         &self,
         spec: ClaimSpec,
         key: PoolKey,
         warm: Option<BoxInfo>,
+        idle_hibernate_seconds: Option<u64>,
         t0: Instant,
     ) -> Result<Claimed, ApiError> {
         let (info, tier) = match warm {
@@ -304,35 +384,29 @@ impl Node {
             }
         };
         let token = new_token();
-        let now = now_ms();
-        let record = ClaimRecord {
-            id: info.id.to_string(),
-            token_hash: hash_token(&token),
-            template: spec.template,
-            size: spec.size,
-            lane: spec.lane,
-            tier,
-            state: SandboxState::Warm
-                .transition(SandboxState::Claimed)
-                .map_err(ApiError::internal)?,
-            created_ms: now,
-            deadline_ms: now + spec.ttl_seconds * 1000,
-            on_expire: spec.on_expire,
-            metadata: spec.metadata,
-        };
-        if let Err(e) =
-            self.journal.commit(vec![Change::Put(record.id.clone(), record.clone())]).await
-        {
-            // Not acknowledged: the sandbox must not outlive the failed claim.
-            self.teardown(info.id.clone());
-            return Err(ApiError::internal(format!("journal: {e}")));
-        }
-        self.lock()
-            .claims
-            .insert(record.id.clone(), Live { record: record.clone(), agent: agent_path(&info) });
+        let mut record = new_record(&info, &token, &spec, tier);
+        record.idle_hibernate_seconds = idle_hibernate_seconds;
+        self.acknowledge(vec![(record.clone(), info)]).await?;
         let took = t0.elapsed();
         self.metrics.claimed(tier, took);
         Ok(Claimed { record, token, took })
+    }
+
+    /// Journals new claims on running sandboxes, all or none, and makes them visible. On a
+    /// journal failure the sandboxes are destroyed: nothing unacknowledged outlives the call.
+    async fn acknowledge(&self, claims: Vec<(ClaimRecord, BoxInfo)>) -> Result<(), ApiError> {
+        let changes = claims.iter().map(|(r, _)| Change::Put(r.id.clone(), r.clone())).collect();
+        if let Err(e) = self.journal.commit(changes).await {
+            for (_, info) in claims {
+                self.teardown(info.id);
+            }
+            return Err(ApiError::internal(format!("journal: {e}")));
+        }
+        let mut st = self.lock();
+        for (record, info) in claims {
+            st.claims.insert(record.id.clone(), Live::new(record, &info));
+        }
+        Ok(())
     }
 
     /// Destroys a sandbox in the background, within the shared concurrency limit.
@@ -363,6 +437,10 @@ impl Node {
         out
     }
 
+    pub fn capabilities(&self) -> silk_engine::Caps {
+        self.engine.capabilities()
+    }
+
     pub fn is_root(&self, bearer: Option<&str>) -> bool {
         match (&self.cfg.api_token, bearer) {
             (None, _) => true,
@@ -382,6 +460,7 @@ impl Node {
     }
 
     pub async fn release(&self, id: &str) -> Result<(), ApiError> {
+        let _busy = self.busy(id).await;
         let live = self.lock().claims.remove(id).ok_or_else(ApiError::sandbox_not_found)?;
         live.record.state.transition(SandboxState::Released).map_err(ApiError::internal)?;
         if let Err(e) = self.journal.commit(vec![Change::Delete(id.to_string())]).await {
@@ -389,39 +468,105 @@ impl Node {
             return Err(ApiError::internal(format!("journal: {e}")));
         }
         self.metrics.released.fetch_add(1, Ordering::Relaxed);
-        self.teardown(live.record.id.parse()?);
+        live.activity.hangup.notify_waiters();
+        self.lock().busy.remove(id);
+        match live.record.state {
+            SandboxState::Claimed => self.teardown(live.record.id.parse()?),
+            SandboxState::Hibernated => {
+                if let Some(s) = &live.record.stopped {
+                    let _ = std::fs::remove_file(&s.layer_tar);
+                }
+            }
+            SandboxState::Archived => self.drop_archive(id),
+            SandboxState::Warm | SandboxState::Released => {}
+        }
         Ok(())
     }
 
     pub async fn renew(&self, id: &str, ttl_seconds: u64) -> Result<ClaimRecord, ApiError> {
         let mut record = self.get(id).ok_or_else(ApiError::sandbox_not_found)?.record;
         record.deadline_ms = now_ms() + ttl_seconds * 1000;
+        record.lease_seconds = ttl_seconds;
         self.journal
             .commit(vec![Change::Put(id.to_string(), record.clone())])
             .await
             .map_err(|e| ApiError::internal(format!("journal: {e}")))?;
         match self.lock().claims.get_mut(id) {
-            Some(live) => live.record.deadline_ms = record.deadline_ms,
+            Some(live) => {
+                live.record.deadline_ms = record.deadline_ms;
+                live.record.lease_seconds = ttl_seconds;
+            }
             // Released while the renewal was being written: the release wins.
             None => return Err(ApiError::sandbox_not_found()),
         }
         Ok(record)
     }
 
-    /// Ends every lease that ran out.
+    /// Ends every lease that ran out (`destroy`, or `archive`), hibernates idle sandboxes,
+    /// archives long-hibernated ones and deletes archives past their retention.
     async fn reap(&self) {
         let now = now_ms();
-        let expired: Vec<String> = self
-            .lock()
-            .claims
-            .values()
-            .filter(|l| l.record.deadline_ms <= now)
-            .map(|l| l.record.id.clone())
-            .collect();
-        for id in expired {
-            if self.release(&id).await.is_ok() {
-                self.metrics.expired.fetch_add(1, Ordering::Relaxed);
-                tracing::info!(sandbox = id, "lease expired");
+        let mut due = vec![];
+        {
+            let st = self.lock();
+            let later = Instant::now();
+            for live in st.claims.values() {
+                let r = &live.record;
+                if st.retry_at.get(&r.id).is_some_and(|t| later < *t) {
+                    continue;
+                }
+                let since = now.saturating_sub(r.state_since_ms) / 1000;
+                let work = if r.deadline_ms <= now {
+                    match (r.on_expire, r.state) {
+                        (OnExpire::Archive, SandboxState::Archived) => None,
+                        (OnExpire::Archive, _) => Some(Due::Archive),
+                        (OnExpire::Destroy, _) => Some(Due::Release),
+                    }
+                } else {
+                    match r.state {
+                        SandboxState::Claimed => {
+                            let idle_ms =
+                                now.saturating_sub(live.activity.last_ms.load(Ordering::Relaxed));
+                            let open = live.activity.open.load(Ordering::Relaxed);
+                            r.idle_hibernate_seconds
+                                .filter(|s| open == 0 && idle_ms >= s * 1000)
+                                .map(|_| Due::Hibernate)
+                        }
+                        SandboxState::Hibernated => self
+                            .cfg
+                            .archive_after_seconds
+                            .filter(|s| since >= *s)
+                            .map(|_| Due::Archive),
+                        SandboxState::Archived => self
+                            .cfg
+                            .archive_retention_seconds
+                            .filter(|s| since >= *s)
+                            .map(|_| Due::Release),
+                        SandboxState::Warm | SandboxState::Released => None,
+                    }
+                };
+                if let Some(w) = work {
+                    due.push((r.id.clone(), w));
+                }
+            }
+        }
+        for (id, work) in due {
+            let done = match work {
+                Due::Release => self.release(&id).await.map(|()| "released"),
+                Due::Archive => self.archive(&id).await.map(|_| "archived"),
+                Due::Hibernate => self.hibernate(&id).await.map(|_| "hibernated (idle)"),
+            };
+            match done {
+                Ok(what) => {
+                    if matches!(work, Due::Release) {
+                        self.metrics.expired.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::info!(sandbox = id, "{what}");
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = id, "background {work:?} failed: {e}");
+                    self.lock().retry_at.insert(id, Instant::now() + Duration::from_secs(5));
+                }
             }
         }
     }
@@ -437,6 +582,7 @@ impl Node {
                 Pool::new(key.clone(), p.warm, p.warm_max.unwrap_or(p.warm * 2))
             });
             pool.warm = p.warm;
+            pool.idle_hibernate = p.idle_hibernate_seconds;
             pool.warm_max = p.warm_max.unwrap_or(p.warm * 2).max(p.warm);
             pool.target = pool.target.clamp(pool.warm, pool.warm_max);
             next.insert(key, pool);
@@ -462,6 +608,7 @@ impl Node {
                 lane: p.key.lane,
                 warm: p.warm,
                 warm_max: Some(p.warm_max),
+                idle_hibernate_seconds: p.idle_hibernate,
             })
             .collect()
     }
@@ -469,7 +616,10 @@ impl Node {
     /// Replaces the pools at runtime and persists them for the next start.
     pub fn replace_pools(&self, pools: Vec<PoolConfig>) -> Result<(), ApiError> {
         let mut probe = self.cfg.clone();
-        probe.pools = pools.clone();
+        // Promoted templates are not in the config file; validate the others.
+        let promoted = self.lock().promoted.clone();
+        probe.pools =
+            pools.iter().filter(|p| !promoted.contains_key(&p.template)).cloned().collect();
         probe.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
         let json =
             serde_json::to_vec_pretty(&pools).map_err(|e| ApiError::internal(e.to_string()))?;
@@ -600,6 +750,38 @@ async fn refill_loop(node: Arc<Node>) {
             () = node.refill.notified() => {}
             () = tokio::time::sleep(REFILL_TICK) => {}
         }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Due {
+    Release,
+    Archive,
+    Hibernate,
+}
+
+/// The record of a fresh claim on `info`.
+fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Tier) -> ClaimRecord {
+    let now = now_ms();
+    ClaimRecord {
+        id: info.id.to_string(),
+        token_hash: hash_token(token),
+        template: spec.template.clone(),
+        size: spec.size,
+        lane: spec.lane,
+        tier,
+        state: SandboxState::Claimed,
+        created_ms: now,
+        deadline_ms: now + spec.ttl_seconds * 1000,
+        on_expire: spec.on_expire,
+        metadata: spec.metadata.clone(),
+        lease_seconds: spec.ttl_seconds,
+        idle_hibernate_seconds: None,
+        from_checkpoint: None,
+        forked_from: None,
+        state_since_ms: now,
+        stopped: None,
+        intent: None,
     }
 }
 

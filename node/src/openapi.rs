@@ -37,6 +37,7 @@ pub fn document() -> Value {
         "delete": op("Release: destroy the sandbox", (204, json!({ "description": "released" })), &[401, 404], None),
     });
     sandbox["parameters"] = id.clone();
+    let id = &id;
     json!({
         "openapi": "3.1.0",
         "info": { "title": "silkmesh sandboxd", "version": env!("CARGO_PKG_VERSION") },
@@ -56,7 +57,24 @@ pub fn document() -> Value {
                     "tier": { "enum": ["warm", "clone", "cold"] }, "state": { "type": "string" }, "owner": { "type": "string" },
                     "template": { "type": "string" }, "size": { "type": "string" }, "lane": { "type": "string" },
                     "created_ms": { "type": "integer" }, "deadline_ms": { "type": "integer" },
-                    "metadata": { "type": "object" }, "agent_path": { "type": "string" } } },
+                    "metadata": { "type": "object" }, "agent_path": { "type": "string" },
+                    "lease_seconds": { "type": "integer" }, "state_since_ms": { "type": "integer" },
+                    "from_checkpoint": { "type": ["string", "null"] }, "forked_from": { "type": ["string", "null"] },
+                    "memory_snapshot": { "type": "boolean", "description": "false: processes restart on wake, branch and fork (files are exact)" } } },
+                "Checkpoint": { "type": "object", "properties": {
+                    "id": { "type": "string", "description": "ck_ + 32 hex digits" }, "name": { "type": ["string", "null"] },
+                    "sandbox": { "type": "string" }, "template": { "type": "string" }, "created_ms": { "type": "integer" },
+                    "bytes": { "type": "integer" }, "uploaded_bytes": { "type": "integer", "description": "only in the create response" } } },
+                "CheckpointRequest": { "type": "object", "additionalProperties": false, "properties": { "name": { "type": "string", "maxLength": 128 } } },
+                "BranchRequest": { "type": "object", "additionalProperties": false, "properties": {
+                    "ttl_seconds": { "type": "integer" }, "metadata": { "type": "object" }, "on_expire": { "enum": ["destroy", "archive"] } } },
+                "ForkRequest": { "type": "object", "additionalProperties": false, "required": ["count"], "properties": {
+                    "count": { "type": "integer", "minimum": 1, "maximum": 16 }, "ttl_seconds": { "type": "integer" } } },
+                "PromoteRequest": { "type": "object", "additionalProperties": false, "required": ["template"], "properties": {
+                    "template": { "type": "string", "pattern": "^[a-z0-9_-]{1,64}$" } } },
+                "Template": { "type": "object", "properties": {
+                    "name": { "type": "string" }, "kind": { "enum": ["builtin", "configured", "promoted"] },
+                    "digest": { "type": "string" }, "source": { "type": "string" }, "created_ms": { "type": "integer" } } },
                 "Renew": { "type": "object", "additionalProperties": false, "properties": { "ttl_seconds": { "type": "integer" } } },
                 "Exec": { "type": "object", "additionalProperties": false, "required": ["argv"], "properties": {
                     "argv": { "type": "array", "items": { "type": "string" }, "minItems": 1 }, "cwd": { "type": "string" },
@@ -89,8 +107,27 @@ pub fn document() -> Value {
                 "get": op("List claims; filter with metadata=key=value (repeatable)", (200, ok_any()), &[400, 401], None),
             },
             "/v1/sandboxes/{id}": sandbox,
-            "/v1/sandboxes/{id}/renew": { "parameters": id, "post": op("Reset the lease", (200, ok_any()), &[400, 401, 404], Some("Renew")) },
-            "/v1/sandboxes/{id}/exec": { "parameters": id, "post": op("Run a command, buffered", (200, ok_json("ExecResult")), &[400, 401, 404, 413, 503], Some("Exec")) },
+            "/v1/sandboxes/{id}/renew": { "parameters": id.clone(), "post": op("Reset the lease", (200, ok_any()), &[400, 401, 404], Some("Renew")) },
+            "/v1/sandboxes/{id}/exec": { "parameters": id.clone(), "post": op("Run a command, buffered", (200, ok_json("ExecResult")), &[400, 401, 404, 413, 503], Some("Exec")) },
+            "/v1/sandboxes/{id}/hibernate": { "parameters": id.clone(), "post": op("Snapshot and stop (idempotent); the lease keeps running; any access wakes it", (200, ok_json("Sandbox")), &[401, 404, 409, 500], None) },
+            "/v1/sandboxes/{id}/wake": { "parameters": id.clone(), "post": op("Start a hibernated or archived sandbox (an archive gets a fresh lease)", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
+            "/v1/sandboxes/{id}/archive": { "parameters": id.clone(), "post": op("Move the sandbox's files to the store and free the host; on a store failure it runs again", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
+            "/v1/sandboxes/{id}/checkpoint": { "parameters": id.clone(), "post": op("Capture the files into the store; the sandbox keeps running", (201, ok_json("Checkpoint")), &[400, 401, 404, 409, 503], Some("CheckpointRequest")) },
+            "/v1/sandboxes/{id}/checkpoints": { "parameters": id.clone(), "get": op("This sandbox's checkpoints", (200, ok_any()), &[401, 404, 503], None) },
+            "/v1/sandboxes/{id}/fork": { "parameters": id.clone(), "post": op("count new sandboxes from the current files, all or none", (201, ok_any()), &[400, 401, 404, 409, 429], Some("ForkRequest")) },
+            "/v1/sandboxes/{id}/promote": { "parameters": id.clone(), "post": op("Publish the files as a template (re-promote replaces)", (201, ok_json("Template")), &[400, 401, 404, 409], Some("PromoteRequest")) },
+            "/v1/checkpoints": { "get": op("Every checkpoint in the store (root token)", (200, ok_any()), &[401, 503], None) },
+            "/v1/checkpoints/{id}": {
+                "parameters": id.clone(),
+                "get": op("One checkpoint (root or its sandbox's token)", (200, ok_json("Checkpoint")), &[404, 503], None),
+                "delete": op("Delete a checkpoint", (204, json!({ "description": "deleted" })), &[404, 503], None),
+            },
+            "/v1/checkpoints/{id}/claim": { "parameters": id.clone(), "post": op("Branch: a new sandbox from the checkpoint", (201, ok_json("Sandbox")), &[400, 404, 429, 503], Some("BranchRequest")) },
+            "/v1/templates": { "get": op("Templates: built in, configured, promoted", (200, ok_any()), &[401], None) },
+            "/v1/templates/{name}": {
+                "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "delete": op("Delete a promoted template", (204, json!({ "description": "deleted" })), &[401, 404, 409], None),
+            },
             "/v1/sandboxes/{id}/agent": { "parameters": id, "get": op("Upgrade: silkd — after 101, a byte relay to the sandbox's silkd", (101, json!({ "description": "switching protocols" })), &[401, 404, 426, 503], None) },
         }
     })

@@ -40,6 +40,8 @@ pub struct Pool {
     pub key: PoolKey,
     pub warm: usize,
     pub warm_max: usize,
+    /// Claims of this pool hibernate after this long idle.
+    pub idle_hibernate: Option<u64>,
     pub target: usize,
     pub ready: VecDeque<BoxInfo>,
     /// Starts in flight.
@@ -56,6 +58,7 @@ impl Pool {
             key,
             warm,
             warm_max: warm_max.max(warm),
+            idle_hibernate: None,
             target: warm,
             ready: VecDeque::new(),
             starting: 0,

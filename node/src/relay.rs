@@ -13,7 +13,7 @@ use tokio::net::UnixStream;
 
 use crate::api::bearer;
 use crate::error::ApiError;
-use crate::node::Node;
+use crate::node::{Activity, Live, Node};
 
 pub const PROTOCOL: &str = "silkd";
 
@@ -22,7 +22,7 @@ pub async fn agent(
     Path(id): Path<String>,
     mut req: Request,
 ) -> Result<Response, ApiError> {
-    let live = node.authorized(&id, bearer(req.headers()))?;
+    node.authorized(&id, bearer(req.headers()))?;
     let wants = req
         .headers()
         .get(header::UPGRADE)
@@ -35,6 +35,8 @@ pub async fn agent(
             "send `Connection: upgrade` and `Upgrade: silkd`",
         ));
     }
+    // A hibernated or archived sandbox wakes first: the client sees a slower call.
+    let live = node.wake(&id).await?;
     // Dial before answering 101, so a dead agent is a clear 503 rather than a dropped stream.
     let mut agent = UnixStream::connect(&live.agent).await.map_err(|e| {
         ApiError::new(
@@ -44,7 +46,9 @@ pub async fn agent(
         )
     })?;
     let upgrade = hyper::upgrade::on(&mut req);
+    let active = Active::new(&live);
     tokio::spawn(async move {
+        let _active = active;
         let upgraded = match upgrade.await {
             Ok(u) => u,
             Err(e) => {
@@ -53,15 +57,38 @@ pub async fn agent(
             }
         };
         let mut client = TokioIo::new(upgraded);
-        match tokio::io::copy_bidirectional(&mut client, &mut agent).await {
-            Ok((up, down)) => {
-                node.metrics.relay_bytes.fetch_add(up + down, Ordering::Relaxed);
-            }
-            Err(e) => tracing::debug!(sandbox = id, "relay ended: {e}"),
+        let hangup = live.activity.clone();
+        tokio::select! {
+            copied = tokio::io::copy_bidirectional(&mut client, &mut agent) => match copied {
+                Ok((up, down)) => {
+                    node.metrics.relay_bytes.fetch_add(up + down, Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!(sandbox = id, "relay ended: {e}"),
+            },
+            // Hibernate, archive or release: the sandbox is stopping.
+            () = hangup.hangup.notified() => {}
         }
     });
     let mut res = StatusCode::SWITCHING_PROTOCOLS.into_response();
     res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     res.headers_mut().insert(header::UPGRADE, HeaderValue::from_static(PROTOCOL));
     Ok(res)
+}
+
+/// A data-plane call in progress: pauses the sandbox's idle clock until dropped.
+#[derive(Debug)]
+pub struct Active(Arc<Activity>);
+
+impl Active {
+    pub fn new(live: &Live) -> Active {
+        live.activity.open.fetch_add(1, Ordering::Relaxed);
+        Active(live.activity.clone())
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.last_ms.store(crate::node::now_ms(), Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
 }

@@ -18,7 +18,7 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::object::check_prefix;
@@ -33,7 +33,7 @@ const STALE_TMP: Duration = Duration::from_secs(3600);
 const READ_CHUNK: usize = 256 * 1024;
 
 /// The `fs` backend's settings (the `[store.fs]` table of the node config).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FsConfig {
     /// The directory holding the objects; created if missing.

@@ -29,7 +29,7 @@ use aws_sdk_s3::types::{CompletedMultipartUpload, CompletedPart, Delete, ObjectI
 use aws_smithy_http_client::tls;
 use bytes::{Bytes, BytesMut};
 use futures_util::StreamExt;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::task::JoinSet;
 
 use crate::object::check_prefix;
@@ -45,7 +45,7 @@ const DELETE_BATCH: usize = 1000;
 
 /// The `s3` backend's settings (the `[store.s3]` table of the node config). Every key but
 /// `bucket` has a default. There are deliberately no credential keys: see the module docs.
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct S3Config {
     pub bucket: String,

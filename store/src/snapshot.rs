@@ -30,7 +30,7 @@ use std::time::{Duration, SystemTime};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, TryStreamExt};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -41,7 +41,7 @@ use crate::manifest::{ChunkRef, FORMAT, MANIFEST_PREFIXES, Manifest, SnapshotNam
 use crate::{Key, ObjectStore, Result, StoreError};
 
 /// The snapshot store's settings (the `[store.snapshots]` table of the node config).
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotConfig {
     #[serde(default)]

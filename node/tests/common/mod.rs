@@ -33,6 +33,8 @@ pub struct Sandboxd {
     pub addr: SocketAddr,
     pub dir: tempfile::TempDir,
     pub config: PathBuf,
+    /// `SANDBOXD_CRASH_AT` for the next launch: the node kills itself at that point.
+    pub crash_at: Option<String>,
 }
 
 impl Sandboxd {
@@ -47,19 +49,25 @@ impl Sandboxd {
             launcher().display()
         );
         std::fs::write(&config, toml).unwrap();
-        let mut node = Sandboxd { child: None, addr: "127.0.0.1:1".parse().unwrap(), dir, config };
+        let mut node = Sandboxd {
+            child: None,
+            addr: "127.0.0.1:1".parse().unwrap(),
+            dir,
+            config,
+            crash_at: None,
+        };
         node.launch();
         node
     }
 
     fn launch(&mut self) {
-        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
-            .arg("--config")
-            .arg(&self.config)
-            .env("SANDBOXD_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"));
+        cmd.arg("--config").arg(&self.config).env("SANDBOXD_LOG", "warn").stdout(Stdio::piped());
+        match &self.crash_at {
+            Some(point) => cmd.env("SANDBOXD_CRASH_AT", point),
+            None => cmd.env_remove("SANDBOXD_CRASH_AT"),
+        };
+        let mut child = cmd.spawn().unwrap();
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let addr = line
@@ -79,6 +87,16 @@ impl Sandboxd {
 
     pub fn restart(&mut self) {
         self.kill9();
+        self.launch();
+    }
+
+    /// Waits for the node process to end by itself (a crash point), then starts it again
+    /// without the crash point.
+    pub fn wait_crash_and_restart(&mut self) {
+        let mut child = self.child.take().expect("running");
+        let status = child.wait().unwrap();
+        assert!(!status.success(), "the node was to crash, it exited with {status}");
+        self.crash_at = None;
         self.launch();
     }
 
@@ -190,6 +208,53 @@ pub fn http(
     let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     let value = serde_json::from_str(rest).unwrap_or(Value::String(rest.to_string()));
     (status, value)
+}
+
+/// Like [`http`], but a connection the server drops (a crash) is `None` instead of a panic.
+pub fn try_http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: &str,
+) -> Option<(u16, Value)> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+        token.map(|t| format!("Authorization: Bearer {t}\r\n")).unwrap_or_default(),
+        body.len()
+    );
+    s.write_all(head.as_bytes()).ok()?;
+    s.write_all(body.as_bytes()).ok()?;
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).ok()?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, rest) = text.split_once("\r\n\r\n")?;
+    let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((status, serde_json::from_str(rest).unwrap_or(Value::String(rest.to_string()))))
+}
+
+/// `[store.s3]` for the local S3 server `scripts/start-s3` runs (scripts/test starts it), under
+/// a prefix of its own. Never skipped: without the server the test fails saying so.
+pub fn s3_store_toml() -> String {
+    let var = |v: &str| {
+        std::env::var(v).unwrap_or_else(|_| {
+            panic!("{v} is not set: run the suite through scripts/test, or eval \"$(scripts/start-s3)\"")
+        })
+    };
+    let _ = (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY"));
+    let prefix = format!(
+        "node-{}-{}/",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    );
+    format!(
+        "[store.s3]\nbucket = \"{}\"\nregion = \"{}\"\nendpoint = \"{}\"\npath_style = true\nprefix = \"{prefix}\"\n",
+        var("SILK_S3_BUCKET"),
+        var("SILK_S3_REGION"),
+        var("SILK_S3_ENDPOINT")
+    )
 }
 
 pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {

@@ -1,0 +1,778 @@
+//! Lifecycle beyond one claim: hibernate and wake, checkpoint and branch, fork, promote,
+//! archive. Everything goes through the engine trait and the snapshot store.
+//!
+//! Calls on one sandbox run one at a time (a per-sandbox async lock); a call the sandbox's state
+//! does not allow answers 409. Crash safety, step by step (a kill -9 anywhere):
+//!
+//! | operation | how a crash is survived |
+//! |---|---|
+//! | hibernate | the intent (with the tar path) is journalled first; the engine writes the tar whole or not at all and stops the sandbox only after. At start: a tar there → hibernated; none → the sandbox still runs (the engine thaws one the crash left frozen) and is re-adopted. |
+//! | archive | always from a hibernated sandbox (a running one is hibernated first); the intent is journalled, the local tar kept until the archive's manifest is in the store. At start: manifest there → archived; otherwise still hibernated, retried later. |
+//! | wake | the tar (or the archive) is deleted only after the running state is journalled; a sandbox started but not journalled is removed at start. |
+//! | checkpoint, fork, branch, promote | nothing is journalled until the result is whole: a crash leaves the source as it was, and scratch files and half-made sandboxes are removed at start. A checkpoint's manifest is its commit point. |
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+use silk_engine::{BoxInfo, BoxSpec, Golden, SandboxId, Snapshot, SnapshotMode};
+use silk_store::{ObjectStore, SnapshotName, SnapshotStore, StoreError};
+use tokio::task::JoinSet;
+
+use super::{Claimed, Live, Node, State, blocking, new_record, now_ms};
+use crate::claims::{ClaimRecord, ClaimSpec, Intent, Tier, new_token, random_hex};
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::journal::Change;
+use crate::state::SandboxState;
+
+pub const MAX_FORK: usize = 16;
+
+/// A template made by promote.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Promoted {
+    pub golden: Golden,
+    /// The sandbox it was promoted from.
+    pub source: String,
+    pub created_ms: u64,
+}
+
+/// A checkpoint as the API shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckpointInfo {
+    pub id: String,
+    pub name: Option<String>,
+    pub sandbox: String,
+    pub template: String,
+    pub created_ms: u64,
+    /// Bytes in the snapshot stream.
+    pub bytes: u64,
+    /// Bytes this checkpoint sent to the store (the rest was there already); only on creation.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uploaded_bytes: Option<u64>,
+    #[serde(skip)]
+    token_hash: String,
+}
+
+/// Opens the configured object store: `[store.s3]`, `[store.fs]`, or `<data_dir>/store`.
+pub(super) async fn open_store(cfg: &Config) -> anyhow::Result<SnapshotStore> {
+    let objects: Arc<dyn ObjectStore> = match (&cfg.store.s3, &cfg.store.fs) {
+        (Some(s3), _) => Arc::new(silk_store::s3::S3Store::new(s3.clone()).await?),
+        (None, Some(fs)) => Arc::new(silk_store::fs::FsStore::open(fs.clone()).await?),
+        (None, None) => {
+            let fs = silk_store::fs::FsConfig::new(cfg.data_dir.join("store"));
+            Arc::new(silk_store::fs::FsStore::open(fs).await?)
+        }
+    };
+    let mut snapshots = cfg.store.snapshots.clone();
+    if snapshots.known_index.is_none() {
+        snapshots.known_index = Some(cfg.data_dir.join("known-chunks"));
+    }
+    Ok(SnapshotStore::new(objects, snapshots, None)?)
+}
+
+fn promoted_path(cfg: &Config) -> PathBuf {
+    cfg.data_dir.join("promoted.json")
+}
+
+/// Local tars of hibernated sandboxes.
+fn snapshots_dir(cfg: &Config) -> PathBuf {
+    cfg.data_dir.join("snapshots")
+}
+
+/// Tars that live for one call (checkpoint, fork, promote, downloads); emptied at start.
+fn scratch_dir(cfg: &Config) -> PathBuf {
+    cfg.data_dir.join("scratch")
+}
+
+pub(super) fn load_promoted(cfg: &Config) -> anyhow::Result<BTreeMap<String, Promoted>> {
+    match std::fs::read(promoted_path(cfg)) {
+        Ok(bytes) => Ok(serde_json::from_slice(&bytes)?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Removes what a crash left: scratch files, and hibernation tars no record names.
+pub(super) fn sweep_files(cfg: &Config, referenced: &[PathBuf]) {
+    let _ = std::fs::remove_dir_all(scratch_dir(cfg));
+    for dir in [snapshots_dir(cfg), scratch_dir(cfg)] {
+        if let Err(e) = std::fs::create_dir_all(&dir) {
+            tracing::warn!("mkdir {}: {e}", dir.display());
+        }
+    }
+    let Ok(entries) = std::fs::read_dir(snapshots_dir(cfg)) else { return };
+    for entry in entries.flatten() {
+        if !referenced.contains(&entry.path()) {
+            tracing::info!(file = %entry.path().display(), "removing an unreferenced snapshot");
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Test hook for the crash tests: `SANDBOXD_CRASH_AT=<point>` makes the node SIGKILL itself
+/// there, exactly as `kill -9` would.
+fn crash_point(point: &str) {
+    if std::env::var_os("SANDBOXD_CRASH_AT").is_some_and(|v| v == point) {
+        tracing::error!("crash point {point}: killing this process");
+        // SAFETY: plain syscalls.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+    }
+}
+
+fn conflict(message: String) -> ApiError {
+    ApiError::new(StatusCode::CONFLICT, "conflict", message)
+}
+
+fn checkpoint_not_found() -> ApiError {
+    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such checkpoint")
+}
+
+fn journal_error(e: impl std::fmt::Display) -> ApiError {
+    ApiError::internal(format!("journal: {e}"))
+}
+
+/// `ck_<32 hex>` → the store name, or the 404 of an unknown checkpoint.
+fn checkpoint_name(id: &str) -> Result<SnapshotName, ApiError> {
+    id.strip_prefix("ck_")
+        .filter(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+        .and_then(|hex| SnapshotName::checkpoint(hex).ok())
+        .ok_or_else(checkpoint_not_found)
+}
+
+fn box_spec(r: &ClaimRecord) -> BoxSpec {
+    BoxSpec::new(r.size, r.lane)
+}
+
+impl Node {
+    /// Waits for this sandbox's lifecycle lock.
+    pub(super) async fn busy(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self.lock().busy.entry(id.to_string()).or_default().clone();
+        lock.lock_owned().await
+    }
+
+    /// Journals a claim's new record, then shows it.
+    async fn put_record(&self, record: &ClaimRecord) -> Result<(), ApiError> {
+        self.journal
+            .commit(vec![Change::Put(record.id.clone(), record.clone())])
+            .await
+            .map_err(journal_error)?;
+        if let Some(live) = self.lock().claims.get_mut(&record.id) {
+            live.record = record.clone();
+        }
+        Ok(())
+    }
+
+    fn current(&self, id: &str) -> Result<Live, ApiError> {
+        self.get(id).ok_or_else(ApiError::sandbox_not_found)
+    }
+
+    fn scratch_tar(&self, what: &str) -> PathBuf {
+        scratch_dir(&self.cfg).join(format!("{what}-{}.tar", random_hex(8)))
+    }
+
+    /// The sandbox's files as a snapshot the caller may read, and whether it is a scratch file
+    /// to delete afterwards: a running sandbox is captured (it keeps running), a hibernated one
+    /// already has its tar.
+    async fn current_files(&self, live: &Live, what: &str) -> Result<(Snapshot, bool), ApiError> {
+        match live.record.state {
+            SandboxState::Claimed => {
+                let (engine, id) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
+                let tar = self.scratch_tar(what);
+                let snap =
+                    blocking(move || engine.snapshot(&id, SnapshotMode::KeepRunning, &tar)).await?;
+                Ok((snap, true))
+            }
+            SandboxState::Hibernated => {
+                let snap = live.record.stopped.clone().ok_or_else(|| {
+                    ApiError::internal("a hibernated sandbox without its snapshot")
+                })?;
+                Ok((snap, false))
+            }
+            other => Err(conflict(format!("a sandbox that is {other:?} must be woken first"))),
+        }
+    }
+
+    // ---- hibernate and wake ----
+
+    /// Snapshot and stop. Idempotent.
+    pub async fn hibernate(&self, id: &str) -> Result<ClaimRecord, ApiError> {
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        match live.record.state {
+            SandboxState::Hibernated => Ok(live.record),
+            SandboxState::Claimed => self.hibernate_locked(live).await,
+            other => Err(conflict(format!("a sandbox that is {other:?} cannot be hibernated"))),
+        }
+    }
+
+    async fn hibernate_locked(&self, live: Live) -> Result<ClaimRecord, ApiError> {
+        let mut rec = live.record.clone();
+        let base = live.base.clone().ok_or_else(|| ApiError::internal("unknown sandbox base"))?;
+        let tar = snapshots_dir(&self.cfg).join(format!("{}.tar", rec.id));
+        let planned = Snapshot {
+            base,
+            spec: box_spec(&rec),
+            layer_tar: tar.clone(),
+            bytes: 0,
+            memory: false,
+        };
+        rec.intent = Some(Intent::Hibernate(Box::new(planned)));
+        self.put_record(&rec).await?;
+        crash_point("hibernate:intent");
+        live.activity.hangup.notify_waiters();
+        let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
+        let captured = blocking(move || engine.snapshot(&sid, SnapshotMode::Stop, &tar)).await;
+        rec.intent = None;
+        let snap = match captured {
+            Ok(snap) => snap,
+            Err(e) => {
+                // The engine left the sandbox running as it was.
+                self.put_record(&rec).await?;
+                return Err(e);
+            }
+        };
+        crash_point("hibernate:captured");
+        rec.state = rec.state.transition(SandboxState::Hibernated).map_err(conflict)?;
+        rec.state_since_ms = now_ms();
+        rec.stopped = Some(snap);
+        self.put_record(&rec).await?;
+        self.metrics.hibernated.fetch_add(1, Ordering::Relaxed);
+        Ok(rec)
+    }
+
+    /// The sandbox running: as it is, or woken from hibernation or from its archive (with a
+    /// fresh lease of its original length). The data plane calls this on every access.
+    pub async fn wake(&self, id: &str) -> Result<Live, ApiError> {
+        if let Some(live) = self.get(id)
+            && live.record.state == SandboxState::Claimed
+        {
+            return Ok(live);
+        }
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        self.wake_locked(live).await
+    }
+
+    async fn wake_locked(&self, live: Live) -> Result<Live, ApiError> {
+        match live.record.state {
+            SandboxState::Claimed => Ok(live),
+            SandboxState::Hibernated => {
+                let snap = live.record.stopped.clone().ok_or_else(|| {
+                    ApiError::internal("a hibernated sandbox without its snapshot")
+                })?;
+                let woken = self.start_from(live, &snap, false).await?;
+                let _ = std::fs::remove_file(&snap.layer_tar);
+                Ok(woken)
+            }
+            SandboxState::Archived => {
+                let name = SnapshotName::archive(&live.record.id).map_err(ApiError::from)?;
+                let (snap, _) = self.download(&name).await?;
+                let woken = self.start_from(live, &snap, true).await;
+                let _ = std::fs::remove_file(&snap.layer_tar);
+                let woken = woken?;
+                self.drop_archive(&woken.record.id);
+                Ok(woken)
+            }
+            other => Err(conflict(format!("a sandbox that is {other:?} cannot be woken"))),
+        }
+    }
+
+    /// Starts a stopped sandbox again under its own id from `snap`, and journals it running.
+    async fn start_from(
+        &self,
+        live: Live,
+        snap: &Snapshot,
+        fresh_lease: bool,
+    ) -> Result<Live, ApiError> {
+        let mut rec = live.record.clone();
+        let (engine, sid, spec, s) =
+            (self.engine.clone(), rec.id.parse::<SandboxId>()?, box_spec(&rec), snap.clone());
+        let info = blocking(move || engine.restore(&s, &sid, &spec)).await?;
+        let now = now_ms();
+        rec.state = rec.state.transition(SandboxState::Claimed).map_err(conflict)?;
+        rec.state_since_ms = now;
+        rec.stopped = None;
+        rec.intent = None;
+        if fresh_lease {
+            rec.deadline_ms = now + rec.lease_seconds * 1000;
+        }
+        if let Err(e) = self.put_record(&rec).await {
+            self.teardown(info.id);
+            return Err(e);
+        }
+        let woken = Live {
+            record: rec,
+            agent: super::agent_path(&info),
+            base: Some(info.base),
+            activity: live.activity.clone(),
+        };
+        woken.activity.last_ms.store(now, Ordering::Relaxed);
+        self.lock().claims.insert(woken.record.id.clone(), woken.clone());
+        self.metrics.woken.fetch_add(1, Ordering::Relaxed);
+        Ok(woken)
+    }
+
+    // ---- archive ----
+
+    /// Moves the sandbox's files into the store and frees the host. A running sandbox is
+    /// hibernated first; when the upload fails it is woken again and the error returned.
+    pub async fn archive(&self, id: &str) -> Result<ClaimRecord, ApiError> {
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        let was_running = match live.record.state {
+            SandboxState::Archived => return Ok(live.record),
+            SandboxState::Claimed => true,
+            SandboxState::Hibernated => false,
+            other => {
+                return Err(conflict(format!("a sandbox that is {other:?} cannot be archived")));
+            }
+        };
+        if was_running {
+            self.hibernate_locked(live).await?;
+        }
+        let live = self.current(id)?;
+        let snap = live
+            .record
+            .stopped
+            .clone()
+            .ok_or_else(|| ApiError::internal("a hibernated sandbox without its snapshot"))?;
+        let mut rec = live.record.clone();
+        rec.intent = Some(Intent::Archive);
+        self.put_record(&rec).await?;
+        crash_point("archive:intent");
+        let name = SnapshotName::archive(id).map_err(ApiError::from)?;
+        let uploaded = self.upload(&name, &snap, &rec, BTreeMap::new()).await;
+        rec.intent = None;
+        if let Err(e) = uploaded {
+            self.put_record(&rec).await?;
+            if was_running && let Err(w) = self.wake_locked(self.current(id)?).await {
+                tracing::warn!(sandbox = id, "waking after a failed archive: {w}");
+            }
+            return Err(e);
+        }
+        crash_point("archive:uploaded");
+        rec.state = rec.state.transition(SandboxState::Archived).map_err(conflict)?;
+        rec.state_since_ms = now_ms();
+        rec.stopped = None;
+        self.put_record(&rec).await?;
+        let _ = std::fs::remove_file(&snap.layer_tar);
+        self.metrics.archived.fetch_add(1, Ordering::Relaxed);
+        Ok(rec)
+    }
+
+    /// Deletes a sandbox's archive in the background (its claim is gone or running again).
+    pub(super) fn drop_archive(&self, id: &str) {
+        let Ok(name) = SnapshotName::archive(id) else { return };
+        let store = self.store.clone();
+        tokio::spawn(async move {
+            if let Err(e) = store.delete(&name).await {
+                tracing::warn!(archive = %name, "delete failed (left for a later cleanup): {e}");
+            }
+        });
+    }
+
+    // ---- checkpoint and branch ----
+
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        name: Option<String>,
+    ) -> Result<CheckpointInfo, ApiError> {
+        if name.as_ref().is_some_and(|n| n.is_empty() || n.len() > 128) {
+            return Err(ApiError::bad_request("a checkpoint name is 1-128 bytes"));
+        }
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        let (snap, scratch) = self.current_files(&live, "checkpoint").await?;
+        crash_point("checkpoint:captured");
+        let hex = random_hex(16);
+        let store_name = SnapshotName::checkpoint(&hex).map_err(ApiError::from)?;
+        let mut meta = BTreeMap::new();
+        if let Some(n) = &name {
+            meta.insert("name".into(), n.clone());
+        }
+        let uploaded = self.upload(&store_name, &snap, &live.record, meta).await;
+        if scratch {
+            let _ = std::fs::remove_file(&snap.layer_tar);
+        }
+        let report = uploaded?;
+        crash_point("checkpoint:uploaded");
+        self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(CheckpointInfo {
+            id: format!("ck_{hex}"),
+            name,
+            sandbox: id.to_string(),
+            template: live.record.template.clone(),
+            created_ms: now_ms(),
+            bytes: report.size,
+            uploaded_bytes: Some(report.uploaded_bytes),
+            token_hash: live.record.token_hash.clone(),
+        })
+    }
+
+    /// Checkpoints the bearer may see: all of them for the root token, else those of `sandbox`.
+    pub async fn checkpoints(
+        &self,
+        sandbox: Option<&str>,
+    ) -> Result<Vec<CheckpointInfo>, ApiError> {
+        let mut out = vec![];
+        for name in self.store.list("checkpoints/").await? {
+            let SnapshotName::Checkpoint(hex) = &name else { continue };
+            let info = match self.checkpoint_info(hex, &name).await {
+                Ok(info) => info,
+                // Deleted between the list and the read.
+                Err(e) if e.status == StatusCode::NOT_FOUND => continue,
+                Err(e) => return Err(e),
+            };
+            if sandbox.is_none_or(|s| s == info.sandbox) {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    async fn checkpoint_info(
+        &self,
+        hex: &str,
+        name: &SnapshotName,
+    ) -> Result<CheckpointInfo, ApiError> {
+        let m = self.store.manifest(name).await.map_err(|e| match e {
+            StoreError::NotFound { .. } => checkpoint_not_found(),
+            other => other.into(),
+        })?;
+        let get = |k: &str| m.meta.get(k).cloned().unwrap_or_default();
+        Ok(CheckpointInfo {
+            id: format!("ck_{hex}"),
+            name: m.meta.get("name").cloned(),
+            sandbox: get("sandbox"),
+            template: get("template"),
+            created_ms: m.created_ms,
+            bytes: m.size,
+            uploaded_bytes: None,
+            token_hash: get("token_hash"),
+        })
+    }
+
+    /// The checkpoint, if `bearer` may use it: the root token, or the token of the sandbox it
+    /// was taken from. Anything else is the same 404 as an unknown id.
+    pub async fn authorized_checkpoint(
+        &self,
+        id: &str,
+        bearer: Option<&str>,
+    ) -> Result<CheckpointInfo, ApiError> {
+        let name = checkpoint_name(id)?;
+        let SnapshotName::Checkpoint(hex) = &name else { unreachable!("a checkpoint name") };
+        let info = self.checkpoint_info(hex, &name).await?;
+        let own = bearer.is_some_and(|t| crate::claims::token_matches(t, &info.token_hash));
+        if own || self.is_root(bearer) { Ok(info) } else { Err(checkpoint_not_found()) }
+    }
+
+    pub async fn delete_checkpoint(&self, id: &str) -> Result<(), ApiError> {
+        Ok(self.store.delete(&checkpoint_name(id)?).await?)
+    }
+
+    /// A new sandbox from a checkpoint (any checkpoint in the store).
+    pub async fn branch(&self, id: &str, spec: ClaimSpec) -> Result<Claimed, ApiError> {
+        let t0 = std::time::Instant::now();
+        let name = checkpoint_name(id)?;
+        {
+            let mut st = self.lock();
+            self.admit(&mut st, 1)?;
+        }
+        let result = async {
+            let (snap, _) = self.download(&name).await?;
+            let spec = ClaimSpec { size: snap.spec.size, lane: snap.spec.lane, ..spec };
+            let made = self.restore_new(&snap, 1).await;
+            let _ = std::fs::remove_file(&snap.layer_tar);
+            let info = made?.pop().expect("one sandbox");
+            let token = new_token();
+            let mut record = new_record(&info, &token, &spec, Tier::Clone);
+            record.from_checkpoint = Some(id.to_string());
+            self.acknowledge(vec![(record.clone(), info)]).await?;
+            self.metrics.branched.fetch_add(1, Ordering::Relaxed);
+            Ok(Claimed { record, token, took: t0.elapsed() })
+        }
+        .await;
+        self.lock().pending -= 1;
+        result
+    }
+
+    // ---- fork ----
+
+    /// `count` new sandboxes from the current state, all or none.
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: usize,
+        ttl_seconds: Option<u64>,
+    ) -> Result<Vec<Claimed>, ApiError> {
+        if !(1..=MAX_FORK).contains(&count) {
+            return Err(ApiError::bad_request(format!("count must be 1-{MAX_FORK}")));
+        }
+        let t0 = std::time::Instant::now();
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        {
+            let mut st = self.lock();
+            self.admit(&mut st, count)?;
+        }
+        let result = async {
+            let (snap, scratch) = self.current_files(&live, "fork").await?;
+            let made = self.restore_new(&snap, count).await;
+            if scratch {
+                let _ = std::fs::remove_file(&snap.layer_tar);
+            }
+            let src = &live.record;
+            let spec = ClaimSpec {
+                template: src.template.clone(),
+                size: src.size,
+                lane: src.lane,
+                ttl_seconds: ttl_seconds.unwrap_or(src.lease_seconds),
+                metadata: src.metadata.clone(),
+                on_expire: src.on_expire,
+            };
+            let mut claims = vec![];
+            let mut out = vec![];
+            for info in made? {
+                let token = new_token();
+                let mut record = new_record(&info, &token, &spec, Tier::Clone);
+                record.forked_from = Some(id.to_string());
+                record.idle_hibernate_seconds = src.idle_hibernate_seconds;
+                out.push(Claimed { record: record.clone(), token, took: t0.elapsed() });
+                claims.push((record, info));
+            }
+            self.acknowledge(claims).await?;
+            self.metrics.forked.fetch_add(count as u64, Ordering::Relaxed);
+            Ok(out)
+        }
+        .await;
+        self.lock().pending -= count;
+        result
+    }
+
+    /// `count` new sandboxes (fresh ids) from one snapshot, all or none.
+    async fn restore_new(&self, snap: &Snapshot, count: usize) -> Result<Vec<BoxInfo>, ApiError> {
+        let mut set = JoinSet::new();
+        for _ in 0..count {
+            let (engine, snap) = (self.engine.clone(), snap.clone());
+            set.spawn(async move {
+                let id: SandboxId = format!("sb-{}", random_hex(8)).parse()?;
+                let spec = snap.spec.clone();
+                blocking(move || engine.restore(&snap, &id, &spec)).await
+            });
+        }
+        let (mut made, mut failure) = (vec![], None);
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok(Ok(info)) => made.push(info),
+                Ok(Err(e)) => failure = Some(e),
+                Err(e) => failure = Some(ApiError::internal(format!("restore task: {e}"))),
+            }
+        }
+        if let Some(e) = failure {
+            for info in made {
+                self.teardown(info.id);
+            }
+            return Err(e);
+        }
+        Ok(made)
+    }
+
+    // ---- promote ----
+
+    /// Publishes the sandbox's files as template `name`; later claims of it clone from them.
+    pub async fn promote(&self, id: &str, name: &str) -> Result<Promoted, ApiError> {
+        let valid = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !valid {
+            return Err(ApiError::bad_request("a template name is 1-64 of a-z 0-9 - _"));
+        }
+        if name == "host" || self.cfg.templates.contains_key(name) {
+            return Err(conflict(format!(
+                "{name:?} is a configured template; promote under another name"
+            )));
+        }
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        let (snap, scratch) = self.current_files(&live, "promote").await?;
+        let engine = self.engine.clone();
+        let s = snap.clone();
+        let made = blocking(move || engine.golden_from_snapshot(&s)).await;
+        if scratch {
+            let _ = std::fs::remove_file(&snap.layer_tar);
+        }
+        let promoted = Promoted { golden: made?, source: id.to_string(), created_ms: now_ms() };
+        let mut all = self.lock().promoted.clone();
+        all.insert(name.to_string(), promoted.clone());
+        self.save_promoted(&all)?;
+        let mut st = self.lock();
+        st.promoted = all;
+        st.goldens.insert(name.to_string(), promoted.golden.clone());
+        st.templates.remove(name);
+        self.flush_pools(&mut st, name);
+        drop(st);
+        self.refill.notify_one();
+        self.metrics.promoted.fetch_add(1, Ordering::Relaxed);
+        Ok(promoted)
+    }
+
+    pub fn promoted(&self) -> BTreeMap<String, Promoted> {
+        self.lock().promoted.clone()
+    }
+
+    /// Deletes a promoted template. Sandboxes made from it keep running.
+    pub fn delete_template(&self, name: &str) -> Result<(), ApiError> {
+        let mut all = self.lock().promoted.clone();
+        if all.remove(name).is_none() {
+            let code = if name == "host" || self.cfg.templates.contains_key(name) {
+                return Err(conflict(format!(
+                    "{name:?} is configured; remove it from the config file"
+                )));
+            } else {
+                "template_not_found"
+            };
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                code,
+                format!("no promoted template {name:?}"),
+            ));
+        }
+        self.save_promoted(&all)?;
+        let mut st = self.lock();
+        st.promoted = all;
+        st.goldens.remove(name);
+        self.flush_pools(&mut st, name);
+        Ok(())
+    }
+
+    fn save_promoted(&self, all: &BTreeMap<String, Promoted>) -> Result<(), ApiError> {
+        let json = serde_json::to_vec_pretty(all).map_err(|e| ApiError::internal(e.to_string()))?;
+        let path = promoted_path(&self.cfg);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, json)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| ApiError::internal(format!("persist promoted templates: {e}")))
+    }
+
+    /// Warm sandboxes of `template` were made from its old golden: they go.
+    fn flush_pools(&self, st: &mut State, template: &str) {
+        for pool in st.pools.values_mut().filter(|p| p.key.template == template) {
+            for info in pool.ready.drain(..) {
+                self.teardown(info.id);
+            }
+        }
+    }
+
+    // ---- the store ----
+
+    async fn upload(
+        &self,
+        name: &SnapshotName,
+        snap: &Snapshot,
+        source: &ClaimRecord,
+        mut meta: BTreeMap<String, String>,
+    ) -> Result<silk_store::PutReport, ApiError> {
+        let json = serde_json::to_string(snap).map_err(|e| ApiError::internal(e.to_string()))?;
+        meta.insert("snapshot".into(), json);
+        meta.insert("sandbox".into(), source.id.clone());
+        meta.insert("template".into(), source.template.clone());
+        meta.insert("token_hash".into(), source.token_hash.clone());
+        meta.insert("engine".into(), self.engine.name().into());
+        let file = tokio::fs::File::open(&snap.layer_tar)
+            .await
+            .map_err(|e| ApiError::internal(format!("open {}: {e}", snap.layer_tar.display())))?;
+        Ok(self.store.put(name, tokio::io::BufReader::with_capacity(1 << 20, file), meta).await?)
+    }
+
+    /// Downloads a snapshot into a scratch tar (the caller deletes it).
+    async fn download(
+        &self,
+        name: &SnapshotName,
+    ) -> Result<(Snapshot, silk_store::Manifest), ApiError> {
+        let path = self.scratch_tar("download");
+        let fetched = async {
+            let mut file = tokio::fs::File::create(&path)
+                .await
+                .map_err(|e| ApiError::internal(format!("create {}: {e}", path.display())))?;
+            let manifest = self.store.get(name, &mut file).await?;
+            let json = manifest
+                .meta
+                .get("snapshot")
+                .ok_or_else(|| ApiError::internal(format!("{name} has no snapshot metadata")))?;
+            let mut snap: Snapshot = serde_json::from_str(json)
+                .map_err(|e| ApiError::internal(format!("{name}: {e}")))?;
+            snap.layer_tar = path.clone();
+            snap.bytes = manifest.size;
+            Ok((snap, manifest))
+        }
+        .await;
+        if fetched.is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        fetched
+    }
+
+    // ---- recovery at start ----
+
+    /// Brings one journalled claim back after a restart: finishes or rolls back an interrupted
+    /// operation (see the module docs). `None`: the sandbox is gone. The flag says whether the
+    /// record changed.
+    pub(super) async fn recover(
+        &self,
+        mut rec: ClaimRecord,
+        running: Option<&BoxInfo>,
+    ) -> Option<(Live, bool)> {
+        let running = running.filter(|b| b.running);
+        let mut changed = false;
+        match rec.intent.take() {
+            Some(Intent::Hibernate(snap)) => {
+                changed = true;
+                if snap.layer_tar.is_file() {
+                    // The capture completed: hibernated (the box, if any, goes in reconcile).
+                    let bytes = std::fs::metadata(&snap.layer_tar).map(|m| m.len()).unwrap_or(0);
+                    rec.state = SandboxState::Hibernated;
+                    rec.state_since_ms = now_ms();
+                    rec.stopped = Some(Snapshot { bytes, ..*snap });
+                }
+            }
+            Some(Intent::Archive) => {
+                changed = true;
+                let archived = match SnapshotName::archive(&rec.id) {
+                    Ok(name) => self.store.manifest(&name).await.is_ok(),
+                    Err(_) => false,
+                };
+                if archived {
+                    if let Some(s) = rec.stopped.take() {
+                        let _ = std::fs::remove_file(&s.layer_tar);
+                    }
+                    rec.state = SandboxState::Archived;
+                    rec.state_since_ms = now_ms();
+                }
+            }
+            None => {}
+        }
+        let base = match rec.state {
+            SandboxState::Claimed => Some(running?.base.clone()),
+            SandboxState::Hibernated => {
+                let snap = rec.stopped.as_ref()?;
+                if !snap.layer_tar.is_file() {
+                    tracing::error!(sandbox = rec.id, "hibernated, but its snapshot is missing");
+                    return None;
+                }
+                Some(snap.base.clone())
+            }
+            SandboxState::Archived => None,
+            SandboxState::Warm | SandboxState::Released => return None,
+        };
+        let agent = running.map(super::agent_path).unwrap_or_default();
+        let activity = super::Activity::new();
+        Some((Live { record: rec, agent, base, activity }, changed))
+    }
+}

@@ -1,0 +1,437 @@
+//! Lifecycle end to end on a real node (jail engine, local store; S3 where named): hibernate and
+//! wake, checkpoint and branch, fork, promote, archive, idle hibernation, and kill -9 at every
+//! step of hibernate, archive and checkpoint.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+
+use common::*;
+use serde_json::{Value, json};
+
+const ONE_WARM: &str = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
+
+/// A tree with nested directories, modes, a symlink, an empty file, 4 MiB of noise and a
+/// deleted template file.
+const WRITE_TREE: &str = "mkdir -p /srv/t/a/b && echo one > /srv/t/a/one && printf '' > /srv/t/empty \
+    && head -c 4194304 /dev/urandom > /srv/t/a/b/noise && chmod 640 /srv/t/a/one \
+    && ln -s a/one /srv/t/link && rm /etc/hosts";
+
+/// Everything a user would notice about the tree: paths, types, modes, sizes, link targets and
+/// contents.
+const HASH_TREE: &str = "cd /srv/t && { find . -printf '%p %y %m %s %l\\n' | sort; \
+    find . -type f -print0 | sort -z | xargs -0 sha256sum; test -e /etc/hosts && echo hosts; } | sha256sum";
+
+struct Box {
+    id: String,
+    token: String,
+}
+
+fn claim(node: &Sandboxd, body: &str) -> Box {
+    let v = node.claim(body);
+    Box { id: v["id"].as_str().unwrap().into(), token: v["token"].as_str().unwrap().into() }
+}
+
+fn child(v: &Value) -> Box {
+    Box { id: v["id"].as_str().unwrap().into(), token: v["token"].as_str().unwrap().into() }
+}
+
+fn sh(node: &Sandboxd, b: &Box, script: &str) -> String {
+    let v = node.exec(&b.id, &b.token, script);
+    assert_eq!(v["exit_code"], 0, "{script}: {v}");
+    v["stdout"].as_str().unwrap().trim().to_string()
+}
+
+fn post(node: &Sandboxd, b: &Box, verb: &str, body: &str) -> (u16, Value) {
+    node.req("POST", &format!("/v1/sandboxes/{}/{verb}", b.id), Some(&b.token), Some(body))
+}
+
+fn state(node: &Sandboxd, b: &Box) -> String {
+    let (status, v) = node.req("GET", &format!("/v1/sandboxes/{}", b.id), Some(&b.token), None);
+    assert_eq!(status, 200, "{v}");
+    v["state"].as_str().unwrap().to_string()
+}
+
+fn running(node: &Sandboxd, b: &Box) -> bool {
+    node.data().join("engine/boxes").join(&b.id).exists()
+}
+
+#[test]
+fn hibernate_frees_the_host_and_any_access_wakes_it_with_the_same_files() {
+    let node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, "{}");
+    sh(&node, &b, WRITE_TREE);
+    let before = sh(&node, &b, HASH_TREE);
+
+    let (status, v) = post(&node, &b, "hibernate", "");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "hibernated");
+    assert_eq!(v["memory_snapshot"], false, "the jail engine says processes restart");
+    assert!(!running(&node, &b), "the host's processes are gone");
+    let (status, v) = post(&node, &b, "hibernate", "");
+    assert_eq!((status, v["state"].as_str()), (200, Some("hibernated")), "idempotent");
+    let (status, v) = post(&node, &b, "fork", r#"{"count": 0}"#);
+    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("bad_request")));
+
+    // Transparent wake on the next data-plane call.
+    assert_eq!(sh(&node, &b, HASH_TREE), before);
+    assert_eq!(state(&node, &b), "claimed");
+    assert!(running(&node, &b));
+
+    // Explicit wake, and the lease keeps running while hibernated.
+    let deadline =
+        node.req("GET", &format!("/v1/sandboxes/{}", b.id), Some(&b.token), None).1["deadline_ms"]
+            .clone();
+    assert_eq!(post(&node, &b, "hibernate", "").0, 200);
+    let (status, v) = post(&node, &b, "wake", "");
+    assert_eq!((status, v["state"].as_str()), (200, Some("claimed")), "{v}");
+    assert_eq!(v["deadline_ms"], deadline);
+    assert_eq!(sh(&node, &b, HASH_TREE), before);
+    let (status, v) = post(&node, &b, "wake", "");
+    assert_eq!((status, v["state"].as_str()), (200, Some("claimed")), "waking a running sandbox");
+
+    // A hibernated sandbox survives a restart of the node, and a release frees its snapshot.
+    assert_eq!(post(&node, &b, "hibernate", "").0, 200);
+    let mut node = node;
+    node.restart();
+    assert_eq!(state(&node, &b), "hibernated");
+    assert_eq!(sh(&node, &b, HASH_TREE), before);
+    assert_eq!(post(&node, &b, "hibernate", "").0, 200);
+    let (status, _) = node.req("DELETE", &format!("/v1/sandboxes/{}", b.id), Some(&b.token), None);
+    assert_eq!(status, 204);
+    assert_eq!(std::fs::read_dir(node.data().join("snapshots")).unwrap().count(), 0);
+
+    // Wrong tokens see nothing.
+    let other = claim(&node, "{}");
+    let (status, v) = node.req(
+        "POST",
+        &format!("/v1/sandboxes/{}/hibernate", other.id),
+        Some(&b.token),
+        Some(""),
+    );
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")));
+}
+
+#[test]
+fn checkpoints_branch_and_forks_are_independent_copies() {
+    let node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, r#"{"metadata": {"team": "x"}}"#);
+    sh(&node, &b, WRITE_TREE);
+    let before = sh(&node, &b, HASH_TREE);
+
+    let (status, ck) = post(&node, &b, "checkpoint", r#"{"name": "first"}"#);
+    assert_eq!(status, 201, "{ck}");
+    let ck_id = ck["id"].as_str().unwrap().to_string();
+    assert!(ck_id.starts_with("ck_") && ck_id.len() == 35, "{ck_id}");
+    assert_eq!(ck["name"], "first");
+    assert!(ck["uploaded_bytes"].as_u64().unwrap() >= 4 << 20);
+    // The source keeps running; a change after the checkpoint is not in it.
+    sh(&node, &b, "echo later > /srv/t/later");
+    assert_eq!(state(&node, &b), "claimed");
+
+    // A second checkpoint after a 1 MiB change uploads about that much.
+    sh(&node, &b, "head -c 1048576 /dev/urandom > /srv/t/mib");
+    let (status, ck2) = post(&node, &b, "checkpoint", "");
+    assert_eq!(status, 201, "{ck2}");
+    let second = ck2["uploaded_bytes"].as_u64().unwrap();
+    assert!(second < 4 << 20, "a second checkpoint re-sent {second} bytes");
+
+    let (status, list) =
+        node.req("GET", &format!("/v1/sandboxes/{}/checkpoints", b.id), Some(&b.token), None);
+    assert_eq!(status, 200);
+    assert_eq!(list["checkpoints"].as_array().unwrap().len(), 2, "{list}");
+    let (_, all) = node.req("GET", "/v1/checkpoints", Some(ROOT), None);
+    assert_eq!(all["checkpoints"][0]["id"], ck_id);
+    assert_eq!(node.req("GET", "/v1/checkpoints", Some(&b.token), None).0, 401);
+
+    // Branch: the checkpoint's files exactly, its own id and token, lineage recorded.
+    let (status, v) = node.req(
+        "POST",
+        &format!("/v1/checkpoints/{ck_id}/claim"),
+        Some(&b.token),
+        Some(r#"{"metadata": {"branch": "yes"}}"#),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(v["from_checkpoint"], ck_id);
+    assert_eq!(v["metadata"]["branch"], "yes");
+    let branch = child(&v);
+    assert_ne!(branch.id, b.id);
+    assert_eq!(sh(&node, &branch, HASH_TREE), before);
+    assert_eq!(node.exec(&branch.id, &branch.token, "test -e /srv/t/later")["exit_code"], 1);
+    let (status, _) =
+        node.req("GET", &format!("/v1/sandboxes/{}", branch.id), Some(&b.token), None);
+    assert_eq!(status, 404, "the source's token is not the branch's");
+
+    // Fork: N children from the current state, each separate from the others and the source.
+    let (status, v) = post(&node, &b, "fork", r#"{"count": 3}"#);
+    assert_eq!(status, 201, "{v}");
+    let kids: Vec<Box> = v["sandboxes"].as_array().unwrap().iter().map(child).collect();
+    assert_eq!(kids.len(), 3);
+    let now = sh(&node, &b, HASH_TREE);
+    for k in &kids {
+        assert_eq!(sh(&node, k, HASH_TREE), now);
+        assert_eq!(sh(&node, k, "cat /srv/t/later"), "later");
+        assert_eq!(sh(&node, k, "hostname"), k.id);
+    }
+    sh(&node, &kids[0], "echo mine > /srv/t/a/one");
+    assert_eq!(sh(&node, &kids[1], "cat /srv/t/a/one"), "one");
+    assert_eq!(sh(&node, &b, "cat /srv/t/a/one"), "one");
+    let ids: Vec<String> = kids.iter().map(|k| sh(&node, k, "cat /etc/machine-id")).collect();
+    assert!(ids[0] != ids[1] && ids[1] != ids[2], "fresh machine identities");
+    let (_, row) =
+        node.req("GET", &format!("/v1/sandboxes/{}", kids[2].id), Some(&kids[2].token), None);
+    assert_eq!(row["forked_from"], b.id);
+    for (body, code) in
+        [(r#"{"count": 17}"#, 400), (r#"{"count": 0}"#, 400), (r#"{"cnt": 1}"#, 400)]
+    {
+        assert_eq!(post(&node, &b, "fork", body).0, code, "{body}");
+    }
+
+    // Delete: gone for branch and list; the token of another sandbox cannot delete it.
+    let (status, _) =
+        node.req("DELETE", &format!("/v1/checkpoints/{ck_id}"), Some(&kids[0].token), None);
+    assert_eq!(status, 404, "a child's token is not the source's");
+    let (status, _) = node.req("DELETE", &format!("/v1/checkpoints/{ck_id}"), Some(&b.token), None);
+    assert_eq!(status, 204);
+    let (status, v) =
+        node.req("POST", &format!("/v1/checkpoints/{ck_id}/claim"), Some(ROOT), Some(""));
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")));
+    for bad in ["ck_zz", "nope", "ck_00000000000000000000000000000000"] {
+        assert_eq!(node.req("GET", &format!("/v1/checkpoints/{bad}"), Some(ROOT), None).0, 404);
+    }
+}
+
+#[test]
+fn promote_publishes_a_template_that_claims_clone_from() {
+    let node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, "{}");
+    sh(&node, &b, WRITE_TREE);
+    let before = sh(&node, &b, HASH_TREE);
+    let (status, v) = post(&node, &b, "promote", r#"{"template": "mytool"}"#);
+    assert_eq!(status, 201, "{v}");
+    let digest = v["digest"].as_str().unwrap().to_string();
+    assert_eq!(digest.len(), 64);
+
+    let c = claim(&node, r#"{"template": "mytool"}"#);
+    assert_eq!(sh(&node, &c, HASH_TREE), before, "the promoted files, deletion included");
+    let (_, row) = node.req("GET", &format!("/v1/sandboxes/{}", c.id), Some(&c.token), None);
+    assert_eq!(row["tier"], "clone");
+
+    // Re-promote replaces; a pool of the template serves the new version.
+    sh(&node, &b, "echo v2 > /srv/t/version");
+    let (status, v) = post(&node, &b, "promote", r#"{"template": "mytool"}"#);
+    assert_eq!(status, 201);
+    assert_ne!(v["digest"], digest);
+    let pools = json!({ "pools": [{ "template": "mytool", "warm": 1 }] }).to_string();
+    assert_eq!(node.req("PUT", "/v1/pools", Some(ROOT), Some(&pools)).0, 200);
+    node.wait_warm(1);
+    let d = claim(&node, r#"{"template": "mytool"}"#);
+    assert_eq!(sh(&node, &d, "cat /srv/t/version"), "v2");
+    let (_, t) = node.req("GET", "/v1/templates", Some(ROOT), None);
+    assert!(t["templates"].as_array().unwrap().iter().any(|t| t["name"] == "mytool"), "{t}");
+
+    for (body, status) in [
+        (r#"{"template": "host"}"#, 409),
+        (r#"{"template": "Bad Name"}"#, 400),
+        (r#"{"tmpl": "x"}"#, 400),
+    ] {
+        assert_eq!(post(&node, &b, "promote", body).0, status, "{body}");
+    }
+    // Promoted templates survive a restart; deleting one ends new claims of it.
+    let mut node = node;
+    node.restart();
+    let e = claim(&node, r#"{"template": "mytool"}"#);
+    assert_eq!(sh(&node, &e, "cat /srv/t/version"), "v2");
+    assert_eq!(node.req("DELETE", "/v1/templates/mytool", Some(ROOT), None).0, 204);
+    let (status, v) =
+        node.req("POST", "/v1/sandboxes", Some(ROOT), Some(r#"{"template": "mytool"}"#));
+    assert_eq!((status, v["error"]["code"].as_str()), (404, Some("template_not_found")));
+    assert_eq!(sh(&node, &e, "cat /srv/t/version"), "v2", "made from it, still running");
+    assert_eq!(node.req("DELETE", "/v1/templates/host", Some(ROOT), None).0, 409);
+    assert_eq!(node.req("DELETE", "/v1/templates/mytool", Some(ROOT), None).0, 404);
+}
+
+fn archive_round_trip(node: &mut Sandboxd) {
+    let b = claim(node, r#"{"ttl_seconds": 600}"#);
+    sh(node, &b, WRITE_TREE);
+    let before = sh(node, &b, HASH_TREE);
+    let (status, v) = post(node, &b, "archive", "");
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["state"], "archived");
+    assert!(!running(node, &b));
+    assert_eq!(std::fs::read_dir(node.data().join("snapshots")).unwrap().count(), 0, "host freed");
+    let (status, v) = post(node, &b, "fork", r#"{"count": 1}"#);
+    assert_eq!((status, v["error"]["code"].as_str()), (409, Some("conflict")), "{v}");
+
+    // Archives outlive the node's local state: restart, then access wakes it from the store.
+    node.restart();
+    assert_eq!(state(node, &b), "archived");
+    assert_eq!(sh(node, &b, HASH_TREE), before);
+    assert_eq!(state(node, &b), "claimed");
+
+    // A checkpoint on this store, branched.
+    let (status, ck) = post(node, &b, "checkpoint", "");
+    assert_eq!(status, 201, "{ck}");
+    let (status, v) = node.req(
+        "POST",
+        &format!("/v1/checkpoints/{}/claim", ck["id"].as_str().unwrap()),
+        Some(ROOT),
+        Some(""),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(sh(node, &child(&v), HASH_TREE), before);
+}
+
+#[test]
+fn archive_to_the_local_store_and_wake_from_it() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    archive_round_trip(&mut node);
+}
+
+#[test]
+fn archive_and_branch_through_s3() {
+    let mut node = Sandboxd::start(&format!("{ONE_WARM}{}", s3_store_toml()));
+    archive_round_trip(&mut node);
+}
+
+#[test]
+fn an_expiring_lease_archives_and_access_restores_a_fresh_lease() {
+    let node = Sandboxd::start(&format!("archive_retention_seconds = 3600\n{ONE_WARM}"));
+    let b = claim(&node, r#"{"ttl_seconds": 1, "on_expire": "archive"}"#);
+    sh(&node, &b, "echo kept > /root/kept");
+    eventually("archived at expiry", || state(&node, &b) == "archived");
+    assert_eq!(sh(&node, &b, "cat /root/kept"), "kept");
+    let (_, row) = node.req("GET", &format!("/v1/sandboxes/{}", b.id), Some(&b.token), None);
+    assert_eq!(row["state"], "claimed");
+    assert!(row["deadline_ms"].as_u64().unwrap() > row["state_since_ms"].as_u64().unwrap());
+}
+
+#[test]
+fn archive_after_hibernation_and_retention_delete_the_archive() {
+    let node = Sandboxd::start(&format!(
+        "archive_after_seconds = 1\narchive_retention_seconds = 2\n{ONE_WARM}"
+    ));
+    let b = claim(&node, "{}");
+    assert_eq!(post(&node, &b, "hibernate", "").0, 200);
+    eventually("archived after a second hibernated", || state(&node, &b) == "archived");
+    eventually("released after retention", || {
+        node.req("GET", &format!("/v1/sandboxes/{}", b.id), Some(&b.token), None).0 == 404
+    });
+    eventually("its archive deleted", || {
+        std::fs::read_dir(node.data().join("store/archives")).map(|d| d.count()).unwrap_or(0) == 0
+    });
+}
+
+#[test]
+fn idle_sandboxes_hibernate_but_not_while_a_relay_connection_is_open() {
+    let node = Sandboxd::start(
+        "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\nidle_hibernate_seconds = 1\n",
+    );
+    let b = claim(&node, "{}");
+    sh(&node, &b, "echo idle > /root/f");
+    let mut stream = std::net::TcpStream::connect(node.addr).unwrap();
+    write!(stream, "GET /v1/sandboxes/{}/agent HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n", b.id, b.token).unwrap();
+    let mut status = String::new();
+    BufReader::new(stream.try_clone().unwrap()).read_line(&mut status).unwrap();
+    assert!(status.contains("101"), "{status}");
+    std::thread::sleep(std::time::Duration::from_millis(2500));
+    assert_eq!(state(&node, &b), "claimed", "an open relay connection keeps it awake");
+    drop(stream);
+    eventually("idle hibernation", || state(&node, &b) == "hibernated");
+    assert_eq!(sh(&node, &b, "cat /root/f"), "idle");
+}
+
+#[test]
+fn a_store_outage_fails_archive_and_checkpoint_and_keeps_the_sandbox() {
+    // A store nobody listens on, with one try per request.
+    let node = Sandboxd::start(&format!(
+        "{ONE_WARM}[store.s3]\nbucket = \"b\"\nendpoint = \"http://127.0.0.1:9\"\npath_style = true\nmax_attempts = 1\nconnect_timeout_ms = 200\n"
+    ));
+    let b = claim(&node, "{}");
+    sh(&node, &b, "echo safe > /root/f");
+    let (status, v) = post(&node, &b, "checkpoint", "");
+    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("store_unavailable")), "{v}");
+    assert_eq!(state(&node, &b), "claimed");
+    let (status, v) = post(&node, &b, "archive", "");
+    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("store_unavailable")), "{v}");
+    assert_eq!(state(&node, &b), "claimed", "running again after the failed archive");
+    assert!(running(&node, &b));
+    assert_eq!(sh(&node, &b, "cat /root/f"), "safe");
+    assert_eq!(std::fs::read_dir(node.data().join("snapshots")).unwrap().count(), 0);
+}
+
+#[test]
+fn lifecycle_calls_on_one_sandbox_are_serialised() {
+    let node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, "{}");
+    sh(&node, &b, "head -c 8388608 /dev/urandom > /root/big");
+    let sum = sh(&node, &b, "sha256sum /root/big");
+    let (addr, id, token) = (node.addr, b.id.clone(), b.token.clone());
+    let calls: Vec<_> = ["hibernate", "checkpoint", "wake", "fork", "hibernate", "checkpoint"]
+        .into_iter()
+        .map(|verb| {
+            let (id, token) = (id.clone(), token.clone());
+            let body = if verb == "fork" { r#"{"count": 1}"# } else { "" };
+            std::thread::spawn(move || {
+                try_http(addr, "POST", &format!("/v1/sandboxes/{id}/{verb}"), Some(&token), body)
+                    .unwrap()
+            })
+        })
+        .collect();
+    for c in calls {
+        let (status, v) = c.join().unwrap();
+        assert!(status == 200 || status == 201, "{status} {v}");
+    }
+    assert_eq!(sh(&node, &b, "sha256sum /root/big"), sum);
+}
+
+/// Runs `verb` with the node set to kill itself at `point`, restarts it, and checks the
+/// sandbox is in `expect` with its files intact.
+fn crash_at(point: &str, verb: &str, expect: &str) -> (Sandboxd, Box, String) {
+    let mut node = Sandboxd::start(ONE_WARM);
+    node.crash_at = Some(point.to_string());
+    node.restart();
+    let b = claim(&node, "{}");
+    sh(&node, &b, WRITE_TREE);
+    let before = sh(&node, &b, HASH_TREE);
+    let answer =
+        try_http(node.addr, "POST", &format!("/v1/sandboxes/{}/{verb}", b.id), Some(&b.token), "");
+    assert!(answer.is_none(), "{point}: the node answered {answer:?} instead of crashing");
+    node.wait_crash_and_restart();
+    assert_eq!(state(&node, &b), expect, "after a crash at {point}");
+    let snapshots: Vec<_> =
+        std::fs::read_dir(node.data().join("snapshots")).unwrap().flatten().collect();
+    assert_eq!(snapshots.len(), usize::from(expect == "hibernated"), "{point}: {snapshots:?}");
+    assert_eq!(std::fs::read_dir(node.data().join("scratch")).unwrap().count(), 0);
+    assert_eq!(sh(&node, &b, HASH_TREE), before, "{point}: files intact");
+    assert_eq!(state(&node, &b), "claimed");
+    (node, b, before)
+}
+
+#[test]
+fn kill_9_mid_hibernate_rolls_back_or_completes() {
+    crash_at("hibernate:intent", "hibernate", "claimed");
+    crash_at("hibernate:captured", "hibernate", "hibernated");
+}
+
+#[test]
+fn kill_9_mid_archive_rolls_back_or_completes() {
+    crash_at("archive:intent", "archive", "hibernated");
+    crash_at("archive:uploaded", "archive", "archived");
+}
+
+#[test]
+fn kill_9_mid_checkpoint_leaves_the_source_and_a_whole_checkpoint_or_none() {
+    let (node, b, _) = crash_at("checkpoint:captured", "checkpoint", "claimed");
+    let (_, list) = node.req("GET", "/v1/checkpoints", Some(ROOT), None);
+    assert_eq!(list["checkpoints"].as_array().unwrap().len(), 0, "{list}");
+    drop((node, b));
+    let (node, b, before) = crash_at("checkpoint:uploaded", "checkpoint", "claimed");
+    let (_, list) =
+        node.req("GET", &format!("/v1/sandboxes/{}/checkpoints", b.id), Some(&b.token), None);
+    let ck = list["checkpoints"][0]["id"].as_str().expect("the uploaded checkpoint is listed");
+    let (status, v) =
+        node.req("POST", &format!("/v1/checkpoints/{ck}/claim"), Some(ROOT), Some(""));
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(sh(&node, &child(&v), HASH_TREE), before);
+}
