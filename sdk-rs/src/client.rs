@@ -224,19 +224,27 @@ impl ClaimBuilder {
         if let Some(ttl) = self.ttl {
             body["ttl_seconds"] = json!(ttl.as_secs().max(1));
         }
-        #[derive(Deserialize)]
-        struct Claimed {
-            #[serde(flatten)]
-            info: SandboxInfo,
-            token: String,
-            #[serde(default)]
-            claim_micros: Option<u64>,
-        }
         let c = &self.client;
         let claimed: Claimed =
             c.call(Method::POST, "/v1/sandboxes", c.root_token(), Some(&body)).await?;
-        let took = claimed.claim_micros.map(Duration::from_micros);
-        Ok(Sandbox::new(c.clone(), claimed.info, claimed.token, took, self.auto_release))
+        Ok(claimed.into_sandbox(c, self.auto_release))
+    }
+}
+
+/// A new sandbox as the node answers it: its row and its token (claim, branch, fork).
+#[derive(Debug, Deserialize)]
+pub(crate) struct Claimed {
+    #[serde(flatten)]
+    info: SandboxInfo,
+    token: String,
+    #[serde(default)]
+    claim_micros: Option<u64>,
+}
+
+impl Claimed {
+    pub(crate) fn into_sandbox(self, client: &Client, auto_release: bool) -> Sandbox {
+        let took = self.claim_micros.map(Duration::from_micros);
+        Sandbox::new(client.clone(), self.info, self.token, took, auto_release)
     }
 }
 
@@ -300,6 +308,15 @@ pub struct SandboxInfo {
     pub on_expire: String,
     #[serde(default)]
     pub metadata: BTreeMap<String, String>,
+    /// Lineage: the checkpoint this sandbox was branched from, or the sandbox it was forked from.
+    #[serde(default)]
+    pub from_checkpoint: Option<String>,
+    #[serde(default)]
+    pub forked_from: Option<String>,
+    /// Whether wake, branch and fork keep running processes (`false` on the jail engine: files
+    /// are exact, processes restart).
+    #[serde(default)]
+    pub memory_snapshot: bool,
 }
 
 /// `GET /v1/info`.

@@ -6,7 +6,7 @@
 //!
 //! | family | calls |
 //! |---|---|
-//! | lifecycle | [`Sandbox::release`], [`Sandbox::renew`], [`Sandbox::refresh`], auto-release |
+//! | lifecycle | [`Sandbox::release`], [`Sandbox::renew`], [`Sandbox::refresh`], auto-release, [`Sandbox::hibernate`], [`Sandbox::wake`], [`Sandbox::archive`], [`Sandbox::checkpoint`], [`Sandbox::fork`], [`Sandbox::promote`], [`Client::branch`] |
 //! | process | [`Sandbox::exec`] (streaming [`Exec`]), [`Sandbox::run`], `spawn`, `ps`, `logs`, `attach`, `kill` |
 //! | sessions | `session_create`, `session_list`, `session_rm`, `session_exec` |
 //! | pty | [`Sandbox::pty`] → [`Pty`] (read, write, resize) |
@@ -37,6 +37,7 @@ mod files;
 mod forward;
 mod git;
 mod http;
+mod lifecycle;
 mod process;
 mod pty;
 mod sandbox;
@@ -49,6 +50,7 @@ pub use conn::ConnStats;
 pub use error::{Error, Result};
 pub use files::{Transfer, WriteOptions};
 pub use forward::PortForward;
+pub use lifecycle::{Checkpoint, TemplateInfo};
 pub use process::{Attach, Chunk, Exec, ExecBuilder, ExecStdin, Logs, Output};
 pub use pty::{Pty, PtyBuilder, PtyInput, PtyOutput};
 pub use sandbox::Sandbox;

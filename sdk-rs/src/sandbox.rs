@@ -95,6 +95,15 @@ impl Sandbox {
         self.inner.pool.stats()
     }
 
+    pub(crate) fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    /// Closes idle relay connections (the sandbox is about to stop).
+    pub(crate) fn clear_connections(&self) {
+        self.inner.pool.clear();
+    }
+
     fn path(&self, tail: &str) -> Result<String> {
         Ok(format!("/v1/sandboxes/{}{tail}", path_segment(self.id())?))
     }

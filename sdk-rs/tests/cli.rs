@@ -201,3 +201,35 @@ fn shell_drives_a_terminal() {
     assert!(canonical(&slave), "sbx restored the terminal");
     assert!(sbx(&node).args(["rm", id]).output().unwrap().status.success());
 }
+
+#[test]
+fn lifecycle_verbs() {
+    let node = Sandboxd::start(ONE_WARM);
+    let claimed = json_of(&sbx(&node).args(["claim", "--json"]).output().unwrap());
+    let id = claimed["id"].as_str().unwrap().to_string();
+    let ok = |args: &[&str]| {
+        let out = sbx(&node).args(args).output().unwrap();
+        assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    ok(&["exec", &id, "--", "sh", "-c", "echo kept > /root/f"]);
+    assert_eq!(ok(&["hibernate", &id]).trim(), format!("{id} hibernated"));
+    assert_eq!(ok(&["wake", &id]).trim(), format!("{id} claimed"));
+    let ck = ok(&["checkpoint", &id, "--name", "cli"]).trim().to_string();
+    assert!(ck.starts_with("ck_"), "{ck}");
+    assert!(ok(&["checkpoints"]).contains(&ck));
+    let branch = json_of(&sbx(&node).args(["branch", &ck, "--json"]).output().unwrap());
+    let bid = branch["sandboxes"][0]["id"].as_str().unwrap();
+    assert_eq!(ok(&["exec", bid, "--", "cat", "/root/f"]), "kept\n");
+    let forked = json_of(&sbx(&node).args(["fork", &id, "-n", "2", "--json"]).output().unwrap());
+    assert_eq!(forked["sandboxes"].as_array().unwrap().len(), 2);
+    assert!(ok(&["promote", &id, "cli-made"]).starts_with("cli-made "));
+    assert!(ok(&["templates"]).contains("promoted"));
+    assert_eq!(ok(&["archive", &id]).trim(), format!("{id} archived"));
+    assert_eq!(ok(&["exec", &id, "--", "cat", "/root/f"]), "kept\n", "exec wakes it");
+    ok(&["rm-checkpoint", &ck]);
+    ok(&["rm-template", "cli-made"]);
+    let out = sbx(&node).args(["fork", &id, "-n", "99"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("count"), "a clear error");
+}

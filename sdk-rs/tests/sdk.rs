@@ -477,3 +477,52 @@ async fn connections_are_reused_and_redirects_reach_the_relay() {
     );
     s.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hibernate_checkpoint_branch_fork_promote_archive() {
+    let node = Sandboxd::start(ONE_WARM);
+    let c = node.client();
+    let s = c.claim("host").send().await.unwrap();
+    s.write("/root/state", "v1").await.unwrap();
+
+    let h = s.hibernate().await.unwrap();
+    assert_eq!(h.state, "hibernated");
+    assert!(!h.memory_snapshot, "the jail engine restarts processes");
+    // The next call wakes it, through a fresh relay connection.
+    assert_eq!(s.read("/root/state").await.unwrap(), "v1");
+    assert_eq!(s.refresh().await.unwrap().state, "claimed");
+
+    let ck = s.checkpoint(Some("before-v2")).await.unwrap();
+    assert!(ck.id.starts_with("ck_") && ck.uploaded_bytes.is_some(), "{ck:?}");
+    s.write("/root/state", "v2").await.unwrap();
+    assert_eq!(s.checkpoints().await.unwrap()[0].name.as_deref(), Some("before-v2"));
+    let b = c.branch(&ck.id, Some(s.token())).await.unwrap();
+    assert_eq!(b.info().from_checkpoint.as_deref(), Some(ck.id.as_str()));
+    assert_eq!(b.read("/root/state").await.unwrap(), "v1");
+
+    let kids = s.fork(2).await.unwrap();
+    assert_eq!(kids.len(), 2);
+    for k in &kids {
+        assert_eq!(k.read("/root/state").await.unwrap(), "v2");
+        assert_eq!(k.info().forked_from.as_deref(), Some(s.id()));
+    }
+    match s.fork(17).await {
+        Err(Error::Api { status: 400, .. }) => {}
+        other => panic!("fork of 17: {other:?}"),
+    }
+
+    let t = s.promote("sdk-made").await.unwrap();
+    assert!(t.digest.is_some_and(|d| d.len() == 64));
+    let p = c.claim("sdk-made").send().await.unwrap();
+    assert_eq!(p.read("/root/state").await.unwrap(), "v2");
+    assert!(
+        c.templates().await.unwrap().iter().any(|t| t.name == "sdk-made" && t.kind == "promoted")
+    );
+    c.delete_template("sdk-made").await.unwrap();
+
+    assert_eq!(s.archive().await.unwrap().state, "archived");
+    assert_eq!(s.wake().await.unwrap().state, "claimed");
+    assert_eq!(s.read("/root/state").await.unwrap(), "v2");
+    c.delete_checkpoint(&ck.id, None).await.unwrap();
+    assert!(c.checkpoints().await.unwrap().is_empty());
+}

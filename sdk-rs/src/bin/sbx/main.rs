@@ -9,6 +9,7 @@
 //! commands exit 1.
 
 mod cp;
+mod lifecycle;
 mod term;
 
 use std::io::Write;
@@ -138,6 +139,8 @@ enum Cmd {
     Info,
     /// The warm pool configuration.
     Pools,
+    #[command(flatten)]
+    Lifecycle(lifecycle::Lifecycle),
 }
 
 fn key_value(s: &str) -> Result<(String, String), String> {
@@ -268,6 +271,7 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
+        Cmd::Lifecycle(cmd) => lifecycle::run(&c, cmd, json).await,
         Cmd::Pools => {
             let pools = c.pools().await?;
             if json {

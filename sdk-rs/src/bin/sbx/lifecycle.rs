@@ -1,0 +1,190 @@
+//! `sbx hibernate | wake | archive | checkpoint | checkpoints | branch | fork | promote |
+//! templates | rm-checkpoint | rm-template`.
+
+use clap::Subcommand;
+use serde_json::json;
+use silkmesh::{Checkpoint, Client, Sandbox, SandboxInfo};
+
+use crate::{SandboxToken, Target, table};
+
+#[derive(Debug, Subcommand)]
+pub enum Lifecycle {
+    /// Snapshot and stop a sandbox, freeing the host; the next call on it wakes it.
+    Hibernate(Target),
+    /// Start a hibernated or archived sandbox now.
+    Wake(Target),
+    /// Move a sandbox's files to the object store and free the host.
+    Archive(Target),
+    /// Capture a sandbox's files into the store while it keeps running; prints the `ck_` id.
+    Checkpoint {
+        #[command(flatten)]
+        target: Target,
+        /// A name to remember it by.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List checkpoints: of one sandbox (with its token), or all of them (root token).
+    Checkpoints {
+        /// Only this sandbox's checkpoints.
+        #[arg(long)]
+        sandbox: Option<String>,
+        #[command(flatten)]
+        token: SandboxToken,
+    },
+    /// A new sandbox from a checkpoint; prints its id and token.
+    Branch {
+        /// The checkpoint (`ck_...`).
+        checkpoint: String,
+        #[command(flatten)]
+        token: SandboxToken,
+    },
+    /// New sandboxes from a sandbox's current files, all or none; prints their ids and tokens.
+    Fork {
+        #[command(flatten)]
+        target: Target,
+        /// How many (1-16).
+        #[arg(long, short = 'n', default_value_t = 1)]
+        count: usize,
+    },
+    /// Publish a sandbox's files as a template that later claims clone from.
+    Promote {
+        #[command(flatten)]
+        target: Target,
+        /// The template's name.
+        template: String,
+    },
+    /// List templates: built in, configured and promoted.
+    Templates,
+    /// Delete a checkpoint.
+    RmCheckpoint {
+        checkpoint: String,
+        #[command(flatten)]
+        token: SandboxToken,
+    },
+    /// Delete a promoted template.
+    RmTemplate { template: String },
+}
+
+pub async fn run(c: &Client, cmd: Lifecycle, json: bool) -> anyhow::Result<i32> {
+    let open = |t: &Target| {
+        let (c, id, token) = (c.clone(), t.id.clone(), t.token.sandbox_token.clone());
+        async move { c.sandbox(&id, token.as_deref()).await }
+    };
+    match cmd {
+        Lifecycle::Hibernate(t) => state(&open(&t).await?.hibernate().await?, json),
+        Lifecycle::Wake(t) => state(&open(&t).await?.wake().await?, json),
+        Lifecycle::Archive(t) => state(&open(&t).await?.archive().await?, json),
+        Lifecycle::Checkpoint { target, name } => {
+            let ck = open(&target).await?.checkpoint(name.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&ck)?);
+            } else {
+                println!("{}", ck.id);
+            }
+        }
+        Lifecycle::Checkpoints { sandbox, token } => {
+            let list = match &sandbox {
+                Some(id) => {
+                    c.sandbox(id, token.sandbox_token.as_deref()).await?.checkpoints().await?
+                }
+                None => c.checkpoints().await?,
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&json!({ "checkpoints": list }))?);
+            } else {
+                print_checkpoints(&list);
+            }
+        }
+        Lifecycle::Branch { checkpoint, token } => {
+            let s = c.branch(&checkpoint, token.sandbox_token.as_deref()).await?;
+            new_sandboxes(&[s], json)?;
+        }
+        Lifecycle::Fork { target, count } => {
+            let kids = open(&target).await?.fork(count).await?;
+            new_sandboxes(&kids, json)?;
+        }
+        Lifecycle::Promote { target, template } => {
+            let t = open(&target).await?.promote(&template).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&t)?);
+            } else {
+                println!("{} {}", t.name, t.digest.unwrap_or_default());
+            }
+        }
+        Lifecycle::Templates => {
+            let list = c.templates().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&json!({ "templates": list }))?);
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|t| {
+                        let digest = t.digest.as_deref().map_or("-", |d| &d[..16.min(d.len())]);
+                        vec![t.name.clone(), t.kind.clone(), digest.to_string()]
+                    })
+                    .collect();
+                table(&["NAME", "KIND", "DIGEST"], &rows);
+            }
+        }
+        Lifecycle::RmCheckpoint { checkpoint, token } => {
+            c.delete_checkpoint(&checkpoint, token.sandbox_token.as_deref()).await?;
+            done(json, "deleted", &checkpoint);
+        }
+        Lifecycle::RmTemplate { template } => {
+            c.delete_template(&template).await?;
+            done(json, "deleted", &template);
+        }
+    }
+    Ok(0)
+}
+
+fn state(info: &SandboxInfo, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(info).unwrap_or_default());
+    } else {
+        println!("{} {}", info.id, info.state);
+    }
+}
+
+fn done(json: bool, what: &str, name: &str) {
+    if json {
+        println!("{}", json!({ what: name }));
+    } else {
+        println!("{what} {name}");
+    }
+}
+
+fn new_sandboxes(list: &[Sandbox], json: bool) -> anyhow::Result<()> {
+    if json {
+        let rows: Vec<_> = list
+            .iter()
+            .map(|s| {
+                let mut v = serde_json::to_value(s.info()).unwrap_or_default();
+                v["token"] = json!(s.token());
+                v
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json!({ "sandboxes": rows }))?);
+    } else {
+        let rows: Vec<Vec<String>> =
+            list.iter().map(|s| vec![s.id().to_string(), s.token().to_string()]).collect();
+        table(&["ID", "TOKEN"], &rows);
+    }
+    Ok(())
+}
+
+fn print_checkpoints(list: &[Checkpoint]) {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|ck| {
+            vec![
+                ck.id.clone(),
+                ck.name.clone().unwrap_or_else(|| "-".into()),
+                ck.sandbox.clone(),
+                ck.template.clone(),
+                format!("{:.1} MiB", ck.bytes as f64 / (1 << 20) as f64),
+            ]
+        })
+        .collect();
+    table(&["CHECKPOINT", "NAME", "SANDBOX", "TEMPLATE", "SIZE"], &rows);
+}

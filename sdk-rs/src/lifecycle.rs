@@ -1,0 +1,158 @@
+//! Lifecycle beyond one claim: hibernate and wake, checkpoint and branch, fork, promote,
+//! archive. All of them are calls on the node's API; see `docs/api.md` for what each keeps (the
+//! jail engine keeps files exactly and restarts processes: [`SandboxInfo::memory_snapshot`]).
+
+use hyper::Method;
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use crate::client::{Claimed, Client, SandboxInfo, path_segment};
+use crate::error::{Error, Result};
+use crate::sandbox::Sandbox;
+
+/// A checkpoint in the node's store: `ck_` followed by 32 hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Checkpoint {
+    pub id: String,
+    #[serde(default)]
+    pub name: Option<String>,
+    /// The sandbox it was taken from.
+    #[serde(default)]
+    pub sandbox: String,
+    #[serde(default)]
+    pub template: String,
+    #[serde(default)]
+    pub created_ms: u64,
+    /// Bytes in the snapshot.
+    #[serde(default)]
+    pub bytes: u64,
+    /// Bytes this checkpoint sent to the store (only in [`Sandbox::checkpoint`]'s answer).
+    #[serde(default)]
+    pub uploaded_bytes: Option<u64>,
+}
+
+/// A template as `GET /v1/templates` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TemplateInfo {
+    pub name: String,
+    /// `builtin`, `configured` or `promoted`.
+    pub kind: String,
+    /// The golden's content digest (promoted templates).
+    #[serde(default)]
+    pub digest: Option<String>,
+    /// The sandbox it was promoted from.
+    #[serde(default)]
+    pub source: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct Checkpoints {
+    checkpoints: Vec<Checkpoint>,
+}
+
+fn checkpoint_path(id: &str, tail: &str) -> Result<String> {
+    Ok(format!("/v1/checkpoints/{}{tail}", path_segment(id)?))
+}
+
+impl Sandbox {
+    async fn lifecycle(&self, verb: &str, body: Option<&Value>) -> Result<Value> {
+        let path = format!("/v1/sandboxes/{}/{verb}", path_segment(self.id())?);
+        self.client().call(Method::POST, &path, Some(self.token()), body).await
+    }
+
+    /// Snapshots and stops the sandbox, freeing the host (idempotent). The lease keeps running;
+    /// the next call on the sandbox wakes it.
+    pub async fn hibernate(&self) -> Result<SandboxInfo> {
+        self.clear_connections();
+        parse(self.lifecycle("hibernate", None).await?)
+    }
+
+    /// Starts a hibernated or archived sandbox now (any data-plane call would too).
+    pub async fn wake(&self) -> Result<SandboxInfo> {
+        parse(self.lifecycle("wake", None).await?)
+    }
+
+    /// Moves the sandbox's files into the object store and frees the host; access or
+    /// [`wake`](Self::wake) restores it with a fresh lease.
+    pub async fn archive(&self) -> Result<SandboxInfo> {
+        self.clear_connections();
+        parse(self.lifecycle("archive", None).await?)
+    }
+
+    /// Captures the sandbox's files into the store while it keeps running.
+    pub async fn checkpoint(&self, name: Option<&str>) -> Result<Checkpoint> {
+        let body = json!({ "name": name });
+        parse(self.lifecycle("checkpoint", Some(&body)).await?)
+    }
+
+    /// This sandbox's checkpoints, oldest first.
+    pub async fn checkpoints(&self) -> Result<Vec<Checkpoint>> {
+        let path = format!("/v1/sandboxes/{}/checkpoints", path_segment(self.id())?);
+        let c: Checkpoints =
+            self.client().call(Method::GET, &path, Some(self.token()), None).await?;
+        Ok(c.checkpoints)
+    }
+
+    /// `count` (1–16) new sandboxes from the current files, all or none; each has its own id,
+    /// token and lease.
+    pub async fn fork(&self, count: usize) -> Result<Vec<Sandbox>> {
+        #[derive(Deserialize)]
+        struct Forked {
+            sandboxes: Vec<Claimed>,
+        }
+        let forked: Forked =
+            parse(self.lifecycle("fork", Some(&json!({ "count": count }))).await?)?;
+        Ok(forked.sandboxes.into_iter().map(|c| c.into_sandbox(self.client(), false)).collect())
+    }
+
+    /// Publishes the sandbox's files as template `name`: later claims of it clone from them.
+    /// Promoting again under the same name replaces it.
+    pub async fn promote(&self, name: &str) -> Result<TemplateInfo> {
+        parse(self.lifecycle("promote", Some(&json!({ "template": name }))).await?)
+    }
+}
+
+impl Client {
+    /// Every checkpoint in the node's store (root token).
+    pub async fn checkpoints(&self) -> Result<Vec<Checkpoint>> {
+        let c: Checkpoints =
+            self.call(Method::GET, "/v1/checkpoints", self.root_token(), None).await?;
+        Ok(c.checkpoints)
+    }
+
+    /// A new sandbox from a checkpoint. `token`: the token of the sandbox it was taken from,
+    /// or `None` for the client's root token.
+    pub async fn branch(&self, checkpoint: &str, token: Option<&str>) -> Result<Sandbox> {
+        let token = token.or(self.root_token());
+        let path = checkpoint_path(checkpoint, "/claim")?;
+        let c: Claimed = self.call(Method::POST, &path, token, Some(&json!({}))).await?;
+        Ok(c.into_sandbox(self, false))
+    }
+
+    pub async fn delete_checkpoint(&self, checkpoint: &str, token: Option<&str>) -> Result<()> {
+        let path = checkpoint_path(checkpoint, "")?;
+        self.http().json(Method::DELETE, &path, token.or(self.root_token()), None).await?;
+        Ok(())
+    }
+
+    /// Built-in, configured and promoted templates.
+    pub async fn templates(&self) -> Result<Vec<TemplateInfo>> {
+        #[derive(Deserialize)]
+        struct Templates {
+            templates: Vec<TemplateInfo>,
+        }
+        let t: Templates = self.call(Method::GET, "/v1/templates", self.root_token(), None).await?;
+        Ok(t.templates)
+    }
+
+    /// Deletes a promoted template; sandboxes made from it keep running.
+    pub async fn delete_template(&self, name: &str) -> Result<()> {
+        let path = format!("/v1/templates/{}", path_segment(name)?);
+        self.http().json(Method::DELETE, &path, self.root_token(), None).await?;
+        Ok(())
+    }
+}
+
+fn parse<T: serde::de::DeserializeOwned>(v: Value) -> Result<T> {
+    serde_json::from_value(v).map_err(|e| Error::Protocol(format!("unexpected answer: {e}")))
+}
