@@ -38,6 +38,7 @@ const SECTIONS: &[(&str, &[&str], &[&str])] = &[
     ("node", &[], &["--claims", "5", "--rtt-iters", "50"]),
     ("fleet", &[], &["--claims", "2", "--burst", "2", "--warm", "2"]),
     ("sdk", &[], &["--iters", "50"]),
+    ("lifecycle", &[], &["--iters", "1", "--tree-mib", "4"]),
     ("store", &[], &["--size-mib", "64"]),
 ];
 

@@ -3,7 +3,7 @@
 //!
 //! Sections: `agent` (silkd over a unix socket), `verbs` (find, watch, sessions), `engine` (jail
 //! starts), `journal`, `node` (warm claim over HTTP, the relay), `fleet` (claim tiers, burst,
-//! refill through the SDK), `sdk` (connection reuse), `store`. With no section, all of them (see
+//! refill through the SDK), `sdk` (connection reuse), `lifecycle` (hibernate … archive), `store`. With no section, all of them (see
 //! `all`).
 
 mod agent;
@@ -11,6 +11,7 @@ mod all;
 mod engine;
 mod fleet;
 mod journal;
+mod lifecycle;
 mod node;
 mod report;
 mod sdk;
@@ -43,6 +44,8 @@ enum Section {
     Node(node::NodeArgs),
     /// Claim tiers, a burst of clones and refill recovery through the SDK (needs root).
     Fleet(fleet::FleetArgs),
+    /// Hibernate, wake, checkpoint, branch, fork, archive with a 100 MiB tree (needs root).
+    Lifecycle(lifecycle::LifecycleArgs),
     /// Snapshot put/get on fs and S3 beside cp, dedup ratio, chunking + hashing on one core.
     Store(store::StoreArgs),
     /// SDK exec/info round trips: kept relay connection vs one dialled per call (needs root).
@@ -65,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         Section::EchoServer { socket } => runtime()?.block_on(agent::echo_server(socket)),
         // Synchronous, like the engine itself.
         Section::Engine(e) => engine::run(e),
+        Section::Lifecycle(a) => lifecycle::run(a),
         Section::Journal(j) => journal::run(j),
         Section::Node(n) => node::run(n),
         Section::Fleet(f) => runtime()?.block_on(fleet::run(f)),
