@@ -12,7 +12,7 @@
 //! journal.lock      flock'd while a journal is open, so two processes never append to one log
 //! ```
 //! `journal.log` starts with a 12-byte header, the magic `SLKJRNL\0` and a `u32` LE format
-//! version (1). Each frame is a `u32` LE payload length, four checksum bytes (the first four bytes
+//! version (2). Each frame is a `u32` LE payload length, four checksum bytes (the first four bytes
 //! of the payload's blake3 hash) and the payload: the postcard encoding of a
 //! `Vec<(String, Option<T>)>`, where `None` deletes the key. Replay applies frames in order. A
 //! bad frame with nothing valid after it is a torn tail (a write that never completed, so a batch
@@ -45,9 +45,12 @@ use tracing::{debug, error, warn};
 const LOG: &str = "journal.log";
 const TMP: &str = "journal.log.tmp";
 const LOCK: &str = "journal.lock";
-const VERSION: u32 = 1;
+/// 2: claim records carry lifecycle state (hibernated snapshots, intents, lineage). A log of
+/// another version is refused with both numbers named; postcard records have no field names, so
+/// a changed record is a new version.
+const VERSION: u32 = 2;
 /// The magic, then `VERSION` as a `u32` LE.
-const HEADER: [u8; HEADER_LEN] = *b"SLKJRNL\0\x01\0\0\0";
+const HEADER: [u8; HEADER_LEN] = *b"SLKJRNL\0\x02\0\0\0";
 const MAGIC_LEN: usize = 8;
 const HEADER_LEN: usize = 12;
 /// Length and checksum in front of every payload.
