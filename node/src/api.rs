@@ -75,6 +75,15 @@ fn root(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
     if node.is_root(bearer(headers)) { Ok(()) } else { Err(ApiError::unauthorized()) }
 }
 
+/// Runs `work` to its end even if the client goes away. hyper drops a handler's future when
+/// its connection closes; a claim or lifecycle call cut between its engine step and its journal
+/// write would leave a sandbox between states (or a claim slot counted forever).
+pub async fn detached<T: Send + 'static>(
+    work: impl Future<Output = Result<T, ApiError>> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::spawn(work).await.map_err(|e| ApiError::internal(format!("task: {e}")))?
+}
+
 /// A JSON body whose rejections are API errors (400, 413, 415) in the usual shape.
 #[derive(Debug)]
 pub struct JsonBody<T>(pub T);
@@ -151,7 +160,8 @@ async fn claim(
 ) -> Result<Response, ApiError> {
     root(&node, &headers)?;
     let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
-    let claimed = node.claim(spec).await?;
+    let n = node.clone();
+    let claimed = detached(async move { n.claim(spec).await }).await?;
     Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
 }
 
@@ -216,7 +226,8 @@ async fn release(
     Path(id): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     node.authorized(&id, bearer(&headers))?;
-    node.release(&id).await?;
+    let n = node.clone();
+    detached(async move { n.release(&id).await }).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -234,7 +245,8 @@ async fn renew(
 ) -> Result<axum::Json<Value>, ApiError> {
     node.authorized(&id, bearer(&headers))?;
     let ttl = checked_ttl(req.ttl_seconds, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
-    let record = node.renew(&id, ttl).await?;
+    let n = node.clone();
+    let record = detached(async move { n.renew(&id, ttl).await }).await?;
     Ok(axum::Json(json!({ "id": record.id, "deadline_ms": record.deadline_ms })))
 }
 
@@ -267,7 +279,8 @@ async fn exec(
         return Err(ApiError::bad_request("argv is empty"));
     }
     // A hibernated or archived sandbox wakes: the call is slower, not an error.
-    let live = node.wake(&id).await?;
+    let n = node.clone();
+    let live = detached(async move { n.wake(&id).await }).await?;
     let _active = relay::Active::new(&live);
     node.metrics.execs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let unavailable =
@@ -383,7 +396,8 @@ async fn hibernate(
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     node.authorized(&id, bearer(&headers))?;
-    let record = node.hibernate(&id).await?;
+    let n = node.clone();
+    let record = detached(async move { n.hibernate(&id).await }).await?;
     Ok(axum::Json(row(&node, &record)))
 }
 
@@ -393,7 +407,8 @@ async fn wake(
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     node.authorized(&id, bearer(&headers))?;
-    let live = node.wake(&id).await?;
+    let n = node.clone();
+    let live = detached(async move { n.wake(&id).await }).await?;
     Ok(axum::Json(row(&node, &live.record)))
 }
 
@@ -403,7 +418,8 @@ async fn archive(
     Path(id): Path<String>,
 ) -> Result<axum::Json<Value>, ApiError> {
     node.authorized(&id, bearer(&headers))?;
-    let record = node.archive(&id).await?;
+    let n = node.clone();
+    let record = detached(async move { n.archive(&id).await }).await?;
     Ok(axum::Json(row(&node, &record)))
 }
 
@@ -422,7 +438,8 @@ async fn checkpoint(
 ) -> Result<Response, ApiError> {
     node.authorized(&id, bearer(&headers))?;
     let name = optional_json::<CheckpointBody>(&body)?.name;
-    let ck = node.checkpoint(&id, name).await?;
+    let n = node.clone();
+    let ck = detached(async move { n.checkpoint(&id, name).await }).await?;
     let mut body = json!(ck);
     body["memory_snapshot"] = json!(node.capabilities().memory_snapshot);
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
@@ -490,7 +507,8 @@ async fn branch(
         ..Default::default()
     }
     .validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
-    let claimed = node.branch(&id, spec).await?;
+    let n = node.clone();
+    let claimed = detached(async move { n.branch(&id, spec).await }).await?;
     Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
 }
 
@@ -513,7 +531,8 @@ async fn fork(
         None => None,
         t => Some(checked_ttl(t, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?),
     };
-    let children = node.fork(&id, req.count, ttl).await?;
+    let n = node.clone();
+    let children = detached(async move { n.fork(&id, req.count, ttl).await }).await?;
     let rows: Vec<Value> = children.iter().map(|c| claimed_row(&node, c)).collect();
     Ok((StatusCode::CREATED, axum::Json(json!({ "sandboxes": rows }))).into_response())
 }
@@ -541,7 +560,9 @@ async fn promote(
     JsonBody(req): JsonBody<PromoteBody>,
 ) -> Result<Response, ApiError> {
     node.authorized(&id, bearer(&headers))?;
-    let p = node.promote(&id, &req.template).await?;
+    let by_root = node.is_root(bearer(&headers));
+    let (n, name) = (node.clone(), req.template.clone());
+    let p = detached(async move { n.promote(&id, &name, by_root).await }).await?;
     Ok((StatusCode::CREATED, axum::Json(template_row(&req.template, &p))).into_response())
 }
 

@@ -69,6 +69,9 @@ pub struct ClaimRecord {
     pub state_since_ms: u64,
     /// The sandbox's files on this node while it is hibernated.
     pub stopped: Option<Snapshot>,
+    /// The store name of its archive while it is archived (`<id>.<random>`: each archive has
+    /// its own name, so a stale delete or a crashed upload can never touch a newer one).
+    pub archive: Option<String>,
     /// A lifecycle operation that was begun and not finished: written before acting, so the
     /// next start completes or rolls it back.
     pub intent: Option<Intent>,
@@ -78,8 +81,8 @@ pub struct ClaimRecord {
 pub enum Intent {
     /// Hibernating into `stopped`'s tar: a complete tar there means the capture finished.
     Hibernate(Box<Snapshot>),
-    /// Uploading the hibernated snapshot as the sandbox's archive.
-    Archive,
+    /// Uploading the hibernated snapshot as the archive of this name.
+    Archive(String),
 }
 
 /// `POST /v1/sandboxes` body, as sent.

@@ -461,6 +461,11 @@ impl Node {
 
     pub async fn release(&self, id: &str) -> Result<(), ApiError> {
         let _busy = self.busy(id).await;
+        self.release_locked(id).await
+    }
+
+    /// [`release`](Self::release) with the sandbox's lifecycle lock held.
+    async fn release_locked(&self, id: &str) -> Result<(), ApiError> {
         let live = self.lock().claims.remove(id).ok_or_else(ApiError::sandbox_not_found)?;
         live.record.state.transition(SandboxState::Released).map_err(ApiError::internal)?;
         if let Err(e) = self.journal.commit(vec![Change::Delete(id.to_string())]).await {
@@ -477,13 +482,20 @@ impl Node {
                     let _ = std::fs::remove_file(&s.layer_tar);
                 }
             }
-            SandboxState::Archived => self.drop_archive(id),
+            SandboxState::Archived => {
+                if let Some(name) = &live.record.archive {
+                    self.drop_archive(name).await;
+                }
+            }
             SandboxState::Warm | SandboxState::Released => {}
         }
         Ok(())
     }
 
     pub async fn renew(&self, id: &str, ttl_seconds: u64) -> Result<ClaimRecord, ApiError> {
+        // Under the lifecycle lock: a record journalled here must not undo a concurrent
+        // hibernate, wake or archive.
+        let _busy = self.busy(id).await;
         let mut record = self.get(id).ok_or_else(ApiError::sandbox_not_found)?.record;
         record.deadline_ms = now_ms() + ttl_seconds * 1000;
         record.lease_seconds = ttl_seconds;
@@ -502,59 +514,62 @@ impl Node {
         Ok(record)
     }
 
+    /// What the reaper should do with a sandbox now, if anything.
+    fn due(&self, live: &Live, now: u64) -> Option<Due> {
+        let r = &live.record;
+        let since = now.saturating_sub(r.state_since_ms) / 1000;
+        let retention = |s: &u64| since >= *s;
+        if r.deadline_ms <= now {
+            return match (r.on_expire, r.state) {
+                (OnExpire::Archive, SandboxState::Archived) => {
+                    self.cfg.archive_retention_seconds.filter(retention).map(|_| Due::Release)
+                }
+                (OnExpire::Archive, _) => Some(Due::Archive),
+                (OnExpire::Destroy, _) => Some(Due::Release),
+            };
+        }
+        match r.state {
+            SandboxState::Claimed => {
+                let idle_ms = now.saturating_sub(live.activity.last_ms.load(Ordering::Relaxed));
+                let open = live.activity.open.load(Ordering::Relaxed);
+                r.idle_hibernate_seconds
+                    .filter(|s| open == 0 && idle_ms >= s * 1000)
+                    .map(|_| Due::Hibernate)
+            }
+            SandboxState::Hibernated => {
+                self.cfg.archive_after_seconds.filter(|s| since >= *s).map(|_| Due::Archive)
+            }
+            SandboxState::Archived => {
+                self.cfg.archive_retention_seconds.filter(retention).map(|_| Due::Release)
+            }
+            SandboxState::Warm | SandboxState::Released => None,
+        }
+    }
+
     /// Ends every lease that ran out (`destroy`, or `archive`), hibernates idle sandboxes,
-    /// archives long-hibernated ones and deletes archives past their retention.
+    /// archives long-hibernated ones and deletes archives past their retention. Each decision
+    /// is made again under the sandbox's lifecycle lock: a call that got there first (a wake, a
+    /// renew) wins.
     async fn reap(&self) {
         let now = now_ms();
-        let mut due = vec![];
-        {
+        let due: Vec<String> = {
             let st = self.lock();
             let later = Instant::now();
-            for live in st.claims.values() {
-                let r = &live.record;
-                if st.retry_at.get(&r.id).is_some_and(|t| later < *t) {
-                    continue;
-                }
-                let since = now.saturating_sub(r.state_since_ms) / 1000;
-                let work = if r.deadline_ms <= now {
-                    match (r.on_expire, r.state) {
-                        (OnExpire::Archive, SandboxState::Archived) => None,
-                        (OnExpire::Archive, _) => Some(Due::Archive),
-                        (OnExpire::Destroy, _) => Some(Due::Release),
-                    }
-                } else {
-                    match r.state {
-                        SandboxState::Claimed => {
-                            let idle_ms =
-                                now.saturating_sub(live.activity.last_ms.load(Ordering::Relaxed));
-                            let open = live.activity.open.load(Ordering::Relaxed);
-                            r.idle_hibernate_seconds
-                                .filter(|s| open == 0 && idle_ms >= s * 1000)
-                                .map(|_| Due::Hibernate)
-                        }
-                        SandboxState::Hibernated => self
-                            .cfg
-                            .archive_after_seconds
-                            .filter(|s| since >= *s)
-                            .map(|_| Due::Archive),
-                        SandboxState::Archived => self
-                            .cfg
-                            .archive_retention_seconds
-                            .filter(|s| since >= *s)
-                            .map(|_| Due::Release),
-                        SandboxState::Warm | SandboxState::Released => None,
-                    }
-                };
-                if let Some(w) = work {
-                    due.push((r.id.clone(), w));
-                }
-            }
-        }
-        for (id, work) in due {
+            st.claims
+                .values()
+                .filter(|l| st.retry_at.get(&l.record.id).is_none_or(|t| later >= *t))
+                .filter(|l| self.due(l, now).is_some())
+                .map(|l| l.record.id.clone())
+                .collect()
+        };
+        for id in due {
+            let _busy = self.busy(&id).await;
+            let Some(live) = self.get(&id) else { continue };
+            let Some(work) = self.due(&live, now_ms()) else { continue };
             let done = match work {
-                Due::Release => self.release(&id).await.map(|()| "released"),
-                Due::Archive => self.archive(&id).await.map(|_| "archived"),
-                Due::Hibernate => self.hibernate(&id).await.map(|_| "hibernated (idle)"),
+                Due::Release => self.release_locked(&id).await.map(|()| "released"),
+                Due::Archive => self.archive_locked(live).await.map(|_| "archived"),
+                Due::Hibernate => self.hibernate_locked(live).await.map(|_| "hibernated (idle)"),
             };
             match done {
                 Ok(what) => {
@@ -781,6 +796,7 @@ fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Tier) -> Clai
         forked_from: None,
         state_since_ms: now,
         stopped: None,
+        archive: None,
         intent: None,
     }
 }

@@ -36,7 +36,8 @@ pub async fn agent(
         ));
     }
     // A hibernated or archived sandbox wakes first: the client sees a slower call.
-    let live = node.wake(&id).await?;
+    let (n, owned) = (node.clone(), id.clone());
+    let live = crate::api::detached(async move { n.wake(&owned).await }).await?;
     // Dial before answering 101, so a dead agent is a clear 503 rather than a dropped stream.
     let mut agent = UnixStream::connect(&live.agent).await.map_err(|e| {
         ApiError::new(

@@ -230,6 +230,10 @@ fn promote_publishes_a_template_that_claims_clone_from() {
     let (_, t) = node.req("GET", "/v1/templates", Some(ROOT), None);
     assert!(t["templates"].as_array().unwrap().iter().any(|t| t["name"] == "mytool"), "{t}");
 
+    // Only its owner (or root) may replace a promoted template.
+    let other = claim(&node, "{}");
+    let (status, v) = post(&node, &other, "promote", r#"{"template": "mytool"}"#);
+    assert_eq!((status, v["error"]["code"].as_str()), (409, Some("conflict")), "{v}");
     for (body, status) in [
         (r#"{"template": "host"}"#, 409),
         (r#"{"template": "Bad Name"}"#, 400),

@@ -411,7 +411,14 @@ impl Engine for JailEngine {
         })();
         let after = match mode {
             SnapshotMode::KeepRunning => self.cgroups.freeze(id, false),
-            SnapshotMode::Stop if captured.is_ok() => self.destroy(id),
+            SnapshotMode::Stop if captured.is_ok() => {
+                // The snapshot is committed: the caller has the sandbox's files. A sandbox that
+                // fails to go away is left for `list` to report (and its owner to destroy).
+                if let Err(e) = self.destroy(id) {
+                    tracing::warn!(sandbox = %id, "destroy after a stop snapshot: {e}");
+                }
+                Ok(())
+            }
             // A failed capture must leave the source as it was.
             SnapshotMode::Stop => self.cgroups.freeze(id, false),
         };

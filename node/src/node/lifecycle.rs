@@ -38,6 +38,9 @@ pub struct Promoted {
     /// The sandbox it was promoted from.
     pub source: String,
     pub created_ms: u64,
+    /// The token hash of that sandbox (`None`: promoted with the root token). Only the same
+    /// owner or the root token may replace it.
+    pub owner: Option<String>,
 }
 
 /// A checkpoint as the API shows it.
@@ -209,7 +212,7 @@ impl Node {
         }
     }
 
-    async fn hibernate_locked(&self, live: Live) -> Result<ClaimRecord, ApiError> {
+    pub(super) async fn hibernate_locked(&self, live: Live) -> Result<ClaimRecord, ApiError> {
         let mut rec = live.record.clone();
         let base = live.base.clone().ok_or_else(|| ApiError::internal("unknown sandbox base"))?;
         let tar = snapshots_dir(&self.cfg).join(format!("{}.tar", rec.id));
@@ -247,7 +250,10 @@ impl Node {
     /// The sandbox running: as it is, or woken from hibernation or from its archive (with a
     /// fresh lease of its original length). The data plane calls this on every access.
     pub async fn wake(&self, id: &str) -> Result<Live, ApiError> {
-        if let Some(live) = self.get(id)
+        // The fast path: running, and no lifecycle call under way (one may be stopping it).
+        let lock = self.lock().busy.entry(id.to_string()).or_default().clone();
+        if let Ok(_free) = lock.try_lock()
+            && let Some(live) = self.get(id)
             && live.record.state == SandboxState::Claimed
         {
             return Ok(live);
@@ -269,12 +275,20 @@ impl Node {
                 Ok(woken)
             }
             SandboxState::Archived => {
-                let name = SnapshotName::archive(&live.record.id).map_err(ApiError::from)?;
-                let (snap, _) = self.download(&name).await?;
+                let archive = live.record.archive.clone().ok_or_else(|| {
+                    ApiError::internal("an archived sandbox without its archive's name")
+                })?;
+                let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
+                let (snap, _) = self.download(&name).await.map_err(|e| match e.status {
+                    StatusCode::NOT_FOUND => {
+                        ApiError::internal(format!("the archive {name} is missing from the store"))
+                    }
+                    _ => e,
+                })?;
                 let woken = self.start_from(live, &snap, true).await;
                 let _ = std::fs::remove_file(&snap.layer_tar);
                 let woken = woken?;
-                self.drop_archive(&woken.record.id);
+                self.drop_archive(&archive).await;
                 Ok(woken)
             }
             other => Err(conflict(format!("a sandbox that is {other:?} cannot be woken"))),
@@ -296,6 +310,7 @@ impl Node {
         rec.state = rec.state.transition(SandboxState::Claimed).map_err(conflict)?;
         rec.state_since_ms = now;
         rec.stopped = None;
+        rec.archive = None;
         rec.intent = None;
         if fresh_lease {
             rec.deadline_ms = now + rec.lease_seconds * 1000;
@@ -322,7 +337,13 @@ impl Node {
     /// hibernated first; when the upload fails it is woken again and the error returned.
     pub async fn archive(&self, id: &str) -> Result<ClaimRecord, ApiError> {
         let _busy = self.busy(id).await;
-        let live = self.current(id)?;
+        self.archive_locked(self.current(id)?).await
+    }
+
+    /// [`archive`](Self::archive) with the sandbox's lifecycle lock held.
+    pub(super) async fn archive_locked(&self, live: Live) -> Result<ClaimRecord, ApiError> {
+        let id = live.record.id.clone();
+        let id = id.as_str();
         let was_running = match live.record.state {
             SandboxState::Archived => return Ok(live.record),
             SandboxState::Claimed => true,
@@ -341,10 +362,11 @@ impl Node {
             .clone()
             .ok_or_else(|| ApiError::internal("a hibernated sandbox without its snapshot"))?;
         let mut rec = live.record.clone();
-        rec.intent = Some(Intent::Archive);
+        let archive = format!("{id}.{}", random_hex(8));
+        let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
+        rec.intent = Some(Intent::Archive(archive.clone()));
         self.put_record(&rec).await?;
         crash_point("archive:intent");
-        let name = SnapshotName::archive(id).map_err(ApiError::from)?;
         let uploaded = self.upload(&name, &snap, &rec, BTreeMap::new()).await;
         rec.intent = None;
         if let Err(e) = uploaded {
@@ -358,21 +380,20 @@ impl Node {
         rec.state = rec.state.transition(SandboxState::Archived).map_err(conflict)?;
         rec.state_since_ms = now_ms();
         rec.stopped = None;
+        rec.archive = Some(archive);
         self.put_record(&rec).await?;
         let _ = std::fs::remove_file(&snap.layer_tar);
         self.metrics.archived.fetch_add(1, Ordering::Relaxed);
         Ok(rec)
     }
 
-    /// Deletes a sandbox's archive in the background (its claim is gone or running again).
-    pub(super) fn drop_archive(&self, id: &str) {
-        let Ok(name) = SnapshotName::archive(id) else { return };
-        let store = self.store.clone();
-        tokio::spawn(async move {
-            if let Err(e) = store.delete(&name).await {
-                tracing::warn!(archive = %name, "delete failed (left for a later cleanup): {e}");
-            }
-        });
+    /// Deletes an archive whose sandbox is gone or running again. A failure is logged: the
+    /// archive's unique name means a leftover can never be mistaken for a newer one.
+    pub(super) async fn drop_archive(&self, archive: &str) {
+        let Ok(name) = SnapshotName::archive(archive) else { return };
+        if let Err(e) = self.store.delete(&name).await {
+            tracing::warn!(archive = %name, "delete failed (left in the store): {e}");
+        }
     }
 
     // ---- checkpoint and branch ----
@@ -586,7 +607,7 @@ impl Node {
     // ---- promote ----
 
     /// Publishes the sandbox's files as template `name`; later claims of it clone from them.
-    pub async fn promote(&self, id: &str, name: &str) -> Result<Promoted, ApiError> {
+    pub async fn promote(&self, id: &str, name: &str, by_root: bool) -> Result<Promoted, ApiError> {
         let valid = (1..=64).contains(&name.len())
             && name
                 .bytes()
@@ -601,6 +622,14 @@ impl Node {
         }
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
+        let owner = (!by_root).then(|| live.record.token_hash.clone());
+        let may_replace = |st: &State| match st.promoted.get(name) {
+            Some(p) => by_root || p.owner.is_some() && p.owner == owner,
+            None => true,
+        };
+        if !may_replace(&self.lock()) {
+            return Err(conflict(format!("template {name:?} was promoted by another owner")));
+        }
         let (snap, scratch) = self.current_files(&live, "promote").await?;
         let engine = self.engine.clone();
         let s = snap.clone();
@@ -608,11 +637,21 @@ impl Node {
         if scratch {
             let _ = std::fs::remove_file(&snap.layer_tar);
         }
-        let promoted = Promoted { golden: made?, source: id.to_string(), created_ms: now_ms() };
-        let mut all = self.lock().promoted.clone();
+        let promoted = Promoted {
+            golden: made?,
+            source: id.to_string(),
+            created_ms: now_ms(),
+            owner: owner.clone(),
+        };
+        // Read, change and save the map under the state lock: concurrent promotes and deletes
+        // of other templates must not lose each other's entries (the file is small).
+        let mut st = self.lock();
+        if !may_replace(&st) {
+            return Err(conflict(format!("template {name:?} was promoted by another owner")));
+        }
+        let mut all = st.promoted.clone();
         all.insert(name.to_string(), promoted.clone());
         self.save_promoted(&all)?;
-        let mut st = self.lock();
         st.promoted = all;
         st.goldens.insert(name.to_string(), promoted.golden.clone());
         st.templates.remove(name);
@@ -629,7 +668,8 @@ impl Node {
 
     /// Deletes a promoted template. Sandboxes made from it keep running.
     pub fn delete_template(&self, name: &str) -> Result<(), ApiError> {
-        let mut all = self.lock().promoted.clone();
+        let mut st = self.lock();
+        let mut all = st.promoted.clone();
         if all.remove(name).is_none() {
             let code = if name == "host" || self.cfg.templates.contains_key(name) {
                 return Err(conflict(format!(
@@ -645,7 +685,6 @@ impl Node {
             ));
         }
         self.save_promoted(&all)?;
-        let mut st = self.lock();
         st.promoted = all;
         st.goldens.remove(name);
         self.flush_pools(&mut st, name);
@@ -742,9 +781,9 @@ impl Node {
                     rec.stopped = Some(Snapshot { bytes, ..*snap });
                 }
             }
-            Some(Intent::Archive) => {
+            Some(Intent::Archive(archive)) => {
                 changed = true;
-                let archived = match SnapshotName::archive(&rec.id) {
+                let archived = match SnapshotName::archive(&archive) {
                     Ok(name) => self.store.manifest(&name).await.is_ok(),
                     Err(_) => false,
                 };
@@ -754,6 +793,7 @@ impl Node {
                     }
                     rec.state = SandboxState::Archived;
                     rec.state_since_ms = now_ms();
+                    rec.archive = Some(archive);
                 }
             }
             None => {}
