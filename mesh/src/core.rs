@@ -1,0 +1,268 @@
+//! The membership core, without I/O: foca (SWIM) plus the view of every live node's state.
+//! Packets, timers and state updates go in; packets to send, timers to set and membership
+//! changes come out. The driver feeds it from QUIC and tokio; the simulation in the tests
+//! feeds it from a virtual network and a virtual clock.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use bytes::Bytes;
+use foca::{AccumulatingRuntime, Foca, NoCustomBroadcast, OwnedNotification, PostcardCodec, Timer};
+use rand::SeedableRng;
+use rand::rngs::StdRng;
+use serde::{Deserialize, Serialize};
+
+/// A node as the membership protocol knows it. Its cluster-wide address is its QUIC endpoint: a
+/// node that restarts on the same address (a higher `epoch`) replaces its old identity; one that
+/// comes back on a new address is a new member, and the old one is declared down.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NodeId {
+    pub name: String,
+    /// The node's QUIC endpoint.
+    pub addr: SocketAddr,
+    /// Counts the node's starts (persisted by the node, not taken from a clock).
+    pub epoch: u64,
+    /// Counts rejoins within one start (after being declared down).
+    pub renewal: u32,
+}
+
+impl foca::Identity for NodeId {
+    type Addr = SocketAddr;
+
+    fn renew(&self) -> Option<Self> {
+        Some(NodeId { renewal: self.renewal + 1, ..self.clone() })
+    }
+
+    fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    fn win_addr_conflict(&self, other: &Self) -> bool {
+        (self.epoch, self.renewal) > (other.epoch, other.renewal)
+    }
+}
+
+/// What a node tells the others about itself. Never per-sandbox data, never secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct NodeState {
+    pub name: String,
+    /// The version: the node's epoch, then a counter within it. A newer version replaces an
+    /// older one; an older or equal one is ignored.
+    pub epoch: u64,
+    pub seq: u64,
+    /// The node's API address as peers reach it (`http://127.0.0.2:7777`).
+    pub api: String,
+    /// The address clients reach it by, when different (behind NAT or a proxy).
+    pub public: Option<String>,
+    /// Warm sandboxes ready, by pool key (`template/size/lane`).
+    pub warm: BTreeMap<String, u32>,
+    /// Golden and template digests this node holds.
+    pub goldens: Vec<String>,
+    pub templates: Vec<String>,
+    pub claims: u32,
+    pub capacity: u32,
+    pub draining: bool,
+}
+
+impl NodeState {
+    pub fn version(&self) -> (u64, u64) {
+        (self.epoch, self.seq)
+    }
+
+    /// Where clients should be sent.
+    pub fn client_url(&self) -> &str {
+        self.public.as_deref().unwrap_or(&self.api)
+    }
+}
+
+/// A live member and what it last said about itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    pub id: NodeId,
+    pub state: Option<NodeState>,
+}
+
+/// Work for the driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Output {
+    /// Send this membership packet (a QUIC datagram).
+    Packet(NodeId, Bytes),
+    /// Call [`Membership::handle_timer`] with this after the delay.
+    Timer(Duration, Timer<NodeId>),
+    /// A member joined (send it our state).
+    Up(NodeId),
+    Down(NodeId),
+}
+
+type Swim = Foca<NodeId, PostcardCodec, StdRng, NoCustomBroadcast>;
+
+/// See the module docs.
+pub struct Membership {
+    foca: Swim,
+    runtime: AccumulatingRuntime<NodeId>,
+    me: NodeState,
+    peers: BTreeMap<String, Peer>,
+    /// States received before their member came up (gossip can beat SWIM).
+    early: BTreeMap<String, NodeState>,
+}
+
+impl std::fmt::Debug for Membership {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Membership")
+            .field("me", &self.me.name)
+            .field("peers", &self.peers.len())
+            .finish()
+    }
+}
+
+/// Failure detection tuned for a LAN: a dead node is suspected after one probe period and
+/// declared down `suspect_to_down` later.
+pub fn swim_config(
+    probe_period: Duration,
+    probe_rtt: Duration,
+    suspect_to_down: Duration,
+) -> foca::Config {
+    let mut c = foca::Config::simple();
+    c.probe_period = probe_period;
+    c.probe_rtt = probe_rtt;
+    c.suspect_to_down_after = suspect_to_down;
+    c.remove_down_after = Duration::from_secs(60);
+    // Fits a QUIC datagram on any path (quinn's initial MTU is 1200).
+    c.max_packet_size = std::num::NonZeroUsize::new(1100).expect("non-zero");
+    c.notify_down_members = true;
+    c.periodic_announce = Some(foca::PeriodicParams {
+        frequency: Duration::from_secs(10),
+        num_members: std::num::NonZeroUsize::new(1).expect("non-zero"),
+    });
+    c.periodic_gossip = Some(foca::PeriodicParams {
+        frequency: probe_period / 2,
+        num_members: std::num::NonZeroUsize::new(2).expect("non-zero"),
+    });
+    c
+}
+
+impl Membership {
+    pub fn new(id: NodeId, config: foca::Config, seed: u64, me: NodeState) -> Membership {
+        let foca = Foca::new(id, config, StdRng::seed_from_u64(seed), PostcardCodec);
+        Membership {
+            foca,
+            runtime: AccumulatingRuntime::new(),
+            me,
+            peers: BTreeMap::new(),
+            early: BTreeMap::new(),
+        }
+    }
+
+    pub fn id(&self) -> &NodeId {
+        self.foca.identity()
+    }
+
+    pub fn me(&self) -> &NodeState {
+        &self.me
+    }
+
+    /// Joins through a seed known only by its address.
+    pub fn join(&mut self, seed: SocketAddr) {
+        // Announcements are accepted by whoever owns the address, whatever name we guess.
+        let placeholder = NodeId { name: String::new(), addr: seed, epoch: 0, renewal: 0 };
+        if let Err(e) = self.foca.announce(placeholder, &mut self.runtime) {
+            tracing::debug!("announce to {seed}: {e}");
+        }
+    }
+
+    pub fn handle_packet(&mut self, data: &[u8]) {
+        if let Err(e) = self.foca.handle_data(data, &mut self.runtime) {
+            tracing::debug!("membership packet: {e}");
+        }
+    }
+
+    pub fn handle_timer(&mut self, timer: Timer<NodeId>) {
+        if let Err(e) = self.foca.handle_timer(timer, &mut self.runtime) {
+            tracing::debug!("membership timer: {e}");
+        }
+    }
+
+    /// Tells the cluster this node is leaving (peers learn at once, not by failure detection).
+    pub fn leave(&mut self) {
+        if let Err(e) = self.foca.leave_cluster(&mut self.runtime) {
+            tracing::debug!("leave: {e}");
+        }
+    }
+
+    /// Changes this node's own state; returns it with its version bumped if anything changed.
+    pub fn update_local(&mut self, f: impl FnOnce(&mut NodeState)) -> Option<NodeState> {
+        let mut next = self.me.clone();
+        f(&mut next);
+        (next.epoch, next.seq) = (self.me.epoch, self.me.seq);
+        if next == self.me {
+            return None;
+        }
+        next.seq += 1;
+        self.me = next.clone();
+        Some(next)
+    }
+
+    /// A peer's state from gossip: kept if newer than what we have. A node's own entry is never
+    /// overwritten by anyone else.
+    pub fn apply_state(&mut self, state: NodeState) -> bool {
+        if state.name == self.me.name {
+            return false;
+        }
+        let current = self
+            .peers
+            .get(&state.name)
+            .and_then(|p| p.state.as_ref())
+            .or_else(|| self.early.get(&state.name));
+        if current.is_some_and(|c| c.version() >= state.version()) {
+            return false;
+        }
+        match self.peers.get_mut(&state.name) {
+            Some(peer) => peer.state = Some(state),
+            None => {
+                self.early.insert(state.name.clone(), state);
+            }
+        }
+        true
+    }
+
+    /// Live members (never this node).
+    pub fn peers(&self) -> impl Iterator<Item = &Peer> {
+        self.peers.values()
+    }
+
+    /// Everything the last calls produced, in order.
+    pub fn drain(&mut self) -> Vec<Output> {
+        let mut out = vec![];
+        while let Some(n) = self.runtime.to_notify() {
+            match n {
+                OwnedNotification::MemberUp(id) => {
+                    let state = self.early.remove(&id.name).filter(|s| s.epoch >= id.epoch);
+                    let kept = self.peers.get(&id.name).and_then(|p| p.state.clone());
+                    let state = state.or(kept.filter(|s| s.epoch >= id.epoch));
+                    self.peers.insert(id.name.clone(), Peer { id: id.clone(), state });
+                    out.push(Output::Up(id));
+                }
+                OwnedNotification::MemberDown(id) => {
+                    if self.peers.get(&id.name).is_some_and(|p| p.id == id) {
+                        self.peers.remove(&id.name);
+                    }
+                    out.push(Output::Down(id));
+                }
+                OwnedNotification::Rename(old, new) => {
+                    if let Some(p) = self.peers.remove(&old.name) {
+                        self.peers.insert(new.name.clone(), Peer { id: new, state: p.state });
+                    }
+                }
+                _ => {}
+            }
+        }
+        while let Some((to, data)) = self.runtime.to_send() {
+            out.push(Output::Packet(to, data));
+        }
+        while let Some((after, timer)) = self.runtime.to_schedule() {
+            out.push(Output::Timer(after, timer));
+        }
+        out
+    }
+}

@@ -1,0 +1,374 @@
+//! The mesh at run time: one quinn endpoint (one UDP socket, both dialing and accepting) and one
+//! task that owns the membership core. Membership packets travel as QUIC datagrams; node state
+//! goes to every peer on a unidirectional stream when it changes and every `state_interval`;
+//! node-to-node calls are bidirectional streams handed to the caller as [`Incoming`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use foca::Timer;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::MeshError;
+use crate::core::{Membership, NodeId, NodeState, Output, Peer, swim_config};
+use crate::tls::{SERVER_NAME, TlsFiles};
+use crate::wire::{read_frame, write_frame};
+
+/// A node's mesh settings.
+#[derive(Debug, Clone)]
+pub struct MeshConfig {
+    pub name: String,
+    /// The QUIC (UDP) address.
+    pub listen: SocketAddr,
+    /// Seeds to join through (any live member will do).
+    pub join: Vec<SocketAddr>,
+    pub tls: TlsFiles,
+    /// This start's number (the node persists and increments it).
+    pub epoch: u64,
+    pub probe_period: Duration,
+    pub probe_rtt: Duration,
+    pub suspect_to_down: Duration,
+    /// Our state is re-sent to every peer this often, besides at every change.
+    pub state_interval: Duration,
+}
+
+impl MeshConfig {
+    /// Loopback-friendly defaults: a killed node is declared down in about 2-3 s.
+    pub fn new(name: impl Into<String>, listen: SocketAddr, tls: TlsFiles) -> MeshConfig {
+        MeshConfig {
+            name: name.into(),
+            listen,
+            join: vec![],
+            tls,
+            epoch: 1,
+            probe_period: Duration::from_millis(500),
+            probe_rtt: Duration::from_millis(150),
+            suspect_to_down: Duration::from_millis(1500),
+            state_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// A node-to-node call opened by a peer: read its request from `recv`, answer on `send`.
+#[derive(Debug)]
+pub struct Incoming {
+    pub remote: SocketAddr,
+    pub send: quinn::SendStream,
+    pub recv: quinn::RecvStream,
+}
+
+enum Cmd {
+    Packet(Bytes),
+    Timer(Timer<NodeId>),
+    State(NodeState),
+    Local(Box<dyn FnOnce(&mut NodeState) + Send>),
+    Leave(oneshot::Sender<()>),
+}
+
+/// See the module docs. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Mesh {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    me: NodeId,
+    endpoint: quinn::Endpoint,
+    cmds: mpsc::UnboundedSender<Cmd>,
+    incoming: mpsc::Sender<Incoming>,
+    /// The live members as of the last change (read by the API without touching the core).
+    view: Mutex<(NodeState, Vec<Peer>)>,
+    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    /// Membership and state bytes sent (datagrams and state streams' payloads).
+    gossip_bytes: AtomicU64,
+    state_interval: Duration,
+}
+
+impl Mesh {
+    /// Binds the endpoint, starts the membership task and joins through the seeds. Peers'
+    /// calls arrive on the returned channel.
+    pub async fn start(
+        cfg: MeshConfig,
+        local: NodeState,
+    ) -> Result<(Mesh, mpsc::Receiver<Incoming>), MeshError> {
+        let (server, client) = crate::tls::configs(&cfg.tls)?;
+        let mut endpoint = quinn::Endpoint::server(server, cfg.listen)
+            .map_err(|e| MeshError::Io(format!("bind {}: {e}", cfg.listen)))?;
+        endpoint.set_default_client_config(client);
+        let addr = endpoint.local_addr().map_err(|e| MeshError::Io(e.to_string()))?;
+        let me = NodeId { name: cfg.name.clone(), addr, epoch: cfg.epoch, renewal: 0 };
+        let local = NodeState { name: cfg.name.clone(), epoch: cfg.epoch, seq: 1, ..local };
+        let swim = swim_config(cfg.probe_period, cfg.probe_rtt, cfg.suspect_to_down);
+        let seed = u64::from_le_bytes(*b"silkmesh") ^ cfg.epoch ^ u64::from(addr.port());
+        let core = Membership::new(me.clone(), swim, seed, local.clone());
+        let (cmds, rx) = mpsc::unbounded_channel();
+        let (incoming, incoming_rx) = mpsc::channel(256);
+        let inner = Arc::new(Inner {
+            me,
+            endpoint,
+            cmds,
+            incoming,
+            view: Mutex::new((local, vec![])),
+            conns: Mutex::new(HashMap::new()),
+            gossip_bytes: AtomicU64::new(0),
+            state_interval: cfg.state_interval,
+        });
+        tokio::spawn(accept_loop(inner.clone()));
+        tokio::spawn(membership_task(inner.clone(), core, rx, cfg.join));
+        Ok((Mesh { inner }, incoming_rx))
+    }
+
+    pub fn id(&self) -> &NodeId {
+        &self.inner.me
+    }
+
+    /// This node's state as last published.
+    pub fn local(&self) -> NodeState {
+        lock(&self.inner.view).0.clone()
+    }
+
+    /// Changes this node's state; peers hear of it at once.
+    pub fn update(&self, f: impl FnOnce(&mut NodeState) + Send + 'static) {
+        let _ = self.inner.cmds.send(Cmd::Local(Box::new(f)));
+    }
+
+    /// Live peers (never this node), with their last state.
+    pub fn peers(&self) -> Vec<Peer> {
+        lock(&self.inner.view).1.clone()
+    }
+
+    pub fn peer(&self, name: &str) -> Option<Peer> {
+        self.peers().into_iter().find(|p| p.id.name == name)
+    }
+
+    /// Membership and state bytes this node has sent.
+    pub fn gossip_bytes(&self) -> u64 {
+        self.inner.gossip_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Opens a call to a live peer.
+    pub async fn open(
+        &self,
+        name: &str,
+    ) -> Result<(quinn::SendStream, quinn::RecvStream), MeshError> {
+        let peer = self.peer(name).ok_or_else(|| MeshError::NoPeer(name.to_string()))?;
+        let conn = connection(&self.inner, peer.id.addr).await?;
+        conn.open_bi().await.map_err(|e| MeshError::Io(format!("open a stream to {name}: {e}")))
+    }
+
+    /// Says goodbye (peers drop this node at once) and closes the endpoint.
+    pub async fn leave(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.inner.cmds.send(Cmd::Leave(tx)).is_ok() {
+            let _ = tokio::time::timeout(Duration::from_secs(1), rx).await;
+        }
+        self.inner.endpoint.close(0u32.into(), b"leaving");
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The connection to `addr`, dialled on first use.
+async fn connection(inner: &Arc<Inner>, addr: SocketAddr) -> Result<quinn::Connection, MeshError> {
+    if let Some(c) = lock(&inner.conns).get(&addr).filter(|c| c.close_reason().is_none()) {
+        return Ok(c.clone());
+    }
+    let connecting = inner
+        .endpoint
+        .connect(addr, SERVER_NAME)
+        .map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
+    let conn = connecting.await.map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
+    lock(&inner.conns).insert(addr, conn.clone());
+    tokio::spawn(serve(inner.clone(), conn.clone()));
+    Ok(conn)
+}
+
+async fn accept_loop(inner: Arc<Inner>) {
+    while let Some(incoming) = inner.endpoint.accept().await {
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let remote = incoming.remote_address();
+            match incoming.await {
+                Ok(conn) => {
+                    // One socket per node: the remote address is the peer's endpoint, so this
+                    // connection also serves our calls to it.
+                    lock(&inner.conns).insert(remote, conn.clone());
+                    serve(inner, conn).await;
+                }
+                Err(e) => tracing::warn!(%remote, "mesh connection rejected: {e}"),
+            }
+        });
+    }
+}
+
+/// Reads what a peer sends on one connection: membership datagrams, state streams, calls.
+async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
+    let datagrams = {
+        let (inner, conn) = (inner.clone(), conn.clone());
+        async move {
+            while let Ok(d) = conn.read_datagram().await {
+                let _ = inner.cmds.send(Cmd::Packet(d));
+            }
+        }
+    };
+    let states = {
+        let (inner, conn) = (inner.clone(), conn.clone());
+        async move {
+            while let Ok(mut recv) = conn.accept_uni().await {
+                let inner = inner.clone();
+                tokio::spawn(async move {
+                    match read_frame::<NodeState>(&mut recv).await {
+                        Ok(Some(state)) => {
+                            let _ = inner.cmds.send(Cmd::State(state));
+                        }
+                        Ok(None) => {}
+                        Err(e) => tracing::debug!("state stream: {e}"),
+                    }
+                });
+            }
+        }
+    };
+    let calls = {
+        let remote = conn.remote_address();
+        async move {
+            while let Ok((send, recv)) = conn.accept_bi().await {
+                if inner.incoming.send(Incoming { remote, send, recv }).await.is_err() {
+                    break;
+                }
+            }
+        }
+    };
+    tokio::join!(datagrams, states, calls);
+}
+
+async fn membership_task(
+    inner: Arc<Inner>,
+    mut core: Membership,
+    mut rx: mpsc::UnboundedReceiver<Cmd>,
+    join: Vec<SocketAddr>,
+) {
+    for seed in &join {
+        core.join(*seed);
+    }
+    apply(&inner, &mut core);
+    let mut tick = tokio::time::interval(inner.state_interval);
+    let mut rejoin = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            cmd = rx.recv() => match cmd {
+                Some(Cmd::Packet(p)) => core.handle_packet(&p),
+                Some(Cmd::Timer(t)) => core.handle_timer(t),
+                Some(Cmd::State(s)) => {
+                    core.apply_state(s);
+                }
+                Some(Cmd::Local(f)) => {
+                    if let Some(state) = core.update_local(f) {
+                        for peer in core.peers() {
+                            push_state(&inner, peer.id.addr, state.clone());
+                        }
+                    }
+                }
+                Some(Cmd::Leave(done)) => {
+                    core.leave();
+                    let sends = apply(&inner, &mut core);
+                    for s in sends {
+                        let _ = s.await;
+                    }
+                    let _ = done.send(());
+                    return;
+                }
+                None => return,
+            },
+            _ = tick.tick() => {
+                for peer in core.peers() {
+                    push_state(&inner, peer.id.addr, core.me().clone());
+                }
+            }
+            _ = rejoin.tick() => {
+                // Seeds that were not up yet when we started: keep knocking until someone answers.
+                if core.peers().next().is_none() {
+                    for seed in &join {
+                        core.join(*seed);
+                    }
+                }
+            }
+        }
+        apply(&inner, &mut core);
+    }
+}
+
+/// Carries out the core's output; returns the packet sends (awaited only when leaving).
+fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHandle<()>> {
+    let mut sends = vec![];
+    let mut changed = false;
+    for out in core.drain() {
+        match out {
+            Output::Packet(to, data) => {
+                let inner2 = inner.clone();
+                inner.gossip_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
+                sends.push(tokio::spawn(async move {
+                    match connection(&inner2, to.addr).await {
+                        Ok(conn) => {
+                            if let Err(e) = conn.send_datagram(data) {
+                                tracing::debug!(peer = to.name, "datagram: {e}");
+                            }
+                        }
+                        Err(e) => tracing::debug!(peer = to.name, "{e}"),
+                    }
+                }));
+            }
+            Output::Timer(after, timer) => {
+                let cmds = inner.cmds.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(after).await;
+                    let _ = cmds.send(Cmd::Timer(timer));
+                });
+            }
+            Output::Up(id) => {
+                tracing::info!(peer = id.name, addr = %id.addr, "peer up");
+                push_state(inner, id.addr, core.me().clone());
+                changed = true;
+            }
+            Output::Down(id) => {
+                tracing::info!(peer = id.name, addr = %id.addr, "peer down");
+                if let Some(c) = lock(&inner.conns).remove(&id.addr) {
+                    c.close(0u32.into(), b"declared down");
+                }
+                changed = true;
+            }
+        }
+    }
+    let peers: Vec<Peer> = core.peers().cloned().collect();
+    let mut view = lock(&inner.view);
+    if changed || view.1 != peers || view.0 != *core.me() {
+        *view = (core.me().clone(), peers);
+    }
+    sends
+}
+
+fn push_state(inner: &Arc<Inner>, addr: SocketAddr, state: NodeState) {
+    let inner = inner.clone();
+    tokio::spawn(async move {
+        let sent = async {
+            let conn = connection(&inner, addr).await?;
+            let mut send = conn.open_uni().await.map_err(|e| MeshError::Io(e.to_string()))?;
+            let n = write_frame(&mut send, &state).await?;
+            send.finish().map_err(|e| MeshError::Io(e.to_string()))?;
+            Ok::<_, MeshError>(n)
+        };
+        match sent.await {
+            Ok(n) => {
+                inner.gossip_bytes.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => tracing::debug!(%addr, "state push: {e}"),
+        }
+    });
+}

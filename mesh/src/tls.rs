@@ -1,0 +1,152 @@
+//! The cluster's certificates and the mutual-TLS configs built from them.
+//!
+//! One CA per cluster (`ca.pem`, `ca.key`); every node holds a certificate signed by it
+//! (`<name>.pem`, `<name>.key`) with the SAN `silkmesh` (the name every node dials) and its own
+//! name. Both sides of every QUIC connection present a certificate and verify the other's against
+//! the CA: a peer without one cannot complete a handshake, so it cannot send a single packet
+//! that reaches the membership layer.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::MeshError;
+
+/// The TLS server name every node presents and dials.
+pub const SERVER_NAME: &str = "silkmesh";
+/// ALPN of the mesh protocol.
+pub const ALPN: &[u8] = b"silkmesh/1";
+const CA_NAME: &str = "silkmesh cluster CA";
+
+fn bad(what: impl std::fmt::Display) -> MeshError {
+    MeshError::Tls(what.to_string())
+}
+
+fn write_new(path: &Path, data: &str, mode: u32) -> Result<(), MeshError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)
+        .map_err(|e| bad(format!("create {}: {e}", path.display())))?;
+    f.write_all(data.as_bytes()).map_err(|e| bad(format!("write {}: {e}", path.display())))
+}
+
+fn ca_params() -> Result<CertificateParams, MeshError> {
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(bad)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, CA_NAME);
+    params.distinguished_name = dn;
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    Ok(params)
+}
+
+/// Creates `dir/ca.pem` and `dir/ca.key` (mode 0600). Refuses to overwrite.
+pub fn init_ca(dir: &Path) -> Result<PathBuf, MeshError> {
+    std::fs::create_dir_all(dir).map_err(|e| bad(format!("mkdir {}: {e}", dir.display())))?;
+    let key = KeyPair::generate().map_err(bad)?;
+    let cert = ca_params()?.self_signed(&key).map_err(bad)?;
+    write_new(&dir.join("ca.key"), &key.serialize_pem(), 0o600)?;
+    write_new(&dir.join("ca.pem"), &cert.pem(), 0o644)?;
+    Ok(dir.join("ca.pem"))
+}
+
+/// Issues `dir/<name>.pem` and `dir/<name>.key` for node `name`, signed by `dir/ca.*`.
+pub fn issue(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf), MeshError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if !ok {
+        return Err(bad(format!("node name {name:?}: 1-64 of a-z A-Z 0-9 - .")));
+    }
+    let ca_key = std::fs::read_to_string(dir.join("ca.key"))
+        .map_err(|e| bad(format!("read {}: {e}", dir.join("ca.key").display())))?;
+    let ca_key = KeyPair::from_pem(&ca_key).map_err(bad)?;
+    // The issuer needs only the CA's name and key: rebuild it rather than parse the PEM.
+    let issuer = ca_params()?.self_signed(&ca_key).map_err(bad)?;
+    let mut params =
+        CertificateParams::new(vec![SERVER_NAME.to_string(), name.to_string()]).map_err(bad)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, name);
+    params.distinguished_name = dn;
+    let key = KeyPair::generate().map_err(bad)?;
+    let cert = params.signed_by(&key, &issuer, &ca_key).map_err(bad)?;
+    let (pem, key_path) = (dir.join(format!("{name}.pem")), dir.join(format!("{name}.key")));
+    write_new(&key_path, &key.serialize_pem(), 0o600)?;
+    write_new(&pem, &cert.pem(), 0o644)?;
+    Ok((pem, key_path))
+}
+
+/// Where a node finds its certificates.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct TlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn load(
+    files: &TlsFiles,
+) -> Result<(rustls::RootCertStore, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), MeshError>
+{
+    let read = |p: &Path| std::fs::read(p).map_err(|e| bad(format!("read {}: {e}", p.display())));
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in CertificateDer::pem_slice_iter(&read(&files.ca)?) {
+        roots.add(ca.map_err(bad)?).map_err(bad)?;
+    }
+    let chain: Vec<_> = CertificateDer::pem_slice_iter(&read(&files.cert)?)
+        .collect::<Result<_, _>>()
+        .map_err(bad)?;
+    let key = PrivateKeyDer::from_pem_slice(&read(&files.key)?).map_err(bad)?;
+    Ok((roots, chain, key))
+}
+
+/// The QUIC server and client configs of a node: TLS 1.3, both sides authenticated by the CA.
+pub fn configs(files: &TlsFiles) -> Result<(quinn::ServerConfig, quinn::ClientConfig), MeshError> {
+    let (roots, chain, key) = load(files)?;
+    let roots = Arc::new(roots);
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider())
+            .build()
+            .map_err(bad)?;
+    let mut server = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(bad)?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(chain.clone(), key.clone_key())
+        .map_err(bad)?;
+    server.alpn_protocols = vec![ALPN.to_vec()];
+    let mut client = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(bad)?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(bad)?;
+    client.alpn_protocols = vec![ALPN.to_vec()];
+
+    let server = quinn::crypto::rustls::QuicServerConfig::try_from(server).map_err(bad)?;
+    let client = quinn::crypto::rustls::QuicClientConfig::try_from(client).map_err(bad)?;
+    let mut transport = quinn::TransportConfig::default();
+    transport
+        .keep_alive_interval(Some(std::time::Duration::from_secs(1)))
+        .max_idle_timeout(Some(std::time::Duration::from_secs(10).try_into().map_err(bad)?))
+        .datagram_receive_buffer_size(Some(1 << 20));
+    let transport = Arc::new(transport);
+    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server));
+    server.transport_config(transport.clone());
+    let mut client = quinn::ClientConfig::new(Arc::new(client));
+    client.transport_config(transport);
+    Ok((server, client))
+}

