@@ -17,6 +17,8 @@ pub mod wire;
 
 pub use crate::core::{NodeId, NodeState, Peer};
 pub use driver::{Incoming, Mesh, MeshConfig};
+/// The QUIC stream types calls hand out.
+pub use quinn;
 pub use tls::TlsFiles;
 
 #[derive(Debug, thiserror::Error)]

@@ -25,20 +25,14 @@ use crate::claims::{ClaimRecord, ClaimRequest, checked_ttl};
 use crate::config::PoolConfig;
 use crate::error::ApiError;
 use crate::node::{Claimed, Node};
-use crate::{openapi, relay};
+use crate::{edge, openapi, relay};
 
 type Shared = State<Arc<Node>>;
 
 pub fn router(node: Arc<Node>) -> Router {
     let limit = node.cfg.max_body_bytes;
-    Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/metrics", get(metrics))
-        .route("/v1/openapi.json", get(|| async { axum::Json(openapi::document()) }))
-        .route("/v1/info", get(info))
-        .route("/v1/pools", get(get_pools).put(put_pools))
-        .route("/v1/drain", post(drain_on).delete(drain_off))
-        .route("/v1/sandboxes", post(claim).get(list))
+    // Calls on one sandbox: served here, or sent to the node that holds it (see `edge`).
+    let sandbox = Router::new()
         .route("/v1/sandboxes/{id}", get(get_one).delete(release))
         .route("/v1/sandboxes/{id}/renew", post(renew))
         .route("/v1/sandboxes/{id}/exec", post(exec))
@@ -49,12 +43,23 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/sandboxes/{id}/checkpoints", get(sandbox_checkpoints))
         .route("/v1/sandboxes/{id}/fork", post(fork))
         .route("/v1/sandboxes/{id}/promote", post(promote))
+        .route("/v1/sandboxes/{id}/agent", get(relay::agent))
+        .route_layer(axum::middleware::from_fn_with_state(node.clone(), edge::owner));
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/metrics", get(metrics))
+        .route("/v1/openapi.json", get(|| async { axum::Json(openapi::document()) }))
+        .route("/v1/info", get(info))
+        .route("/v1/peers", get(peers))
+        .route("/v1/pools", get(get_pools).put(put_pools))
+        .route("/v1/drain", post(drain_on).delete(drain_off))
+        .route("/v1/sandboxes", post(claim).get(list))
+        .merge(sandbox)
         .route("/v1/checkpoints", get(all_checkpoints))
         .route("/v1/checkpoints/{id}", get(get_checkpoint).delete(delete_checkpoint))
         .route("/v1/checkpoints/{id}/claim", post(branch))
         .route("/v1/templates", get(templates))
         .route("/v1/templates/{name}", axum::routing::delete(delete_template))
-        .route("/v1/sandboxes/{id}/agent", get(relay::agent))
         .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::new(
@@ -156,10 +161,19 @@ fn claimed_row(node: &Node, c: &Claimed) -> Value {
 async fn claim(
     State(node): Shared,
     headers: HeaderMap,
+    RawQuery(query): RawQuery,
     JsonBody(req): JsonBody<ClaimRequest>,
 ) -> Result<Response, ApiError> {
     root(&node, &headers)?;
+    let body = serde_json::to_vec(&req).map_err(|e| ApiError::internal(e.to_string()))?;
     let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    let key =
+        crate::pool::PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
+    if let Some(elsewhere) =
+        edge::place_claim(&node, &key, query.as_deref(), bearer(&headers), body).await?
+    {
+        return Ok(elsewhere);
+    }
     let n = node.clone();
     let claimed = detached(async move { n.claim(spec).await }).await?;
     Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
@@ -344,6 +358,39 @@ fn keep(buf: &mut Vec<u8>, data: &[u8], cap: usize, cut: &mut bool) {
     let room = cap.saturating_sub(buf.len());
     buf.extend_from_slice(&data[..room.min(data.len())]);
     *cut |= data.len() > room;
+}
+
+/// The mesh as this node sees it: itself and every live peer with its last state.
+async fn peers(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+    root(&node, &headers)?;
+    let Some(p) = &node.peers else {
+        return Ok(axum::Json(json!({ "name": node.name, "mesh": false, "peers": [] })));
+    };
+    let peer_row = |name: &str, addr: String, epoch: u64, s: Option<&silk_mesh::NodeState>| {
+        json!({
+            "name": name, "mesh_addr": addr, "epoch": epoch,
+            "api": s.map(|s| s.api.clone()), "public_url": s.and_then(|s| s.public.clone()),
+            "warm": s.map(|s| s.warm.clone()), "goldens": s.map(|s| s.goldens.clone()),
+            "claims": s.map(|s| s.claims), "capacity": s.map(|s| s.capacity),
+            "draining": s.map(|s| s.draining), "version": s.map(|s| [s.epoch, s.seq]),
+        })
+    };
+    let me = p.mesh.local();
+    let rows: Vec<Value> = p
+        .mesh
+        .peers()
+        .iter()
+        .map(|peer| {
+            peer_row(&peer.id.name, peer.id.addr.to_string(), peer.id.epoch, peer.state.as_ref())
+        })
+        .collect();
+    Ok(axum::Json(json!({
+        "name": node.name,
+        "mesh": true,
+        "self": peer_row(&me.name, p.mesh.id().addr.to_string(), p.mesh.id().epoch, Some(&me)),
+        "peers": rows,
+        "gossip_bytes_sent": p.mesh.gossip_bytes(),
+    })))
 }
 
 async fn info(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {

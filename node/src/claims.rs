@@ -85,8 +85,8 @@ pub enum Intent {
     Archive(String),
 }
 
-/// `POST /v1/sandboxes` body, as sent.
-#[derive(Debug, Clone, Deserialize, Default)]
+/// `POST /v1/sandboxes` body, as sent (serialized again when a claim is forwarded to a peer).
+#[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 pub struct ClaimRequest {
     #[serde(default)]

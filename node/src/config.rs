@@ -49,6 +49,51 @@ pub struct Config {
     pub archive_after_seconds: Option<u64>,
     /// Delete an archive (and release its claim) after this long archived (never when unset).
     pub archive_retention_seconds: Option<u64>,
+    /// Join a mesh of nodes (none when unset).
+    pub mesh: Option<MeshSection>,
+}
+
+/// `[mesh]`: this node's place in the mesh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MeshSection {
+    /// This node's name: unique in the mesh, and the name on its certificate.
+    pub name: String,
+    /// The QUIC (UDP) address of the mesh endpoint.
+    pub listen: SocketAddr,
+    /// Peers to join through; any live member will do.
+    #[serde(default)]
+    pub join: Vec<SocketAddr>,
+    /// The cluster CA and this node's certificate and key (`sandboxd mesh ca init`,
+    /// `sandboxd mesh cert issue`).
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    /// The API URL peers use to reach this node (default `http://<listen>`).
+    pub advertise: Option<String>,
+    /// The API URL clients are redirected to, when it differs (NAT, a proxy).
+    pub public_url: Option<String>,
+    /// Forward claims and the data plane through this node instead of redirecting clients (for
+    /// nodes behind a load balancer that clients cannot reach one by one).
+    #[serde(default)]
+    pub forward: bool,
+    #[serde(default = "default_probe_period_ms")]
+    pub probe_period_ms: u64,
+    #[serde(default = "default_probe_rtt_ms")]
+    pub probe_rtt_ms: u64,
+    /// A suspected node is declared down after this long without refuting.
+    #[serde(default = "default_suspect_to_down_ms")]
+    pub suspect_to_down_ms: u64,
+}
+
+fn default_probe_period_ms() -> u64 {
+    500
+}
+fn default_probe_rtt_ms() -> u64 {
+    150
+}
+fn default_suspect_to_down_ms() -> u64 {
+    1500
 }
 
 /// `[store]`: a local directory (`[store.fs]`, default `<data_dir>/store`) or an S3 bucket
@@ -135,6 +180,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             archive_after_seconds: None,
             archive_retention_seconds: None,
+            mesh: None,
         }
     }
 }
@@ -185,6 +231,17 @@ impl Config {
             }
             if t.dir.is_some() == t.image.is_some() {
                 return bad(format!("template {name}: set exactly one of dir and image"));
+            }
+        }
+        if let Some(m) = &self.mesh {
+            let ok = !m.name.is_empty()
+                && m.name.len() <= 64
+                && m.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+            if !ok {
+                return bad(format!("mesh.name {:?}: 1-64 of a-z A-Z 0-9 - .", m.name));
+            }
+            if m.probe_rtt_ms == 0 || m.probe_rtt_ms >= m.probe_period_ms {
+                return bad("mesh: probe_rtt_ms must be above 0 and below probe_period_ms".into());
             }
         }
         if self.store.fs.is_some() && self.store.s3.is_some() {

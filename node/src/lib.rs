@@ -7,11 +7,13 @@
 pub mod api;
 pub mod claims;
 pub mod config;
+pub mod edge;
 pub mod error;
 pub mod journal;
 pub mod metrics;
 pub mod node;
 pub mod openapi;
+pub mod peers;
 pub mod pool;
 pub mod relay;
 pub mod state;
@@ -34,5 +36,15 @@ pub async fn serve(
             tracing::debug!("TCP_NODELAY: {e}");
         }
     });
-    axum::serve(listener, api::router(node)).with_graceful_shutdown(shutdown).await
+    let router = api::router(node.clone());
+    let incoming = node.incoming.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(incoming) = incoming {
+        tokio::spawn(peers::serve(node.clone(), router.clone(), incoming));
+    }
+    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+    // Peers learn at once that this node left, rather than by failure detection.
+    if let Some(p) = &node.peers {
+        p.mesh.leave().await;
+    }
+    served
 }

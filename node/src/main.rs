@@ -31,6 +31,66 @@ struct Args {
     /// Print the effective configuration as TOML and exit.
     #[arg(long)]
     print_config: bool,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Command {
+    /// Mesh certificates.
+    Mesh {
+        #[command(subcommand)]
+        what: MeshCommand,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum MeshCommand {
+    /// The cluster CA.
+    Ca {
+        #[command(subcommand)]
+        what: CaCommand,
+    },
+    /// Node certificates.
+    Cert {
+        #[command(subcommand)]
+        what: CertCommand,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum CaCommand {
+    /// Create `ca.pem` and `ca.key` in DIR (never overwrites).
+    Init {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum CertCommand {
+    /// Issue `NAME.pem` and `NAME.key` in DIR, signed by DIR's CA.
+    Issue {
+        #[arg(long)]
+        dir: PathBuf,
+        /// The node's name (its `mesh.name`).
+        #[arg(long)]
+        node: String,
+    },
+}
+
+fn mesh_command(what: MeshCommand) -> anyhow::Result<()> {
+    match what {
+        MeshCommand::Ca { what: CaCommand::Init { dir } } => {
+            let ca = silk_mesh::tls::init_ca(&dir)?;
+            println!("{}", ca.display());
+        }
+        MeshCommand::Cert { what: CertCommand::Issue { dir, node } } => {
+            let (cert, key) = silk_mesh::tls::issue(&dir, &node)?;
+            println!("{}\n{}", cert.display(), key.display());
+        }
+    }
+    Ok(())
 }
 
 fn config(args: &Args) -> anyhow::Result<Config> {
@@ -55,7 +115,10 @@ fn config(args: &Args) -> anyhow::Result<Config> {
 }
 
 fn main() -> anyhow::Result<()> {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    if let Some(Command::Mesh { what }) = args.command.take() {
+        return mesh_command(what);
+    }
     let cfg = config(&args)?;
     if args.print_config {
         let mut shown = cfg.clone();

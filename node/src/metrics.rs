@@ -65,6 +65,7 @@ pub struct Metrics {
     pub branched: AtomicU64,
     pub forked: AtomicU64,
     pub promoted: AtomicU64,
+    pub placed_on_peers: AtomicU64,
 }
 
 impl Metrics {
@@ -128,6 +129,11 @@ impl Metrics {
             ("silkmesh_branched_total", "Sandboxes branched from checkpoints.", &self.branched),
             ("silkmesh_forked_total", "Sandboxes made by fork.", &self.forked),
             ("silkmesh_promoted_total", "Templates promoted.", &self.promoted),
+            (
+                "silkmesh_claims_placed_on_peers_total",
+                "Claims redirected or forwarded to a peer with warm capacity.",
+                &self.placed_on_peers,
+            ),
         ] {
             let _ = writeln!(
                 out,

@@ -24,9 +24,7 @@ use silk_engine::{
 use silk_store::SnapshotStore;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::claims::{
-    ClaimRecord, ClaimSpec, OnExpire, Tier, hash_token, new_token, random_hex, token_matches,
-};
+use crate::claims::{ClaimRecord, ClaimSpec, OnExpire, Tier, hash_token, new_token, token_matches};
 use crate::config::{Config, PoolConfig};
 use crate::error::ApiError;
 use crate::journal::{Change, Journal};
@@ -54,6 +52,12 @@ pub struct Node {
     draining: AtomicBool,
     pub metrics: Metrics,
     started: Instant,
+    /// This node's name (the mesh name, or `local`): sandbox ids carry a tag of it.
+    pub name: String,
+    /// The mesh, when configured.
+    pub peers: Option<Arc<crate::peers::Peers>>,
+    /// Peers' calls, until `serve` takes them (it has the router they run through).
+    pub(crate) incoming: Mutex<Option<tokio::sync::mpsc::Receiver<silk_mesh::Incoming>>>,
 }
 
 #[derive(Debug, Default)]
@@ -155,6 +159,14 @@ impl Node {
         let (journal, records) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
         let store = lifecycle::open_store(&cfg).await?;
         let pools = load_pools(&cfg)?;
+        let (peers, incoming) = match &cfg.mesh {
+            Some(m) => {
+                let (peers, incoming) = start_mesh(&cfg, m).await?;
+                (Some(peers), Some(incoming))
+            }
+            None => (None, None),
+        };
+        let name = cfg.mesh.as_ref().map_or_else(|| "local".to_string(), |m| m.name.clone());
         let node = Arc::new(Node {
             background: Arc::new(Semaphore::new(cfg.background_concurrency.max(1))),
             cfg,
@@ -167,6 +179,9 @@ impl Node {
             draining: AtomicBool::new(false),
             metrics: Metrics::default(),
             started: Instant::now(),
+            name,
+            peers,
+            incoming: Mutex::new(incoming),
         });
         {
             let mut st = node.lock();
@@ -177,6 +192,9 @@ impl Node {
         node.reconcile(records).await?;
         tokio::spawn(refill_loop(node.clone()));
         tokio::spawn(reap_loop(node.clone()));
+        if let Some(peers) = &node.peers {
+            tokio::spawn(crate::peers::publish_loop(node.clone(), peers.clone()));
+        }
         Ok(node)
     }
 
@@ -367,7 +385,7 @@ impl Node {
         let (info, tier) = match warm {
             Some(info) => (info, Tier::Warm),
             None => {
-                let id: SandboxId = format!("sb-{}", random_hex(8)).parse()?;
+                let id: SandboxId = self.new_id()?;
                 let box_spec = BoxSpec::new(key.size, key.lane);
                 let engine = self.engine.clone();
                 let golden = self.lock().goldens.get(&spec.template).cloned();
@@ -435,6 +453,47 @@ impl Node {
             .collect();
         out.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
         out
+    }
+
+    /// A fresh sandbox id homed on this node.
+    pub fn new_id(&self) -> Result<SandboxId, ApiError> {
+        Ok(crate::peers::new_sandbox_id(&self.name).parse()?)
+    }
+
+    /// Warm sandboxes ready for `key` here (0 while draining or full).
+    pub fn warm_for(&self, key: &PoolKey) -> usize {
+        let st = self.lock();
+        if self.draining.load(Ordering::Relaxed)
+            || st.claims.len() + st.pending >= self.cfg.max_claims
+        {
+            return 0;
+        }
+        st.pools.get(key).map_or(0, |p| p.ready.len())
+    }
+
+    /// What this node tells its peers about itself. A draining node advertises no warm capacity.
+    pub fn mesh_state(&self) -> silk_mesh::NodeState {
+        let st = self.lock();
+        let draining = self.draining.load(Ordering::Relaxed);
+        let warm = if draining {
+            BTreeMap::new()
+        } else {
+            st.pools.values().map(|p| (p.key.to_string(), p.ready.len() as u32)).collect()
+        };
+        let mut goldens: Vec<String> = st.goldens.values().map(|g| g.digest.0.clone()).collect();
+        goldens.sort();
+        let mut templates: Vec<String> =
+            st.templates.values().map(|t| t.digest.0.clone()).collect();
+        templates.sort();
+        silk_mesh::NodeState {
+            warm,
+            goldens,
+            templates,
+            claims: (st.claims.len() + st.pending) as u32,
+            capacity: self.cfg.max_claims as u32,
+            draining,
+            ..Default::default()
+        }
     }
 
     pub fn capabilities(&self) -> silk_engine::Caps {
@@ -677,6 +736,13 @@ impl Node {
             "uptime_ms": self.started.elapsed().as_millis() as u64,
             "pools": pools,
             "goldens": st.goldens.keys().collect::<Vec<_>>(),
+            "name": self.name,
+            "mesh": self.peers.as_ref().map(|p| serde_json::json!({
+                "addr": p.mesh.id().addr.to_string(),
+                "epoch": p.mesh.id().epoch,
+                "peers": p.mesh.peers().len(),
+                "forward": p.forward,
+            })),
         })
     }
 
@@ -743,7 +809,7 @@ impl Node {
         let golden = self.golden(&key.template).await?;
         let _permit =
             self.background.acquire().await.map_err(|e| ApiError::internal(e.to_string()))?;
-        let id: SandboxId = format!("sb-{}", random_hex(8)).parse()?;
+        let id: SandboxId = self.new_id()?;
         let (engine, spec) = (self.engine.clone(), BoxSpec::new(key.size, key.lane));
         blocking(move || engine.clone_golden(&golden, &id, &spec)).await
     }
@@ -799,6 +865,34 @@ fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Tier) -> Clai
         archive: None,
         intent: None,
     }
+}
+
+/// Starts this node's mesh endpoint. The epoch (persisted, +1 per start) versions its state, so
+/// peers order its announcements without trusting any clock.
+async fn start_mesh(
+    cfg: &Config,
+    m: &crate::config::MeshSection,
+) -> anyhow::Result<(Arc<crate::peers::Peers>, tokio::sync::mpsc::Receiver<silk_mesh::Incoming>)> {
+    std::fs::create_dir_all(&cfg.data_dir)?;
+    let path = cfg.data_dir.join("mesh-epoch");
+    let epoch =
+        std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0)
+            + 1;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, epoch.to_string())?;
+    std::fs::rename(&tmp, &path)?;
+    let tls = silk_mesh::TlsFiles { ca: m.ca.clone(), cert: m.cert.clone(), key: m.key.clone() };
+    let mut mc = silk_mesh::MeshConfig::new(m.name.clone(), m.listen, tls);
+    mc.join = m.join.clone();
+    mc.epoch = epoch;
+    mc.probe_period = Duration::from_millis(m.probe_period_ms);
+    mc.probe_rtt = Duration::from_millis(m.probe_rtt_ms);
+    mc.suspect_to_down = Duration::from_millis(m.suspect_to_down_ms);
+    let api = m.advertise.clone().unwrap_or_else(|| format!("http://{}", cfg.listen));
+    let state = silk_mesh::NodeState { api, public: m.public_url.clone(), ..Default::default() };
+    let (mesh, incoming) = silk_mesh::Mesh::start(mc, state).await?;
+    tracing::info!(name = m.name, addr = %mesh.id().addr, epoch, "mesh endpoint up");
+    Ok((Arc::new(crate::peers::Peers::new(mesh, m.forward)), incoming))
 }
 
 async fn reap_loop(node: Arc<Node>) {

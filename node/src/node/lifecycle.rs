@@ -581,8 +581,8 @@ impl Node {
         let mut set = JoinSet::new();
         for _ in 0..count {
             let (engine, snap) = (self.engine.clone(), snap.clone());
+            let id = self.new_id()?;
             set.spawn(async move {
-                let id: SandboxId = format!("sb-{}", random_hex(8)).parse()?;
                 let spec = snap.spec.clone();
                 blocking(move || engine.restore(&snap, &id, &spec)).await
             });

@@ -40,10 +40,15 @@ pub struct Sandboxd {
 impl Sandboxd {
     /// Starts a node whose config is `extra` TOML appended to the harness's own keys.
     pub fn start(extra: &str) -> Sandboxd {
+        Sandboxd::start_at("127.0.0.1:0", extra)
+    }
+
+    /// [`start`](Self::start) with the API on `listen` (e.g. `127.0.0.2:0`).
+    pub fn start_at(listen: &str, extra: &str) -> Sandboxd {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("sandboxd.toml");
         let toml = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\napi_token = \"{ROOT}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n{extra}\n",
+            "listen = \"{listen}\"\ndata_dir = \"{}\"\napi_token = \"{ROOT}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n{extra}\n",
             dir.path().join("data").display(),
             static_silkd().display(),
             launcher().display()

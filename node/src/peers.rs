@@ -1,0 +1,343 @@
+//! The node in the mesh: it publishes its state (warm counts per pool, goldens, load,
+//! draining), places claims it cannot serve on a peer with warm capacity, finds the owner of a
+//! sandbox id it does not hold, and answers its peers' calls.
+//!
+//! Placement is power of two choices among live, non-draining peers with a warm sandbox for the
+//! pool key. Ownership: an id names its home node (`sb-<tag>-…`, the tag a hash of the node's
+//! name); a node asks the home first, then every peer at once, and caches the answer for a few
+//! seconds (dropped when the cached owner says no). A lookup carries the caller's token and the
+//! owner checks it, so a wrong token answers the same 404 on every node.
+//!
+//! Peer calls are QUIC streams (see `silk_mesh::wire`): `Lookup`, and for forward mode `Http`
+//! (an API request run by the owner's own router) and `Relay` (the data plane spliced through).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use serde::{Deserialize, Serialize};
+use silk_mesh::{Incoming, Mesh, Peer, quinn, wire};
+use tokio::task::JoinSet;
+
+use crate::claims::{random_hex, token_matches};
+use crate::error::ApiError;
+use crate::node::Node;
+
+const CACHE_TTL: Duration = Duration::from_secs(5);
+const PUBLISH_EVERY: Duration = Duration::from_millis(200);
+
+/// A call from one node to another.
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerRequest {
+    /// Do you hold sandbox `id`, and may `token` act on it?
+    Lookup { id: String, token: Option<String> },
+    /// Run this API request as if a client had sent it to you.
+    Http {
+        method: String,
+        uri: String,
+        token: Option<String>,
+        content_type: Option<String>,
+        body: Vec<u8>,
+    },
+    /// Splice this stream to sandbox `id`'s silkd.
+    Relay { id: String, token: Option<String> },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub enum PeerReply {
+    Lookup {
+        owned: bool,
+        authorized: bool,
+    },
+    /// An HTTP answer; for `Relay`, status 101 means the stream now carries silk-proto.
+    Http {
+        status: u16,
+        location: Option<String>,
+        content_type: Option<String>,
+        body: Vec<u8>,
+    },
+}
+
+/// The 8-hex tag of a node name that sandbox ids carry.
+pub fn home_tag(name: &str) -> String {
+    blake3::hash(name.as_bytes()).to_hex()[..8].to_string()
+}
+
+/// A fresh sandbox id homed on the node named `name`.
+pub fn new_sandbox_id(name: &str) -> String {
+    format!("sb-{}-{}", home_tag(name), random_hex(6))
+}
+
+/// The mesh side of a node.
+#[derive(Debug)]
+pub struct Peers {
+    pub mesh: Mesh,
+    /// Forward claims and the data plane instead of redirecting (nodes behind a load balancer).
+    pub forward: bool,
+    owners: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+impl Peers {
+    pub fn new(mesh: Mesh, forward: bool) -> Peers {
+        Peers { mesh, forward, owners: Mutex::new(HashMap::new()) }
+    }
+
+    fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
+        self.owners.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A peer to send a claim for `key` to: power of two choices among live peers that are not
+    /// draining and have a warm sandbox for it.
+    pub fn pick(&self, key: &str) -> Option<Peer> {
+        let candidates: Vec<Peer> = self
+            .mesh
+            .peers()
+            .into_iter()
+            .filter(|p| {
+                p.state.as_ref().is_some_and(|s| {
+                    !s.draining
+                        && s.claims < s.capacity
+                        && s.warm.get(key).copied().unwrap_or(0) > 0
+                })
+            })
+            .collect();
+        let score = |p: &Peer| {
+            let s = p.state.as_ref().expect("filtered on state");
+            (s.warm.get(key).copied().unwrap_or(0), u32::MAX - s.claims)
+        };
+        match candidates.len() {
+            0 => None,
+            1 => candidates.into_iter().next(),
+            n => {
+                let r = u64::from_str_radix(&random_hex(8), 16).unwrap_or(0);
+                let a = (r % n as u64) as usize;
+                let b = (a + 1 + ((r >> 32) % (n as u64 - 1)) as usize) % n;
+                let (pa, pb) = (&candidates[a], &candidates[b]);
+                Some(if score(pb) > score(pa) { pb.clone() } else { pa.clone() })
+            }
+        }
+    }
+
+    /// The live peer that holds sandbox `id`, if `token` may act on it there.
+    pub async fn locate(&self, id: &str, token: Option<&str>) -> Option<Peer> {
+        let live = self.mesh.peers();
+        let by_name = |n: &str| live.iter().find(|p| p.id.name == n).cloned();
+        // 1. The cached owner, 2. the id's home node, 3. everyone else at once.
+        let cached =
+            self.owners().get(id).filter(|(_, t)| t.elapsed() < CACHE_TTL).map(|(n, _)| n.clone());
+        let home = id
+            .split('-')
+            .nth(1)
+            .and_then(|tag| live.iter().find(|p| home_tag(&p.id.name) == tag))
+            .map(|p| p.id.name.clone());
+        let mut asked = vec![];
+        for name in [cached, home].into_iter().flatten() {
+            if asked.contains(&name) {
+                continue;
+            }
+            asked.push(name.clone());
+            let Some(peer) = by_name(&name) else { continue };
+            match self.lookup(&peer, id, token).await {
+                Some((true, authorized)) => return self.found(id, peer, authorized),
+                _ => {
+                    self.owners().remove(id);
+                }
+            }
+        }
+        let mut set = JoinSet::new();
+        for peer in live.into_iter().filter(|p| !asked.contains(&p.id.name)) {
+            let (mesh, id, token) = (self.mesh.clone(), id.to_string(), token.map(str::to_string));
+            set.spawn(async move {
+                let found = lookup(&mesh, &peer, &id, token.as_deref()).await;
+                (peer, found)
+            });
+        }
+        while let Some(Ok((peer, found))) = set.join_next().await {
+            if let Some((true, authorized)) = found {
+                return self.found(id, peer, authorized);
+            }
+        }
+        None
+    }
+
+    fn found(&self, id: &str, peer: Peer, authorized: bool) -> Option<Peer> {
+        self.owners().insert(id.to_string(), (peer.id.name.clone(), Instant::now()));
+        authorized.then_some(peer)
+    }
+
+    async fn lookup(&self, peer: &Peer, id: &str, token: Option<&str>) -> Option<(bool, bool)> {
+        lookup(&self.mesh, peer, id, token).await
+    }
+
+    /// Sends an API request to `peer` to run as its own (forward mode).
+    pub async fn forward(&self, peer: &Peer, req: PeerRequest) -> Result<PeerReply, ApiError> {
+        let (mut send, mut recv) = self.mesh.open(&peer.id.name).await.map_err(unreachable_peer)?;
+        wire::write_frame(&mut send, &req).await.map_err(unreachable_peer)?;
+        let _ = send.finish();
+        wire::read_frame(&mut recv)
+            .await
+            .map_err(unreachable_peer)?
+            .ok_or_else(|| unreachable_peer("the peer closed the call"))
+    }
+
+    /// Opens a relay to sandbox `id` on `peer`: after its 101 the streams carry silk-proto.
+    pub async fn relay(
+        &self,
+        peer: &Peer,
+        id: &str,
+        token: Option<&str>,
+    ) -> Result<(quinn::SendStream, quinn::RecvStream), PeerReply> {
+        let failed = |m: String| PeerReply::Http {
+            status: 502,
+            location: None,
+            content_type: None,
+            body: m.into_bytes(),
+        };
+        let (mut send, mut recv) =
+            self.mesh.open(&peer.id.name).await.map_err(|e| failed(e.to_string()))?;
+        let req = PeerRequest::Relay { id: id.to_string(), token: token.map(str::to_string) };
+        wire::write_frame(&mut send, &req).await.map_err(|e| failed(e.to_string()))?;
+        match wire::read_frame::<PeerReply>(&mut recv).await {
+            Ok(Some(PeerReply::Http { status: 101, .. })) => Ok((send, recv)),
+            Ok(Some(other)) => Err(other),
+            Ok(None) => Err(failed("the peer closed the call".into())),
+            Err(e) => Err(failed(e.to_string())),
+        }
+    }
+}
+
+fn unreachable_peer(e: impl std::fmt::Display) -> ApiError {
+    ApiError::new(StatusCode::BAD_GATEWAY, "peer_unavailable", format!("peer: {e}"))
+}
+
+async fn lookup(mesh: &Mesh, peer: &Peer, id: &str, token: Option<&str>) -> Option<(bool, bool)> {
+    let call = async {
+        let (mut send, mut recv) = mesh.open(&peer.id.name).await.ok()?;
+        let req = PeerRequest::Lookup { id: id.to_string(), token: token.map(str::to_string) };
+        wire::write_frame(&mut send, &req).await.ok()?;
+        let _ = send.finish();
+        match wire::read_frame::<PeerReply>(&mut recv).await.ok()?? {
+            PeerReply::Lookup { owned, authorized } => Some((owned, authorized)),
+            PeerReply::Http { .. } => None,
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(2), call).await.ok().flatten()
+}
+
+/// Keeps this node's published state current (a change reaches peers at once).
+pub async fn publish_loop(node: Arc<Node>, peers: Arc<Peers>) {
+    loop {
+        let state = node.mesh_state();
+        peers.mesh.update(move |s| {
+            s.warm = state.warm;
+            s.goldens = state.goldens;
+            s.templates = state.templates;
+            s.claims = state.claims;
+            s.capacity = state.capacity;
+            s.draining = state.draining;
+        });
+        tokio::time::sleep(PUBLISH_EVERY).await;
+    }
+}
+
+/// Answers peers' calls.
+pub async fn serve(
+    node: Arc<Node>,
+    router: axum::Router,
+    mut incoming: tokio::sync::mpsc::Receiver<Incoming>,
+) {
+    while let Some(call) = incoming.recv().await {
+        let (node, router) = (node.clone(), router.clone());
+        tokio::spawn(async move {
+            if let Err(e) = answer(node, router, call).await {
+                tracing::debug!("peer call: {e}");
+            }
+        });
+    }
+}
+
+async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Result<(), String> {
+    let Some(req) =
+        wire::read_frame::<PeerRequest>(&mut call.recv).await.map_err(|e| e.to_string())?
+    else {
+        return Ok(());
+    };
+    let reply = match req {
+        PeerRequest::Lookup { id, token } => {
+            let live = node.get(&id);
+            let authorized = live.as_ref().is_some_and(|l| {
+                token.as_deref().is_some_and(|t| token_matches(t, &l.record.token_hash))
+                    || node.is_root(token.as_deref())
+            });
+            PeerReply::Lookup { owned: live.is_some(), authorized }
+        }
+        PeerRequest::Http { method, uri, token, content_type, body } => {
+            let mut req = Request::builder().method(method.as_str()).uri(uri);
+            if let Some(t) = token {
+                req = req.header("authorization", format!("Bearer {t}"));
+            }
+            if let Some(ct) = content_type {
+                req = req.header("content-type", ct);
+            }
+            let req = req.body(Body::from(body)).map_err(|e| e.to_string())?;
+            let res = tower::ServiceExt::oneshot(router, req).await.map_err(|e| e.to_string())?;
+            let status = res.status().as_u16();
+            let (parts, body) = res.into_parts();
+            let header =
+                |n: &str| parts.headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
+            let (location, content_type) = (header("location"), header("content-type"));
+            let body = axum::body::to_bytes(body, 64 << 20).await.map_err(|e| e.to_string())?;
+            PeerReply::Http { status, location, content_type, body: body.to_vec() }
+        }
+        PeerRequest::Relay { id, token } => return relay(node, call, &id, token.as_deref()).await,
+    };
+    wire::write_frame(&mut call.send, &reply).await.map_err(|e| e.to_string())?;
+    call.send.finish().map_err(|e| e.to_string())
+}
+
+/// The owner's end of a forwarded data-plane connection.
+async fn relay(
+    node: Arc<Node>,
+    mut call: Incoming,
+    id: &str,
+    token: Option<&str>,
+) -> Result<(), String> {
+    let refuse = |e: ApiError| PeerReply::Http {
+        status: e.status.as_u16(),
+        location: None,
+        content_type: Some("application/json".into()),
+        body: serde_json::json!({ "error": { "code": e.code, "message": e.message } })
+            .to_string()
+            .into_bytes(),
+    };
+    let opened = async {
+        node.authorized(id, token)?;
+        let (n, owned) = (node.clone(), id.to_string());
+        let live = crate::api::detached(async move { n.wake(&owned).await }).await?;
+        let agent = tokio::net::UnixStream::connect(&live.agent).await.map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "agent_unavailable",
+                format!("connect to silkd: {e}"),
+            )
+        })?;
+        Ok::<_, ApiError>((live, agent))
+    };
+    let (live, mut agent) = match opened.await {
+        Ok(v) => v,
+        Err(e) => {
+            wire::write_frame(&mut call.send, &refuse(e)).await.map_err(|e| e.to_string())?;
+            return call.send.finish().map_err(|e| e.to_string());
+        }
+    };
+    let ok = PeerReply::Http { status: 101, location: None, content_type: None, body: vec![] };
+    wire::write_frame(&mut call.send, &ok).await.map_err(|e| e.to_string())?;
+    let _active = crate::relay::Active::new(&live);
+    let mut stream = tokio::io::join(call.recv, call.send);
+    tokio::select! {
+        r = tokio::io::copy_bidirectional(&mut stream, &mut agent) => r.map(|_| ()).map_err(|e| e.to_string()),
+        () = live.activity.hangup.notified() => Ok(()),
+    }
+}

@@ -1,0 +1,292 @@
+//! The mesh between real sandboxd processes on 127.0.0.x: membership, capacity gossip, claim
+//! placement by redirect and by forwarding, ownership from every node, drain, a killed node,
+//! and a node whose certificate comes from another CA.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::Value;
+
+const KEY: &str = "host/small/none";
+
+fn sandboxd(args: &[&str]) -> String {
+    let out =
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd")).args(args).output().unwrap();
+    assert!(out.status.success(), "sandboxd {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+/// A CA in `dir` and a certificate for each name, made by the `sandboxd mesh` commands.
+fn certs(dir: &Path, names: &[&str]) {
+    sandboxd(&["mesh", "ca", "init", "--dir", dir.to_str().unwrap()]);
+    for n in names {
+        sandboxd(&["mesh", "cert", "issue", "--dir", dir.to_str().unwrap(), "--node", n]);
+    }
+}
+
+/// A node named `name` on 127.0.0.`host` (API and mesh), joining through `join`.
+fn node(certs: &Path, name: &str, host: u8, join: Option<&str>, extra: &str) -> Sandboxd {
+    let join = join.map(|j| format!("join = [\"{j}\"]\n")).unwrap_or_default();
+    let d = certs.display();
+    Sandboxd::start_at(
+        &format!("127.0.0.{host}:0"),
+        &format!(
+            "{extra}\n[mesh]\nname = \"{name}\"\nlisten = \"127.0.0.{host}:0\"\n{join}ca = \"{d}/ca.pem\"\ncert = \"{d}/{name}.pem\"\nkey = \"{d}/{name}.key\"\n"
+        ),
+    )
+}
+
+fn mesh_addr(n: &Sandboxd) -> String {
+    n.info()["mesh"]["addr"].as_str().unwrap().to_string()
+}
+
+fn peers(n: &Sandboxd) -> Value {
+    let (status, v) = n.req("GET", "/v1/peers", Some(ROOT), None);
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
+fn peer_names(n: &Sandboxd) -> Vec<String> {
+    let mut names: Vec<String> = peers(n)["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["name"].as_str().unwrap().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+fn peer_warm(n: &Sandboxd, name: &str) -> Option<u64> {
+    peers(n)["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["warm"][KEY].as_u64())
+}
+
+/// Follows one `307` the way the SDK does; returns (first status, final status, body).
+fn follow(
+    n: &Sandboxd,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: Option<&str>,
+) -> (u16, u16, Value) {
+    let raw = try_http(n.addr, method, path, Some(token), body.unwrap_or("")).expect("answer");
+    if raw.0 != 307 {
+        return (raw.0, raw.0, raw.1);
+    }
+    let location = location(n, method, path, token, body);
+    let url = location.strip_prefix("http://").expect("http location");
+    let (host, rest) = url.split_once('/').unwrap();
+    let (status, v) = try_http(
+        host.parse().unwrap(),
+        method,
+        &format!("/{rest}"),
+        Some(token),
+        body.unwrap_or(""),
+    )
+    .expect("answer");
+    (307, status, v)
+}
+
+/// The `Location` of a redirect (read from the raw response).
+fn location(n: &Sandboxd, method: &str, path: &str, token: &str, body: Option<&str>) -> String {
+    let mut s = std::net::TcpStream::connect(n.addr).unwrap();
+    let body = body.unwrap_or("");
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+    text.lines()
+        .find_map(|l| l.strip_prefix("location: ").or_else(|| l.strip_prefix("Location: ")))
+        .unwrap_or_else(|| panic!("no Location in {text}"))
+        .trim()
+        .to_string()
+}
+
+#[test]
+fn three_nodes_place_claims_on_warm_peers_and_answer_for_every_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), &["a", "b", "c"]);
+    let a =
+        node(dir.path(), "a", 2, None, "[[pools]]\ntemplate = \"host\"\nwarm = 2\nwarm_max = 2\n");
+    let seed = mesh_addr(&a);
+    let b = node(dir.path(), "b", 3, Some(&seed), "pools = []\n");
+    let c = node(dir.path(), "c", 4, Some(&seed), "pools = []\n");
+    eventually("a full mesh", || {
+        peer_names(&a) == ["b", "c"] && peer_names(&b) == ["a", "c"] && peer_names(&c) == ["a", "b"]
+    });
+    a.wait_warm(2);
+    let t = Instant::now();
+    eventually("a's warm capacity on b and c", || {
+        peer_warm(&b, "a") == Some(2) && peer_warm(&c, "a") == Some(2)
+    });
+    assert!(t.elapsed() < Duration::from_secs(1), "capacity took {:?} to spread", t.elapsed());
+
+    // b has no warm pool: its claim goes to a, one hop.
+    let (first, status, claimed) = follow(&b, "POST", "/v1/sandboxes", ROOT, Some("{}"));
+    assert_eq!((first, status), (307, 201), "{claimed}");
+    assert_eq!(claimed["tier"], "warm");
+    assert!(claimed["owner"].as_str().unwrap().starts_with("127.0.0.2:"), "{claimed}");
+    let location = location(&b, "POST", "/v1/sandboxes", ROOT, Some("{}"));
+    assert!(location.ends_with("/v1/sandboxes?no_redirect=1"), "{location}");
+    // The retry is served where it lands, never bounced again.
+    let (status, v) = b.req("POST", "/v1/sandboxes?no_redirect=1", Some(ROOT), Some("{}"));
+    assert_eq!(status, 201, "{v}");
+    assert!(v["owner"].as_str().unwrap().starts_with("127.0.0.3:"), "served by b itself: {v}");
+
+    // Ownership: every node answers for the sandbox; a wrong token is the same 404 everywhere.
+    let (id, token) = (claimed["id"].as_str().unwrap(), claimed["token"].as_str().unwrap());
+    for n in [&a, &b, &c] {
+        let (_, status, row) = follow(n, "GET", &format!("/v1/sandboxes/{id}"), token, None);
+        assert_eq!((status, row["id"].as_str()), (200, Some(id)), "{row}");
+        let (first, status, v) =
+            follow(n, "GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
+        assert_eq!(
+            (first, status, v["error"]["code"].as_str()),
+            (404, 404, Some("not_found")),
+            "{v}"
+        );
+        let (_, status, out) = follow(
+            n,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            token,
+            Some(r#"{"argv":["hostname"]}"#),
+        );
+        assert_eq!(
+            (status, out["stdout"].as_str()),
+            (200, Some(format!("{id}\n").as_str())),
+            "{out}"
+        );
+    }
+    let (status, _) = c.req("GET", "/v1/sandboxes/sb-00000000-000000000000", Some(ROOT), None);
+    assert_eq!(status, 404, "an id nobody holds");
+
+    // Drain a: its warm capacity leaves the gossip within a second; claims stay local.
+    assert_eq!(a.req("POST", "/v1/drain", Some(ROOT), None).0, 200);
+    let t = Instant::now();
+    eventually("a's drain on b", || {
+        peers(&b)["peers"].as_array().unwrap().iter().any(|p| {
+            p["name"] == "a"
+                && p["draining"] == true
+                && p["warm"].as_object().is_some_and(|w| w.is_empty())
+        })
+    });
+    assert!(t.elapsed() < Duration::from_secs(1), "drain took {:?} to spread", t.elapsed());
+    let (first, _, v) = follow(&c, "POST", "/v1/sandboxes", ROOT, Some("{}"));
+    assert_eq!(first, 201, "no redirect to a draining node: {v}");
+    assert_eq!(a.req("DELETE", "/v1/drain", Some(ROOT), None).0, 200);
+    eventually("a undrained on b", || peer_warm(&b, "a").is_some_and(|w| w > 0));
+
+    // Kill a: it leaves every view within 5 s, and claims keep succeeding without it.
+    let mut a = a;
+    a.kill9();
+    let t = Instant::now();
+    eventually("a declared down", || peer_names(&b) == ["c"] && peer_names(&c) == ["b"]);
+    let took = t.elapsed();
+    assert!(took < Duration::from_secs(5), "failure detection took {took:?}");
+    println!("failure detected in {took:?}");
+    let (first, status, v) = follow(&b, "POST", "/v1/sandboxes", ROOT, Some("{}"));
+    assert_eq!((first, status), (201, 201), "never sent to a dead node: {v}");
+}
+
+#[test]
+fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), &["owner", "front"]);
+    let owner = node(
+        dir.path(),
+        "owner",
+        5,
+        None,
+        "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n",
+    );
+    let mut front_cfg = String::from("pools = []\n");
+    front_cfg.push_str("");
+    let front = Sandboxd::start_at(
+        "127.0.0.6:0",
+        &format!(
+            "pools = []\n[mesh]\nname = \"front\"\nlisten = \"127.0.0.6:0\"\njoin = [\"{}\"]\nforward = true\nca = \"{d}/ca.pem\"\ncert = \"{d}/front.pem\"\nkey = \"{d}/front.key\"\n",
+            mesh_addr(&owner),
+            d = dir.path().display()
+        ),
+    );
+    owner.wait_warm(1);
+    eventually("front sees owner's capacity", || peer_warm(&front, "owner") == Some(1));
+
+    // The client talks to `front` only.
+    let (status, claimed) = front.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
+    assert_eq!(status, 201, "forwarded, not redirected: {claimed}");
+    assert!(claimed["owner"].as_str().unwrap().starts_with("127.0.0.5:"));
+    let (id, token) = (claimed["id"].as_str().unwrap(), claimed["token"].as_str().unwrap());
+    let out = front.exec(id, token, "echo forwarded; hostname");
+    assert_eq!(out["stdout"], format!("forwarded\n{id}\n"));
+    let (status, _) = front.req("GET", &format!("/v1/sandboxes/{id}"), Some("sbt_wrong"), None);
+    assert_eq!(status, 404);
+
+    // The data plane through front: an upgraded connection carrying silk-proto to the sandbox.
+    let mut stream = std::net::TcpStream::connect(front.addr).unwrap();
+    write!(stream, "GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.contains("101"), "{line}");
+    loop {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+        if line == "\r\n" {
+            break;
+        }
+    }
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        stream.set_nonblocking(true).unwrap();
+        let mut conn =
+            silk_proto::Connection::new(tokio::net::TcpStream::from_std(stream).unwrap());
+        use silk_proto::*;
+        conn.send(&Frame::Exec(ExecRequest {
+            command: Command { argv: vec!["echo".into(), "relayed".into()], ..Default::default() },
+            ..Default::default()
+        }))
+        .await
+        .unwrap();
+        let mut out = vec![];
+        loop {
+            match conn.recv().await.unwrap().unwrap() {
+                Frame::Stdout(b) => out.extend_from_slice(&b),
+                Frame::Exit(e) => {
+                    assert_eq!(e.code, 0);
+                    break;
+                }
+                _ => {}
+            }
+        }
+        assert_eq!(out, b"relayed\n");
+    });
+    let (status, _) = front.req("DELETE", &format!("/v1/sandboxes/{id}"), Some(token), None);
+    assert_eq!(status, 204);
+    let (status, _) = owner.req("GET", &format!("/v1/sandboxes/{id}"), Some(token), None);
+    assert_eq!(status, 404, "released on the owner");
+}
+
+#[test]
+fn a_node_with_a_certificate_from_another_ca_cannot_join() {
+    let (good, evil) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    certs(good.path(), &["a"]);
+    certs(evil.path(), &["x"]);
+    let a = node(good.path(), "a", 7, None, "pools = []\n");
+    let x = node(evil.path(), "x", 8, Some(&mesh_addr(&a)), "pools = []\n");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(peer_names(&a).is_empty(), "a let x in");
+    assert!(peer_names(&x).is_empty(), "x got in");
+    // And claims on x never point at a.
+    let (status, _) = x.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
+    assert_eq!(status, 201);
+}
