@@ -290,3 +290,41 @@ fn a_node_with_a_certificate_from_another_ca_cannot_join() {
     let (status, _) = x.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
     assert_eq!(status, 201);
 }
+
+#[test]
+fn a_partitioned_peer_is_dropped_and_rejoins_and_a_restarted_one_returns_at_its_new_address() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), &["a", "b"]);
+    let a = node(dir.path(), "a", 9, None, "pools = []\n");
+    let mut b = node(
+        dir.path(),
+        "b",
+        10,
+        Some(&mesh_addr(&a)),
+        "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n",
+    );
+    eventually("b's capacity on a", || peer_warm(&a, "b") == Some(1));
+
+    // A partition: b stops answering (SIGSTOP freezes every packet it would send or read).
+    let pid = b.child.as_ref().unwrap().id() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    eventually("a drops the unreachable b", || peer_names(&a).is_empty());
+    let (first, _, v) = follow(&a, "POST", "/v1/sandboxes", ROOT, Some("{}"));
+    assert_eq!(first, 201, "no redirect to an unreachable peer: {v}");
+    unsafe { libc::kill(pid, libc::SIGCONT) };
+    eventually("b rejoins after the partition heals", || peer_names(&a) == ["b"]);
+
+    // A restart on new ports: a learns the new addresses and a newer epoch, and sends claims there.
+    let epoch = peers(&a)["peers"][0]["epoch"].as_u64().unwrap();
+    b.restart();
+    let api = format!("http://{}", b.addr);
+    eventually("b back at its new address", || {
+        let p = peers(&a);
+        let b_row = p["peers"].as_array().unwrap().iter().find(|p| p["name"] == "b").cloned();
+        b_row.is_some_and(|r| {
+            r["api"] == api.as_str() && r["epoch"].as_u64() > Some(epoch) && r["warm"][KEY] == 1
+        })
+    });
+    let location = location(&a, "POST", "/v1/sandboxes", ROOT, Some("{}"));
+    assert!(location.starts_with(&api), "{location} is not b's new address {api}");
+}

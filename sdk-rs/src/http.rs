@@ -4,7 +4,9 @@
 //! Redirects: a `307` with a `Location` is followed **once**, to the same method and body, with
 //! `no_redirect=1` added to the retried request's query so the node it lands on serves it rather
 //! than redirecting again (DESIGN §7: at most one hop). A second `307` is an error. The bearer
-//! token travels to the redirect target: in a mesh every node is a peer that must see it.
+//! token travels to the redirect target: in a mesh every node is a peer that must see it. When
+//! the target cannot be reached (it died after the origin chose it), the call goes back to the
+//! origin once, with `no_redirect=1`, and the origin serves it itself.
 //!
 //! The upgrade uses hyper's connection-level client on a socket this module dials itself, then
 //! downcasts the upgraded stream back to that `TcpStream`: calls after the `101` run on the bare
@@ -89,8 +91,10 @@ impl Http {
             }
             None => Bytes::new(),
         };
-        let mut uri = self.url(path)?;
+        let origin = self.url(path)?;
+        let mut uri = origin.clone();
         let mut hopped = false;
+        let mut fell_back = false;
         loop {
             let mut req = Request::builder().method(method.clone()).uri(uri.clone());
             if let Some(t) = token.filter(|t| !t.is_empty()) {
@@ -117,9 +121,21 @@ impl Http {
                     .to_bytes();
                 Ok::<_, Error>((status, location, bytes))
             };
-            let (status, location, bytes) = tokio::time::timeout(self.request_timeout, exchange)
+            let answer = tokio::time::timeout(self.request_timeout, exchange)
                 .await
-                .map_err(|_| Error::timeout(&format!("{method} {path}")))??;
+                .map_err(|_| Error::timeout(&format!("{method} {path}")))
+                .and_then(|r| r);
+            let (status, location, bytes) = match answer {
+                Ok(a) => a,
+                // The node a redirect pointed at cannot be reached (it died since the origin
+                // chose it): ask the origin once more, to serve the call itself.
+                Err(Error::Transport { .. }) if hopped && !fell_back => {
+                    fell_back = true;
+                    uri = no_redirect(&origin)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             if status == StatusCode::TEMPORARY_REDIRECT {
                 uri = redirect(&uri, location.as_ref(), &mut hopped)?;
                 continue;
@@ -137,13 +153,25 @@ impl Http {
 
     /// `GET path` with `Upgrade: silkd` on a new connection; after the `101`, the bare socket.
     pub(crate) async fn upgrade(&self, path: &str, token: &str) -> Result<TcpStream> {
-        let mut uri = self.url(path)?;
+        let origin = self.url(path)?;
+        let mut uri = origin.clone();
         let mut hopped = false;
+        let mut fell_back = false;
         loop {
             let handshake = upgrade_once(&uri, token);
             let outcome = tokio::time::timeout(self.connect_timeout, handshake)
                 .await
-                .map_err(|_| Error::timeout(&format!("upgrade {path}")))??;
+                .map_err(|_| Error::timeout(&format!("upgrade {path}")))
+                .and_then(|r| r);
+            let outcome = match outcome {
+                Ok(o) => o,
+                Err(Error::Transport { .. }) if hopped && !fell_back => {
+                    fell_back = true;
+                    uri = no_redirect(&origin)?;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
             match outcome {
                 Upgraded::Stream(s) => return Ok(s),
                 Upgraded::Redirect(location) => {
@@ -210,6 +238,14 @@ async fn upgrade_once(uri: &Uri, token: &str) -> Result<Upgraded> {
             Ok(Upgraded::Refused(status, body))
         }
     }
+}
+
+/// `uri` with `no_redirect=1` added to its query.
+fn no_redirect(uri: &Uri) -> Result<Uri> {
+    let s = uri.to_string();
+    let s =
+        if s.contains('?') { format!("{s}&{NO_REDIRECT}") } else { format!("{s}?{NO_REDIRECT}") };
+    s.parse().map_err(|e| Error::Invalid(format!("{s}: {e}")))
 }
 
 /// The retry target of a `307`: `Location` resolved against `from`, with `no_redirect=1` added.

@@ -129,3 +129,28 @@ async fn error_bodies_are_typed_and_other_statuses_keep_their_text() {
         other => panic!("{other:?}"),
     }
 }
+
+#[tokio::test]
+async fn a_redirect_to_a_dead_node_falls_back_to_the_origin_once() {
+    // A port nothing listens on: the node the origin chose has died.
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}/v1/sandboxes", dead.local_addr().unwrap());
+    drop(dead);
+    let origin = FakeHttp::start(move |req| {
+        if req.line.contains("no_redirect=1") {
+            json("201 Created", CLAIMED)
+        } else {
+            redirect_to(&dead_url)
+        }
+    })
+    .await;
+    let client = Client::builder(origin.url()).token("root").build().unwrap();
+    let s = client.claim("host").send().await.unwrap();
+    assert_eq!(s.id(), "sb-elsewhere");
+    let lines: Vec<String> = origin.seen().iter().map(|r| r.line.clone()).collect();
+    assert_eq!(
+        lines,
+        ["POST /v1/sandboxes HTTP/1.1", "POST /v1/sandboxes?no_redirect=1 HTTP/1.1"],
+        "asked once, then served by the origin itself"
+    );
+}
