@@ -39,6 +39,7 @@ const SECTIONS: &[(&str, &[&str], &[&str])] = &[
     ("fleet", &[], &["--claims", "2", "--burst", "2", "--warm", "2"]),
     ("sdk", &[], &["--iters", "50"]),
     ("lifecycle", &[], &["--iters", "1", "--tree-mib", "4"]),
+    ("mesh", &[], &["--claims", "3", "--execs", "10", "--kills", "1"]),
     ("store", &[], &["--size-mib", "64"]),
 ];
 
@@ -72,9 +73,6 @@ pub fn run(args: AllArgs) -> anyhow::Result<()> {
         }
         report.push('\n');
     }
-    println!(
-        "\n## mesh\n\nskipped: the mesh does not exist yet (redirect overhead arrives with it)"
-    );
     if let Some(path) = &args.append {
         let date =
             std::process::Command::new("date").arg("-u").arg("+%Y-%m-%d %H:%M UTC").output()?;

@@ -12,6 +12,7 @@ mod engine;
 mod fleet;
 mod journal;
 mod lifecycle;
+mod mesh;
 mod node;
 mod report;
 mod sdk;
@@ -46,6 +47,8 @@ enum Section {
     Fleet(fleet::FleetArgs),
     /// Hibernate, wake, checkpoint, branch, fork, archive with a 100 MiB tree (needs root).
     Lifecycle(lifecycle::LifecycleArgs),
+    /// Redirected vs local claims, forwarded exec, failure detection, gossip volume (needs root).
+    Mesh(mesh::MeshArgs),
     /// Snapshot put/get on fs and S3 beside cp, dedup ratio, chunking + hashing on one core.
     Store(store::StoreArgs),
     /// SDK exec/info round trips: kept relay connection vs one dialled per call (needs root).
@@ -69,6 +72,7 @@ fn main() -> anyhow::Result<()> {
         // Synchronous, like the engine itself.
         Section::Engine(e) => engine::run(e),
         Section::Lifecycle(a) => lifecycle::run(a),
+        Section::Mesh(a) => mesh::run(a),
         Section::Journal(j) => journal::run(j),
         Section::Node(n) => node::run(n),
         Section::Fleet(f) => runtime()?.block_on(fleet::run(f)),

@@ -82,7 +82,7 @@ struct Inner {
     cmds: mpsc::UnboundedSender<Cmd>,
     incoming: mpsc::Sender<Incoming>,
     /// The live members as of the last change (read by the API without touching the core).
-    view: Mutex<(NodeState, Vec<Peer>)>,
+    view: Mutex<(NodeState, Arc<Vec<Peer>>)>,
     conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
     /// Membership and state bytes sent (datagrams and state streams' payloads).
     gossip_bytes: AtomicU64,
@@ -113,7 +113,7 @@ impl Mesh {
             endpoint,
             cmds,
             incoming,
-            view: Mutex::new((local, vec![])),
+            view: Mutex::new((local, Arc::new(vec![]))),
             conns: Mutex::new(HashMap::new()),
             gossip_bytes: AtomicU64::new(0),
             state_interval: cfg.state_interval,
@@ -137,13 +137,14 @@ impl Mesh {
         let _ = self.inner.cmds.send(Cmd::Local(Box::new(f)));
     }
 
-    /// Live peers (never this node), with their last state.
-    pub fn peers(&self) -> Vec<Peer> {
+    /// Live peers (never this node), with their last state: a shared snapshot, cheap to take
+    /// on every request.
+    pub fn peers(&self) -> Arc<Vec<Peer>> {
         lock(&self.inner.view).1.clone()
     }
 
     pub fn peer(&self, name: &str) -> Option<Peer> {
-        self.peers().into_iter().find(|p| p.id.name == name)
+        self.peers().iter().find(|p| p.id.name == name).cloned()
     }
 
     /// Membership and state bytes this node has sent.
@@ -348,8 +349,8 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
     }
     let peers: Vec<Peer> = core.peers().cloned().collect();
     let mut view = lock(&inner.view);
-    if changed || view.1 != peers || view.0 != *core.me() {
-        *view = (core.me().clone(), peers);
+    if changed || *view.1 != peers || view.0 != *core.me() {
+        *view = (core.me().clone(), Arc::new(peers));
     }
     sends
 }

@@ -44,7 +44,7 @@ async fn until(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) -> D
 }
 
 fn names(m: &Mesh) -> Vec<String> {
-    let mut v: Vec<String> = m.peers().into_iter().map(|p| p.id.name).collect();
+    let mut v: Vec<String> = m.peers().iter().map(|p| p.id.name.clone()).collect();
     v.sort();
     v
 }

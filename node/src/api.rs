@@ -165,12 +165,13 @@ async fn claim(
     JsonBody(req): JsonBody<ClaimRequest>,
 ) -> Result<Response, ApiError> {
     root(&node, &headers)?;
-    let body = serde_json::to_vec(&req).map_err(|e| ApiError::internal(e.to_string()))?;
+    let forwardable = node.peers.is_some().then(|| req.clone());
     let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
     let key =
         crate::pool::PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
-    if let Some(elsewhere) =
-        edge::place_claim(&node, &key, query.as_deref(), bearer(&headers), body).await?
+    if let Some(request) = &forwardable
+        && let Some(elsewhere) =
+            edge::place_claim(&node, &key, query.as_deref(), bearer(&headers), request).await?
     {
         return Ok(elsewhere);
     }

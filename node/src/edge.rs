@@ -67,7 +67,7 @@ pub async fn place_claim(
     key: &PoolKey,
     query: Option<&str>,
     token: Option<&str>,
-    body: Vec<u8>,
+    request: &crate::claims::ClaimRequest,
 ) -> Result<Option<Response>, ApiError> {
     let Some(peers) = &node.peers else { return Ok(None) };
     if no_redirect(query) || node.warm_for(key) > 0 {
@@ -79,6 +79,7 @@ pub async fn place_claim(
     if !peers.forward {
         return Ok(Some(redirect(format!("{}/v1/sandboxes?no_redirect=1", state.client_url()))));
     }
+    let body = serde_json::to_vec(request).map_err(|e| ApiError::internal(e.to_string()))?;
     let req = PeerRequest::Http {
         method: "POST".into(),
         uri: "/v1/sandboxes?no_redirect=1".into(),
@@ -122,10 +123,18 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
             .into_response();
         }
     };
-    let call = PeerRequest::Http { method, uri: target, token, content_type, body };
+    let call = PeerRequest::Http { method, uri: target, token: token.clone(), content_type, body };
     match peers.forward(&peer, call).await {
-        Ok(reply) => http_reply(reply),
-        Err(e) => e.into_response(),
+        Ok(reply) => {
+            if matches!(reply, PeerReply::Http { status: 404, .. }) {
+                peers.forget(&id, token.as_deref());
+            }
+            http_reply(reply)
+        }
+        Err(e) => {
+            peers.forget(&id, token.as_deref());
+            e.into_response()
+        }
     }
 }
 

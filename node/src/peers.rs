@@ -4,9 +4,10 @@
 //!
 //! Placement is power of two choices among live, non-draining peers with a warm sandbox for the
 //! pool key. Ownership: an id names its home node (`sb-<tag>-…`, the tag a hash of the node's
-//! name); a node asks the home first, then every peer at once, and caches the answer for a few
-//! seconds (dropped when the cached owner says no). A lookup carries the caller's token and the
-//! owner checks it, so a wrong token answers the same 404 on every node.
+//! name); a node asks the home first, then every peer at once. A lookup carries the caller's
+//! token and the owner checks it, so a wrong token answers the same 404 on every node. Answers
+//! that authorized a token are cached for a few seconds per (id, token), and dropped when the
+//! cached owner answers 404 or leaves the mesh.
 //!
 //! Peer calls are QUIC streams (see `silk_mesh::wire`): `Lookup`, and for forward mode `Http`
 //! (an API request run by the owner's own router) and `Relay` (the data plane spliced through).
@@ -91,10 +92,9 @@ impl Peers {
     /// A peer to send a claim for `key` to: power of two choices among live peers that are not
     /// draining and have a warm sandbox for it.
     pub fn pick(&self, key: &str) -> Option<Peer> {
-        let candidates: Vec<Peer> = self
-            .mesh
-            .peers()
-            .into_iter()
+        let live = self.mesh.peers();
+        let candidates: Vec<&Peer> = live
+            .iter()
             .filter(|p| {
                 p.state.as_ref().is_some_and(|s| {
                     !s.draining
@@ -109,45 +109,50 @@ impl Peers {
         };
         match candidates.len() {
             0 => None,
-            1 => candidates.into_iter().next(),
+            1 => candidates.first().map(|p| (*p).clone()),
             n => {
-                let r = u64::from_str_radix(&random_hex(8), 16).unwrap_or(0);
+                let r = cheap_random();
                 let a = (r % n as u64) as usize;
                 let b = (a + 1 + ((r >> 32) % (n as u64 - 1)) as usize) % n;
                 let (pa, pb) = (&candidates[a], &candidates[b]);
-                Some(if score(pb) > score(pa) { pb.clone() } else { pa.clone() })
+                Some(if score(pb) > score(pa) { (*pb).clone() } else { (*pa).clone() })
             }
         }
     }
 
-    /// The live peer that holds sandbox `id`, if `token` may act on it there.
+    /// The live peer that holds sandbox `id`, if `token` may act on it there. A recent answer
+    /// for the same id and token is reused without asking (see [`Peers::forget`]).
     pub async fn locate(&self, id: &str, token: Option<&str>) -> Option<Peer> {
         let live = self.mesh.peers();
         let by_name = |n: &str| live.iter().find(|p| p.id.name == n).cloned();
-        // 1. The cached owner, 2. the id's home node, 3. everyone else at once.
-        let cached =
-            self.owners().get(id).filter(|(_, t)| t.elapsed() < CACHE_TTL).map(|(n, _)| n.clone());
+        let key = cache_key(id, token);
+        let cached = self
+            .owners()
+            .get(&key)
+            .filter(|(_, t)| t.elapsed() < CACHE_TTL)
+            .map(|(n, _)| n.clone());
+        if let Some(peer) = cached.as_deref().and_then(by_name) {
+            return Some(peer);
+        }
+        // The id's home node first, then everyone else at once.
         let home = id
             .split('-')
             .nth(1)
             .and_then(|tag| live.iter().find(|p| home_tag(&p.id.name) == tag))
             .map(|p| p.id.name.clone());
         let mut asked = vec![];
-        for name in [cached, home].into_iter().flatten() {
+        for name in [home].into_iter().flatten() {
             if asked.contains(&name) {
                 continue;
             }
             asked.push(name.clone());
             let Some(peer) = by_name(&name) else { continue };
-            match self.lookup(&peer, id, token).await {
-                Some((true, authorized)) => return self.found(id, peer, authorized),
-                _ => {
-                    self.owners().remove(id);
-                }
+            if let Some((true, authorized)) = self.lookup(&peer, id, token).await {
+                return self.found(&key, peer, authorized);
             }
         }
         let mut set = JoinSet::new();
-        for peer in live.into_iter().filter(|p| !asked.contains(&p.id.name)) {
+        for peer in live.iter().filter(|p| !asked.contains(&p.id.name)).cloned() {
             let (mesh, id, token) = (self.mesh.clone(), id.to_string(), token.map(str::to_string));
             set.spawn(async move {
                 let found = lookup(&mesh, &peer, &id, token.as_deref()).await;
@@ -156,15 +161,24 @@ impl Peers {
         }
         while let Some(Ok((peer, found))) = set.join_next().await {
             if let Some((true, authorized)) = found {
-                return self.found(id, peer, authorized);
+                return self.found(&key, peer, authorized);
             }
         }
         None
     }
 
-    fn found(&self, id: &str, peer: Peer, authorized: bool) -> Option<Peer> {
-        self.owners().insert(id.to_string(), (peer.id.name.clone(), Instant::now()));
+    /// Only authorized answers are cached: a wrong token is asked about every time, so it
+    /// can never ride on another caller's answer.
+    fn found(&self, key: &str, peer: Peer, authorized: bool) -> Option<Peer> {
+        if authorized {
+            self.owners().insert(key.to_string(), (peer.id.name.clone(), Instant::now()));
+        }
         authorized.then_some(peer)
+    }
+
+    /// Drops a cached owner that turned out wrong (it answered 404: released or moved).
+    pub fn forget(&self, id: &str, token: Option<&str>) {
+        self.owners().remove(&cache_key(id, token));
     }
 
     async fn lookup(&self, peer: &Peer, id: &str, token: Option<&str>) -> Option<(bool, bool)> {
@@ -206,6 +220,25 @@ impl Peers {
             Err(e) => Err(failed(e.to_string())),
         }
     }
+}
+
+/// A random number for placement, without a syscall: std's per-process random hash keys over a
+/// counter.
+fn cheap_random() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static KEYS: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = KEYS.get_or_init(Default::default).build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+/// The cache is per (id, token): an answer for one token says nothing about another.
+fn cache_key(id: &str, token: Option<&str>) -> String {
+    let hash = blake3::hash(token.unwrap_or_default().as_bytes()).to_hex();
+    format!("{id}:{}", &hash[..16])
 }
 
 fn unreachable_peer(e: impl std::fmt::Display) -> ApiError {
