@@ -94,6 +94,7 @@ pub fn document() -> Value {
             "/metrics": { "get": op("Prometheus metrics", (200, json!({ "description": "text exposition" })), &[], None) },
             "/v1/openapi.json": { "get": op("This document", (200, ok_any()), &[], None) },
             "/v1/info": { "get": op("Node, pools, engine capabilities", (200, ok_any()), &[401], None) },
+            "/v1/peers": { "get": op("The mesh as this node sees it: itself and every live peer with its gossiped state", (200, ok_any()), &[401], None) },
             "/v1/pools": {
                 "get": op("Warm pool configuration", (200, ok_json("Pools")), &[401], None),
                 "put": op("Replace the pools (persisted)", (200, ok_json("Pools")), &[400, 401, 413], Some("Pools")),
