@@ -41,6 +41,25 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     /// existing golden when one with the same digest (template + warmup) is already built.
     fn prepare(&self, template: &Template, warmup: &Warmup) -> Result<Golden>;
 
+    /// The digest [`prepare`](Self::prepare) gives the golden of `template` + `warmup`, without
+    /// building anything: nodes use it to find that golden in a shared store.
+    fn golden_digest(&self, template: &Template, warmup: &Warmup) -> Digest;
+
+    /// A golden this engine already holds.
+    fn find_golden(&self, digest: &Digest) -> Option<Golden>;
+
+    /// Writes a golden's layer as a layer tar, to share it with other nodes.
+    fn export_golden(&self, golden: &Golden, into: &Path) -> Result<()>;
+
+    /// Installs a golden exported by any engine whose template has the same digest. Returns the
+    /// one already held when there is one.
+    fn import_golden(
+        &self,
+        template: &Template,
+        digest: &Digest,
+        layer_tar: &Path,
+    ) -> Result<Golden>;
+
     /// The clone tier: a new sandbox on top of a golden. Returns once silkd answered `info`.
     fn clone_golden(&self, golden: &Golden, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo>;
 

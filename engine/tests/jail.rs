@@ -31,6 +31,16 @@ fn contract_errors() {
 }
 
 #[test]
+fn contract_goldens_travel() {
+    let (a, b) = (Harness::new(), Harness::new());
+    contract::goldens_travel_between_engines(
+        (&a.engine, &a.host()),
+        (&b.engine, &b.host()),
+        a.data.path(),
+    );
+}
+
+#[test]
 fn contract_promote() {
     let h = Harness::new();
     contract::goldens_from_snapshots_keep_every_change(&h.engine, &h.host(), h.data.path());

@@ -317,17 +317,65 @@ impl Engine for JailEngine {
         template::resolve(def, &self.cfg.data_dir.join("templates"))
     }
 
-    fn prepare(&self, template: &Template, warmup: &Warmup) -> Result<Golden> {
+    fn golden_digest(&self, template: &Template, warmup: &Warmup) -> Digest {
         let mut hasher = blake3::Hasher::new();
         hasher.update(b"silk-golden-v1").update(template.digest.0.as_bytes());
         for arg in &warmup.argv {
             hasher.update(&(arg.len() as u64).to_le_bytes()).update(arg.as_bytes());
         }
-        let digest = Digest::of(&hasher);
+        Digest::of(&hasher)
+    }
+
+    fn find_golden(&self, digest: &Digest) -> Option<Golden> {
+        let bytes = std::fs::read(self.golden_dir(digest).join("golden.json")).ok()?;
+        serde_json::from_slice::<Golden>(&bytes).ok().filter(|g| g.digest == *digest)
+    }
+
+    fn export_golden(&self, golden: &Golden, into: &Path) -> Result<()> {
+        let partial = partial_path(into);
+        let file = std::fs::File::create(&partial).map_err(EngineError::io("create golden tar"))?;
+        let mut out = std::io::BufWriter::new(file);
+        let written = layer::capture(&golden.layer, &mut out)
+            .and_then(|()| {
+                std::io::Write::flush(&mut out).map_err(EngineError::io("write golden tar"))
+            })
+            .and_then(|()| {
+                std::fs::rename(&partial, into).map_err(EngineError::io("commit golden tar"))
+            });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        written
+    }
+
+    fn import_golden(
+        &self,
+        template: &Template,
+        digest: &Digest,
+        layer_tar: &Path,
+    ) -> Result<Golden> {
+        if let Some(g) = self.find_golden(digest) {
+            return Ok(g);
+        }
+        let dir = self.golden_dir(digest);
+        let golden =
+            Golden { digest: digest.clone(), template: template.clone(), layer: dir.join("layer") };
+        template::build_atomically(&dir, |staging| {
+            let file = std::fs::File::open(layer_tar)
+                .map_err(EngineError::io(format!("open {}", layer_tar.display())))?;
+            layer::apply(file, &staging.join("layer"), Whiteouts::Overlay)?;
+            let json =
+                serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
+            std::fs::write(staging.join("golden.json"), json)
+                .map_err(EngineError::io("write golden.json"))
+        })?;
+        Ok(golden)
+    }
+
+    fn prepare(&self, template: &Template, warmup: &Warmup) -> Result<Golden> {
+        let digest = self.golden_digest(template, warmup);
         let dir = self.golden_dir(&digest);
-        if let Ok(bytes) = std::fs::read(dir.join("golden.json"))
-            && let Ok(golden) = serde_json::from_slice::<Golden>(&bytes)
-        {
+        if let Some(golden) = self.find_golden(&digest) {
             return Ok(golden);
         }
         let builder: SandboxId = format!("golden-{}", digest.short()).parse()?;

@@ -148,3 +148,28 @@ pub fn goldens_from_snapshots_keep_every_change(e: &dyn Engine, t: &Template, sc
         e.destroy(&b).unwrap();
     }
 }
+
+/// A golden exported by one engine and imported by another (another node) is the same golden:
+/// same digest, same files, and its clones see the warmup's result without running it.
+pub fn goldens_travel_between_engines(
+    a: &dyn Engine,
+    b: &dyn Engine,
+    t: &Template,
+    scratch: &Path,
+) {
+    let warm = warmup(&["/bin/sh", "-c", "echo built > /etc/warm && rm /etc/hosts"]);
+    let g = a.prepare(t, &warm).unwrap();
+    assert_eq!(a.golden_digest(t, &warm), g.digest);
+    assert_eq!(a.find_golden(&g.digest), Some(g.clone()));
+    assert!(b.find_golden(&g.digest).is_none());
+    let tar = scratch.join("golden.tar");
+    a.export_golden(&g, &tar).unwrap();
+    let imported = b.import_golden(tb, &g.digest, &tar).unwrap();
+    assert_eq!(imported.digest, g.digest);
+    assert_eq!(b.find_golden(&g.digest), Some(imported.clone()));
+    assert_eq!(b.prepare(tb, &warm).unwrap(), imported, "prepare finds it: no warmup runs again");
+    let clone = b.clone_golden(&imported, &id("t-clone"), &small()).unwrap();
+    assert_eq!(ok(&clone, "cat /etc/warm"), "built");
+    assert_ne!(sh(&clone, "test -e /etc/hosts").0, 0, "the warmup's deletion travelled too");
+    b.destroy(&clone.id).unwrap();
+}
