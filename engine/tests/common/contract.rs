@@ -152,11 +152,12 @@ pub fn goldens_from_snapshots_keep_every_change(e: &dyn Engine, t: &Template, sc
 /// A golden exported by one engine and imported by another (another node) is the same golden:
 /// same digest, same files, and its clones see the warmup's result without running it.
 pub fn goldens_travel_between_engines(
-    a: &dyn Engine,
-    b: &dyn Engine,
-    t: &Template,
+    (a, ta): (&dyn Engine, &Template),
+    (b, tb): (&dyn Engine, &Template),
     scratch: &Path,
 ) {
+    assert_eq!(ta.digest, tb.digest, "one template, two engines");
+    let t = ta;
     let warm = warmup(&["/bin/sh", "-c", "echo built > /etc/warm && rm /etc/hosts"]);
     let g = a.prepare(t, &warm).unwrap();
     assert_eq!(a.golden_digest(t, &warm), g.digest);
