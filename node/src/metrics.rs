@@ -66,6 +66,8 @@ pub struct Metrics {
     pub forked: AtomicU64,
     pub promoted: AtomicU64,
     pub placed_on_peers: AtomicU64,
+    pub golden_builds: AtomicU64,
+    pub golden_downloads: AtomicU64,
 }
 
 impl Metrics {
@@ -129,6 +131,16 @@ impl Metrics {
             ("silkmesh_branched_total", "Sandboxes branched from checkpoints.", &self.branched),
             ("silkmesh_forked_total", "Sandboxes made by fork.", &self.forked),
             ("silkmesh_promoted_total", "Templates promoted.", &self.promoted),
+            (
+                "silkmesh_golden_builds_total",
+                "Goldens built here (warmup run).",
+                &self.golden_builds,
+            ),
+            (
+                "silkmesh_golden_downloads_total",
+                "Goldens fetched from the shared store instead of built.",
+                &self.golden_downloads,
+            ),
             (
                 "silkmesh_claims_placed_on_peers_total",
                 "Claims redirected or forwarded to a peer with warm capacity.",

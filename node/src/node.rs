@@ -318,8 +318,25 @@ impl Node {
         if let Some(g) = self.lock().goldens.get(name) {
             return Ok(g.clone());
         }
-        let (engine, warmup) = (self.engine.clone(), self.warmup(name));
-        let g = blocking(move || engine.prepare(&template, &warmup)).await?;
+        let warmup = self.warmup(name);
+        let digest = self.engine.golden_digest(&template, &warmup);
+        // Held here already, or built by a peer and shared through the store: no warmup runs.
+        let g = match self.engine.find_golden(&digest) {
+            Some(g) => g,
+            None => match self.fetch_golden(&template, &digest).await {
+                Ok(Some(g)) => g,
+                fetched => {
+                    if let Err(e) = fetched {
+                        tracing::warn!(template = name, "golden from the store: {e}; building it");
+                    }
+                    let engine = self.engine.clone();
+                    let g = blocking(move || engine.prepare(&template, &warmup)).await?;
+                    self.metrics.golden_builds.fetch_add(1, Ordering::Relaxed);
+                    self.share_golden(g.clone());
+                    g
+                }
+            },
+        };
         self.lock().goldens.insert(name.into(), g.clone());
         Ok(g)
     }

@@ -643,6 +643,8 @@ impl Node {
             created_ms: now_ms(),
             owner: owner.clone(),
         };
+        // Other nodes can then start this template's checkpoints, archives and moves.
+        self.share_golden(promoted.golden.clone());
         // Read, change and save the map under the state lock: concurrent promotes and deletes
         // of other templates must not lose each other's entries (the file is small).
         let mut st = self.lock();
@@ -749,6 +751,7 @@ impl Node {
                 .map_err(|e| ApiError::internal(format!("{name}: {e}")))?;
             snap.layer_tar = path.clone();
             snap.bytes = manifest.size;
+            snap.base = self.local_base(&snap.base).await?;
             Ok((snap, manifest))
         }
         .await;
@@ -756,6 +759,104 @@ impl Node {
             let _ = std::fs::remove_file(&path);
         }
         fetched
+    }
+
+    // ---- shared goldens and bases ----
+
+    /// A golden a peer built, from the store (`goldens/<template>/<digest>`), or `None` when no
+    /// node has shared it.
+    pub(super) async fn fetch_golden(
+        &self,
+        template: &silk_engine::Template,
+        digest: &silk_engine::Digest,
+    ) -> Result<Option<Golden>, ApiError> {
+        let name = SnapshotName::golden(&template.name, &digest.0).map_err(ApiError::from)?;
+        let path = self.scratch_tar("golden");
+        let got = async {
+            let mut file = tokio::fs::File::create(&path)
+                .await
+                .map_err(|e| ApiError::internal(format!("create {}: {e}", path.display())))?;
+            match self.store.get(&name, &mut file).await {
+                Ok(_) => {}
+                Err(StoreError::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+            let (engine, t, d, p) =
+                (self.engine.clone(), template.clone(), digest.clone(), path.clone());
+            let g = blocking(move || engine.import_golden(&t, &d, &p)).await?;
+            self.metrics.golden_downloads.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(golden = %name, "golden fetched from the store");
+            Ok(Some(g))
+        }
+        .await;
+        let _ = std::fs::remove_file(&path);
+        got
+    }
+
+    /// Uploads a golden built here for other nodes, in the background.
+    pub(super) fn share_golden(&self, golden: Golden) {
+        let Ok(name) = SnapshotName::golden(&golden.template.name, &golden.digest.0) else {
+            return;
+        };
+        let (engine, store, path) =
+            (self.engine.clone(), self.store.clone(), self.scratch_tar("golden-up"));
+        tokio::spawn(async move {
+            let p = path.clone();
+            let g = golden.clone();
+            let exported = tokio::task::spawn_blocking(move || engine.export_golden(&g, &p)).await;
+            let shared = match exported {
+                Ok(Ok(())) => match tokio::fs::File::open(&path).await {
+                    Ok(file) => {
+                        let meta = BTreeMap::from([
+                            ("template".to_string(), golden.template.name.clone()),
+                            ("template_digest".to_string(), golden.template.digest.0.clone()),
+                        ]);
+                        store
+                            .put(&name, tokio::io::BufReader::with_capacity(1 << 20, file), meta)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = std::fs::remove_file(&path);
+            match shared {
+                Ok(()) => tracing::info!(golden = %name, "golden shared through the store"),
+                Err(e) => tracing::warn!(golden = %name, "sharing the golden failed: {e}"),
+            }
+        });
+    }
+
+    /// A snapshot's base (made on any node) in this node's terms: its template resolved here
+    /// (same digest, or the snapshot cannot start here) and its golden found here or fetched
+    /// from the store.
+    async fn local_base(&self, base: &silk_engine::Base) -> Result<silk_engine::Base, ApiError> {
+        let mismatch = |m: String| ApiError::new(StatusCode::CONFLICT, "base_unavailable", m);
+        let template = self.template(&base.template.name).await.map_err(|e| {
+            mismatch(format!("template {:?} of the snapshot: {}", base.template.name, e.message))
+        })?;
+        if template.digest != base.template.digest {
+            return Err(mismatch(format!(
+                "template {:?} differs on this node from the snapshot's",
+                base.template.name
+            )));
+        }
+        let golden = match &base.golden {
+            None => None,
+            Some(g) => match self.engine.find_golden(&g.digest) {
+                Some(local) => Some(local),
+                None => Some(self.fetch_golden(&template, &g.digest).await?.ok_or_else(|| {
+                    mismatch(format!(
+                        "golden {} is neither here nor in the store",
+                        g.digest.short()
+                    ))
+                })?),
+            },
+        };
+        Ok(silk_engine::Base { template, golden })
     }
 
     // ---- recovery at start ----
