@@ -236,6 +236,9 @@ impl Membership {
         let mut out = vec![];
         while let Some(n) = self.runtime.to_notify() {
             match n {
+                // Our own name at another address: this node before a restart, still being
+                // gossiped until it is declared down. Never a peer.
+                OwnedNotification::MemberUp(id) if id.name == self.me.name => {}
                 OwnedNotification::MemberUp(id) => {
                     let state = self.early.remove(&id.name).filter(|s| s.epoch >= id.epoch);
                     let kept = self.peers.get(&id.name).and_then(|p| p.state.clone());

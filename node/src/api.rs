@@ -43,6 +43,7 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/sandboxes/{id}/checkpoints", get(sandbox_checkpoints))
         .route("/v1/sandboxes/{id}/fork", post(fork))
         .route("/v1/sandboxes/{id}/promote", post(promote))
+        .route("/v1/sandboxes/{id}/move", post(move_sandbox))
         .route("/v1/sandboxes/{id}/agent", get(relay::agent))
         .route_layer(axum::middleware::from_fn_with_state(node.clone(), edge::owner));
     Router::new()
@@ -630,4 +631,29 @@ async fn delete_template(
     root(&node, &headers)?;
     node.delete_template(&name)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct MoveBody {
+    /// The peer to move to; the least loaded live peer when unset.
+    #[serde(default)]
+    to: Option<String>,
+}
+
+async fn move_sandbox(
+    State(node): Shared,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> Result<axum::Json<Value>, ApiError> {
+    node.authorized(&id, bearer(&headers))?;
+    let to = optional_json::<MoveBody>(&body)?.to;
+    let n = node.clone();
+    let (record, target) =
+        detached(async move { n.move_sandbox(&id, to.as_deref()).await }).await?;
+    let mut row = row(&node, &record);
+    row["owner"] = json!(target.api.trim_start_matches("http://"));
+    row["node"] = json!(target.name);
+    Ok(axum::Json(row))
 }

@@ -83,6 +83,9 @@ pub enum Intent {
     Hibernate(Box<Snapshot>),
     /// Uploading the hibernated snapshot as the archive of this name.
     Archive(String),
+    /// Moving to peer `target` through the archive `archive`: the sandbox stays here,
+    /// hibernated, until the target has journalled it (the switch).
+    Move { archive: String, target: String },
 }
 
 /// `POST /v1/sandboxes` body, as sent (serialized again when a claim is forwarded to a peer).

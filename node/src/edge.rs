@@ -101,9 +101,17 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
     }
     let token = bearer(req.headers()).map(str::to_string);
     let Some(peer) = peers.locate(&id, token.as_deref()).await else { return next.run(req).await };
-    let state = peer.state.clone().unwrap_or_default();
     let target = with_no_redirect(req.uri().path_and_query().map_or(path.as_str(), |p| p.as_str()));
     if !peers.forward {
+        // The owner's address arrives with its state, a moment after it joins.
+        let Some(state) = peer.state.as_ref().filter(|s| !s.api.is_empty()) else {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "peer_unavailable",
+                format!("the node holding {id} is joining the mesh; try again in a moment"),
+            )
+            .into_response();
+        };
         return redirect(format!("{}{target}", state.client_url()));
     }
     if path.ends_with("/agent") {

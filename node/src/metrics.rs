@@ -67,6 +67,7 @@ pub struct Metrics {
     pub promoted: AtomicU64,
     pub placed_on_peers: AtomicU64,
     pub golden_builds: AtomicU64,
+    pub moved: AtomicU64,
     pub golden_downloads: AtomicU64,
 }
 

@@ -194,6 +194,7 @@ impl Node {
         tokio::spawn(reap_loop(node.clone()));
         if let Some(peers) = &node.peers {
             tokio::spawn(crate::peers::publish_loop(node.clone(), peers.clone()));
+            tokio::spawn(node.clone().settle_moves());
         }
         Ok(node)
     }
@@ -901,6 +902,11 @@ async fn start_mesh(
     let tls = silk_mesh::TlsFiles { ca: m.ca.clone(), cert: m.cert.clone(), key: m.key.clone() };
     let mut mc = silk_mesh::MeshConfig::new(m.name.clone(), m.listen, tls);
     mc.join = m.join.clone();
+    for known in crate::peers::known_peers(&cfg.data_dir) {
+        if !mc.join.contains(&known) {
+            mc.join.push(known);
+        }
+    }
     mc.epoch = epoch;
     mc.probe_period = Duration::from_millis(m.probe_period_ms);
     mc.probe_rtt = Duration::from_millis(m.probe_rtt_ms);

@@ -44,6 +44,9 @@ pub enum PeerRequest {
     },
     /// Splice this stream to sandbox `id`'s silkd.
     Relay { id: String, token: Option<String> },
+    /// Take over sandbox `record` (JSON), whose files are the store archive `archive`: start it
+    /// here under the same id and token, and journal it. Answered `Http` 200 once journalled.
+    Adopt { record: Vec<u8>, archive: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -196,6 +199,32 @@ impl Peers {
             .ok_or_else(|| unreachable_peer("the peer closed the call"))
     }
 
+    /// Asks `peer` to adopt a sandbox; `Ok` once the peer has journalled it.
+    pub async fn adopt(
+        &self,
+        peer: &Peer,
+        record: &crate::claims::ClaimRecord,
+        archive: &str,
+    ) -> Result<(), ApiError> {
+        let record = serde_json::to_vec(record).map_err(|e| ApiError::internal(e.to_string()))?;
+        let req = PeerRequest::Adopt { record, archive: archive.to_string() };
+        match self.forward(peer, req).await? {
+            PeerReply::Http { status: 200, .. } => Ok(()),
+            PeerReply::Http { status, body, .. } => {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+                let message = v["error"]["message"].as_str().unwrap_or("refused").to_string();
+                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+                Err(ApiError::new(status, "move_refused", format!("{}: {message}", peer.id.name)))
+            }
+            PeerReply::Lookup { .. } => Err(unreachable_peer("a lookup answer to an adopt")),
+        }
+    }
+
+    /// Whether `peer` holds sandbox `id` (for settling a move a crash interrupted).
+    pub async fn holds(&self, peer: &Peer, id: &str) -> Option<bool> {
+        self.lookup(peer, id, None).await.map(|(owned, _)| owned)
+    }
+
     /// Opens a relay to sandbox `id` on `peer`: after its 101 the streams carry silk-proto.
     pub async fn relay(
         &self,
@@ -259,9 +288,36 @@ async fn lookup(mesh: &Mesh, peer: &Peer, id: &str, token: Option<&str>) -> Opti
     tokio::time::timeout(Duration::from_secs(2), call).await.ok().flatten()
 }
 
-/// Keeps this node's published state current (a change reaches peers at once).
+/// Where a node remembers its peers' mesh addresses, to find them again after a restart even
+/// when its configured seeds are gone or it is the seed itself.
+pub fn known_peers_path(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("mesh-peers")
+}
+
+pub fn known_peers(data_dir: &std::path::Path) -> Vec<std::net::SocketAddr> {
+    std::fs::read_to_string(known_peers_path(data_dir))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect()
+}
+
+/// Keeps this node's published state current (a change reaches peers at once), and the list
+/// of known peers on disk.
 pub async fn publish_loop(node: Arc<Node>, peers: Arc<Peers>) {
+    let mut saved = String::new();
     loop {
+        let mut addrs: Vec<String> =
+            peers.mesh.peers().iter().map(|p| p.id.addr.to_string()).collect();
+        addrs.sort();
+        let text = addrs.join("\n");
+        if !addrs.is_empty() && text != saved {
+            let path = known_peers_path(&node.cfg.data_dir);
+            let tmp = path.with_extension("tmp");
+            if std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, &path)).is_ok() {
+                saved = text;
+            }
+        }
         let state = node.mesh_state();
         peers.mesh.update(move |s| {
             s.warm = state.warm;
@@ -325,6 +381,31 @@ async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Re
             PeerReply::Http { status, location, content_type, body: body.to_vec() }
         }
         PeerRequest::Relay { id, token } => return relay(node, call, &id, token.as_deref()).await,
+        PeerRequest::Adopt { record, archive } => {
+            let adopted = match serde_json::from_slice(&record) {
+                Ok(record) => {
+                    let n = node.clone();
+                    crate::api::detached(async move { n.adopt(record, &archive).await }).await
+                }
+                Err(e) => Err(ApiError::bad_request(format!("adopt: {e}"))),
+            };
+            match adopted {
+                Ok(()) => PeerReply::Http {
+                    status: 200,
+                    location: None,
+                    content_type: None,
+                    body: vec![],
+                },
+                Err(e) => PeerReply::Http {
+                    status: e.status.as_u16(),
+                    location: None,
+                    content_type: Some("application/json".into()),
+                    body: serde_json::json!({ "error": { "code": e.code, "message": e.message } })
+                        .to_string()
+                        .into_bytes(),
+                },
+            }
+        }
     };
     wire::write_frame(&mut call.send, &reply).await.map_err(|e| e.to_string())?;
     call.send.finish().map_err(|e| e.to_string())

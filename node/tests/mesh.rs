@@ -30,12 +30,33 @@ fn certs(dir: &Path, names: &[&str]) {
 
 /// A node named `name` on 127.0.0.`host` (API and mesh), joining through `join`.
 fn node(certs: &Path, name: &str, host: u8, join: Option<&str>, extra: &str) -> Sandboxd {
+    node_on(certs, name, host, 0, join, extra)
+}
+
+/// A free UDP port on 127.0.0.`host`, for a mesh endpoint that keeps its address across
+/// restarts (as in production).
+fn free_udp_port(host: u8) -> u16 {
+    std::net::UdpSocket::bind(("127.0.0.".to_string() + &host.to_string(), 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn node_on(
+    certs: &Path,
+    name: &str,
+    host: u8,
+    port: u16,
+    join: Option<&str>,
+    extra: &str,
+) -> Sandboxd {
     let join = join.map(|j| format!("join = [\"{j}\"]\n")).unwrap_or_default();
     let d = certs.display();
     Sandboxd::start_at(
         &format!("127.0.0.{host}:0"),
         &format!(
-            "{extra}\n[mesh]\nname = \"{name}\"\nlisten = \"127.0.0.{host}:0\"\n{join}ca = \"{d}/ca.pem\"\ncert = \"{d}/{name}.pem\"\nkey = \"{d}/{name}.key\"\n"
+            "{extra}\n[mesh]\nname = \"{name}\"\nlisten = \"127.0.0.{host}:{port}\"\n{join}ca = \"{d}/ca.pem\"\ncert = \"{d}/{name}.pem\"\nkey = \"{d}/{name}.key\"\n"
         ),
     )
 }
@@ -70,6 +91,27 @@ fn peer_warm(n: &Sandboxd, name: &str) -> Option<u64> {
         .and_then(|p| p["warm"][KEY].as_u64())
 }
 
+/// One request; (status, Location, JSON body).
+fn raw(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: &str,
+) -> (u16, Option<String>, Value) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    let location = head.lines().find_map(|l| {
+        let (k, v) = l.split_once(':')?;
+        k.eq_ignore_ascii_case("location").then(|| v.trim().to_string())
+    });
+    (status, location, serde_json::from_str(rest).unwrap_or(Value::String(rest.to_string())))
+}
+
 /// Follows one `307` the way the SDK does; returns (first status, final status, body).
 fn follow(
     n: &Sandboxd,
@@ -78,36 +120,24 @@ fn follow(
     token: &str,
     body: Option<&str>,
 ) -> (u16, u16, Value) {
-    let raw = try_http(n.addr, method, path, Some(token), body.unwrap_or("")).expect("answer");
-    if raw.0 != 307 {
-        return (raw.0, raw.0, raw.1);
+    let body = body.unwrap_or("");
+    let (status, location, v) = raw(n.addr, method, path, token, body);
+    if status != 307 {
+        return (status, status, v);
     }
-    let location = location(n, method, path, token, body);
-    let url = location.strip_prefix("http://").expect("http location");
+    let location = location.expect("a 307 has a Location");
+    let url = location
+        .strip_prefix("http://")
+        .unwrap_or_else(|| panic!("location {location:?} of {method} {path}"));
     let (host, rest) = url.split_once('/').unwrap();
-    let (status, v) = try_http(
-        host.parse().unwrap(),
-        method,
-        &format!("/{rest}"),
-        Some(token),
-        body.unwrap_or(""),
-    )
-    .expect("answer");
+    let (status, _, v) = raw(host.parse().unwrap(), method, &format!("/{rest}"), token, body);
     (307, status, v)
 }
 
-/// The `Location` of a redirect (read from the raw response).
+/// The `Location` of a redirect.
 fn location(n: &Sandboxd, method: &str, path: &str, token: &str, body: Option<&str>) -> String {
-    let mut s = std::net::TcpStream::connect(n.addr).unwrap();
-    let body = body.unwrap_or("");
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("location: ").or_else(|| l.strip_prefix("Location: ")))
-        .unwrap_or_else(|| panic!("no Location in {text}"))
-        .trim()
-        .to_string()
+    let (status, location, v) = raw(n.addr, method, path, token, body.unwrap_or(""));
+    location.unwrap_or_else(|| panic!("no Location in a {status}: {v}"))
 }
 
 #[test]
@@ -327,4 +357,137 @@ fn a_partitioned_peer_is_dropped_and_rejoins_and_a_restarted_one_returns_at_its_
     });
     let location = location(&a, "POST", "/v1/sandboxes", ROOT, Some("{}"));
     assert!(location.starts_with(&api), "{location} is not b's new address {api}");
+}
+
+const TREE: &str = "mkdir -p /srv/t/d && echo one > /srv/t/one && head -c 300000 /dev/urandom > /srv/t/d/noise && ln -s one /srv/t/link";
+const HASH: &str = "cd /srv/t && { find . | sort; cat one d/noise; readlink link; } | sha256sum";
+
+/// Two meshed nodes sharing one store directory.
+fn pair(dir: &Path, store: &Path, hosts: (u8, u8)) -> (Sandboxd, Sandboxd) {
+    certs(dir, &["a", "b"]);
+    let extra = |pools: &str| format!("{pools}[store.fs]\nroot = \"{}\"\n", store.display());
+    // Fixed mesh ports: restarted nodes come back at the same address, as in production.
+    let (pa, pb) = (free_udp_port(hosts.0), free_udp_port(hosts.1));
+    let (sa, sb) = (format!("127.0.0.{}:{pa}", hosts.0), format!("127.0.0.{}:{pb}", hosts.1));
+    let pool = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
+    let a = node_on(dir, "a", hosts.0, pa, Some(&sb), &extra(pool));
+    let b = node_on(dir, "b", hosts.1, pb, Some(&sa), &extra("pools = []\n"));
+    eventually("a and b meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
+    (a, b)
+}
+
+fn exec_via(n: &Sandboxd, id: &str, token: &str, script: &str) -> String {
+    let body = serde_json::json!({ "argv": ["sh", "-c", script] }).to_string();
+    let (_, status, v) = follow(n, "POST", &format!("/v1/sandboxes/{id}/exec"), token, Some(&body));
+    assert_eq!((status, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+    v["stdout"].as_str().unwrap().trim().to_string()
+}
+
+#[test]
+fn a_sandbox_moves_with_its_files_id_and_token_and_any_node_reaches_it() {
+    let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = pair(dir.path(), store.path(), (11, 12));
+    let c = a.claim("{}");
+    let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
+    exec_via(&a, id, token, TREE);
+    let before = exec_via(&a, id, token, HASH);
+
+    let (status, v) =
+        a.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(r#"{"to": "b"}"#));
+    assert_eq!(status, 200, "{v}");
+    assert_eq!((v["node"].as_str(), v["id"].as_str()), (Some("b"), Some(id)));
+    assert!(!a.data().join("engine/boxes").join(id).exists(), "gone from the source");
+    assert!(b.data().join("engine/boxes").join(id).exists(), "running on the target");
+    // The same id and token, through either node.
+    assert_eq!(exec_via(&b, id, token, HASH), before);
+    assert_eq!(exec_via(&a, id, token, HASH), before, "a redirects to the new owner");
+    let (first, _, _) = follow(&a, "GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
+    assert_eq!(first, 404);
+    // Moving again, back, without naming the target (the least loaded peer).
+    let (status, v) =
+        a.req("POST", &format!("/v1/sandboxes/{id}/move?no_redirect=1"), Some(token), Some(""));
+    assert_eq!(status, 404, "a no longer holds it: {v}");
+    let (_, status, v) = follow(&a, "POST", &format!("/v1/sandboxes/{id}/move"), token, Some(""));
+    assert_eq!((status, v["node"].as_str()), (200, Some("a")), "{v}");
+    assert_eq!(exec_via(&a, id, token, HASH), before);
+}
+
+#[test]
+fn a_move_interrupted_by_a_crash_leaves_the_sandbox_exactly_once() {
+    let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a, mut b) = pair(dir.path(), store.path(), (13, 14));
+    let c = a.claim("{}");
+    let (id, token) =
+        (c["id"].as_str().unwrap().to_string(), c["token"].as_str().unwrap().to_string());
+    let (id, token) = (id.as_str(), token.as_str());
+    exec_via(&a, id, token, TREE);
+    let before = exec_via(&a, id, token, HASH);
+    let on = |n: &Sandboxd| n.data().join("engine/boxes").join(id).exists();
+    let held = |n: &Sandboxd| {
+        n.req("GET", &format!("/v1/sandboxes/{id}?no_redirect=1"), Some(token), None).0 == 200
+    };
+
+    // The target dies after starting the sandbox, before journalling it: the move fails and
+    // the source runs it again; the target's half-made copy is removed when it restarts.
+    b.crash_at = Some("adopt:restored".into());
+    b.restart();
+    eventually("b back in the mesh", || peer_names(&a) == ["b"]);
+    let (status, v) =
+        a.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(r#"{"to": "b"}"#));
+    assert_ne!(status, 200, "{v}");
+    b.wait_crash_and_restart();
+    assert!(held(&a) && !held(&b), "still on a only");
+    assert_eq!(exec_via(&a, id, token, HASH), before);
+    assert!(!on(&b), "b removed its half-made copy");
+
+    // The source dies after uploading, before the target took it: after its restart the
+    // sandbox is still on the source, hibernated, and wakes on the next call.
+    eventually("b back in the mesh", || peer_names(&a) == ["b"]);
+    a.crash_at = Some("move:uploaded".into());
+    a.restart();
+    eventually("a back in the mesh", || peer_names(&b) == ["a"] && peer_names(&a) == ["b"]);
+    assert!(
+        try_http(
+            a.addr,
+            "POST",
+            &format!("/v1/sandboxes/{id}/move"),
+            Some(token),
+            r#"{"to": "b"}"#
+        )
+        .is_none()
+    );
+    a.wait_crash_and_restart();
+    // Until the move is settled (the target asked) calls answer 503 `moving`; then it wakes.
+    let body = serde_json::json!({ "argv": ["sh", "-c", HASH] }).to_string();
+    eventually("settled on a", || {
+        let r = try_http(a.addr, "POST", &format!("/v1/sandboxes/{id}/exec"), Some(token), &body);
+        matches!(r, Some((200, _)))
+    });
+    assert!(held(&a));
+    assert!(!held(&b));
+    assert_eq!(exec_via(&a, id, token, HASH), before);
+
+    // The source dies right after the switch: after its restart it learns the target holds
+    // the sandbox and forgets its own copy.
+    eventually("a back in the mesh", || peer_names(&b) == ["a"] && peer_names(&a) == ["b"]);
+    a.crash_at = Some("move:switched".into());
+    a.restart();
+    eventually("a back in the mesh", || peer_names(&b) == ["a"] && peer_names(&a) == ["b"]);
+    assert!(
+        try_http(
+            a.addr,
+            "POST",
+            &format!("/v1/sandboxes/{id}/move"),
+            Some(token),
+            r#"{"to": "b"}"#
+        )
+        .is_none()
+    );
+    a.wait_crash_and_restart();
+    eventually("settled on b", || !held(&a) && held(&b));
+    assert!(!on(&a));
+    eventually("a knows where b is", || {
+        peer_warm(&a, "b").is_some() || peers(&a)["peers"][0]["api"].is_string()
+    });
+    assert_eq!(exec_via(&a, id, token, HASH), before, "reached through a");
 }

@@ -264,6 +264,14 @@ impl Node {
     }
 
     async fn wake_locked(&self, live: Live) -> Result<Live, ApiError> {
+        if matches!(live.record.intent, Some(Intent::Move { .. })) {
+            // Starting it here could make a second copy of one the target already runs.
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "moving",
+                "the sandbox is moving to another node; try again in a moment",
+            ));
+        }
         match live.record.state {
             SandboxState::Claimed => Ok(live),
             SandboxState::Hibernated => {
@@ -761,6 +769,185 @@ impl Node {
         fetched
     }
 
+    // ---- move ----
+
+    /// Moves a sandbox to another node (`to`, or the least loaded live peer): hibernate here,
+    /// upload, the target starts and journals it (the switch), then this node forgets it. The
+    /// id and token stay; any node finds the new owner. A failure before the switch leaves the
+    /// sandbox here (running again if it was).
+    pub async fn move_sandbox(
+        &self,
+        id: &str,
+        to: Option<&str>,
+    ) -> Result<(ClaimRecord, silk_mesh::NodeState), ApiError> {
+        let peers = self.peers.clone().ok_or_else(|| {
+            conflict("this node is not in a mesh: there is nowhere to move to".into())
+        })?;
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        let target = match to {
+            Some(name) => peers.mesh.peer(name).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "peer_not_found",
+                    format!("no live peer {name:?}"),
+                )
+            })?,
+            None => peers
+                .mesh
+                .peers()
+                .iter()
+                .filter(|p| p.state.as_ref().is_some_and(|s| !s.draining && s.claims < s.capacity))
+                .min_by_key(|p| p.state.as_ref().map(|s| (s.claims, s.capacity)))
+                .cloned()
+                .ok_or_else(|| conflict("no live peer can take the sandbox".into()))?,
+        };
+        let was_running = match live.record.state {
+            SandboxState::Claimed => true,
+            SandboxState::Hibernated => false,
+            other => {
+                return Err(conflict(format!("a sandbox that is {other:?} must be woken first")));
+            }
+        };
+        if was_running {
+            self.hibernate_locked(live).await?;
+        }
+        let live = self.current(id)?;
+        let snap = live
+            .record
+            .stopped
+            .clone()
+            .ok_or_else(|| ApiError::internal("a hibernated sandbox without its snapshot"))?;
+        let archive = format!("{id}.{}", random_hex(8));
+        let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
+        let mut rec = live.record.clone();
+        rec.intent =
+            Some(Intent::Move { archive: archive.clone(), target: target.id.name.clone() });
+        self.put_record(&rec).await?;
+        crash_point("move:intent");
+        let handed = async {
+            self.upload(&name, &snap, &rec, BTreeMap::new()).await?;
+            crash_point("move:uploaded");
+            let mut theirs = rec.clone();
+            theirs.intent = None;
+            peers.adopt(&target, &theirs, &archive).await
+        }
+        .await;
+        if let Err(e) = handed {
+            // Before the switch: it stays here, as it was.
+            rec.intent = None;
+            self.put_record(&rec).await?;
+            self.drop_archive(&archive).await;
+            if was_running && let Err(w) = self.wake_locked(self.current(id)?).await {
+                tracing::warn!(sandbox = id, "waking after a failed move: {w}");
+            }
+            return Err(e);
+        }
+        crash_point("move:switched");
+        self.forget_moved(id, &snap, &archive).await?;
+        self.metrics.moved.fetch_add(1, Ordering::Relaxed);
+        let mut moved = rec;
+        moved.intent = None;
+        moved.state = SandboxState::Claimed;
+        let mut to = target.state.clone().unwrap_or_default();
+        to.name = target.id.name.clone();
+        Ok((moved, to))
+    }
+
+    /// After the switch: the sandbox lives on the target; this node drops its copy.
+    async fn forget_moved(&self, id: &str, snap: &Snapshot, archive: &str) -> Result<(), ApiError> {
+        self.journal.commit(vec![Change::Delete(id.to_string())]).await.map_err(journal_error)?;
+        if let Some(live) = self.lock().claims.remove(id) {
+            live.activity.hangup.notify_waiters();
+        }
+        let _ = std::fs::remove_file(&snap.layer_tar);
+        self.drop_archive(archive).await;
+        Ok(())
+    }
+
+    /// The target's side of a move: start the sandbox from its archive under the same id, and
+    /// journal it (the switch). Idempotent.
+    pub async fn adopt(&self, mut record: ClaimRecord, archive: &str) -> Result<(), ApiError> {
+        if self.get(&record.id).is_some() {
+            return Ok(());
+        }
+        let _busy = self.busy(&record.id).await;
+        {
+            let mut st = self.lock();
+            self.admit(&mut st, 1)?;
+        }
+        let result = async {
+            let name = SnapshotName::archive(archive).map_err(ApiError::from)?;
+            let (snap, _) = self.download(&name).await?;
+            let (engine, sid, spec, s) = (
+                self.engine.clone(),
+                record.id.parse::<SandboxId>()?,
+                box_spec(&record),
+                snap.clone(),
+            );
+            let restored = blocking(move || engine.restore(&s, &sid, &spec)).await;
+            let _ = std::fs::remove_file(&snap.layer_tar);
+            let info = restored?;
+            crash_point("adopt:restored");
+            record.state = SandboxState::Claimed;
+            record.state_since_ms = now_ms();
+            (record.stopped, record.archive, record.intent) = (None, None, None);
+            self.acknowledge(vec![(record, info)]).await
+        }
+        .await;
+        self.lock().pending -= 1;
+        result
+    }
+
+    /// Settles moves a crash interrupted on this node: once the target can be asked, a
+    /// sandbox it holds is forgotten here; one it does not hold stays here (hibernated). Waits
+    /// up to a minute for the target to come back.
+    pub async fn settle_moves(self: std::sync::Arc<Self>) {
+        let Some(peers) = self.peers.clone() else { return };
+        let pending: Vec<ClaimRecord> = self
+            .lock()
+            .claims
+            .values()
+            .filter(|l| matches!(l.record.intent, Some(Intent::Move { .. })))
+            .map(|l| l.record.clone())
+            .collect();
+        for rec in pending {
+            let Some(Intent::Move { archive, target }) = rec.intent.clone() else { continue };
+            let mut held = None;
+            for _ in 0..600 {
+                if let Some(peer) = peers.mesh.peer(&target) {
+                    held = peers.holds(&peer, &rec.id).await;
+                    if held.is_some() {
+                        break;
+                    }
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            let _busy = self.busy(&rec.id).await;
+            let snap = rec.stopped.clone();
+            let settled = match held {
+                Some(true) => match &snap {
+                    Some(s) => self.forget_moved(&rec.id, s, &archive).await,
+                    None => Ok(()),
+                },
+                _ => {
+                    let mut back = rec.clone();
+                    back.intent = None;
+                    self.drop_archive(&archive).await;
+                    self.put_record(&back).await
+                }
+            };
+            match settled {
+                Ok(()) => tracing::info!(
+                    sandbox = rec.id,
+                    moved = held == Some(true),
+                    "interrupted move settled"
+                ),
+                Err(e) => tracing::warn!(sandbox = rec.id, "settling an interrupted move: {e}"),
+            }
+        }
+    }
+
     // ---- shared goldens and bases ----
 
     /// A golden a peer built, from the store (`goldens/<template>/<digest>`), or `None` when no
@@ -881,6 +1068,10 @@ impl Node {
                     rec.state_since_ms = now_ms();
                     rec.stopped = Some(Snapshot { bytes, ..*snap });
                 }
+            }
+            Some(intent @ Intent::Move { .. }) => {
+                // Settled once the mesh is up (`settle_moves`): until then it stays hibernated.
+                rec.intent = Some(intent);
             }
             Some(Intent::Archive(archive)) => {
                 changed = true;

@@ -67,7 +67,13 @@ impl Sandboxd {
 
     fn launch(&mut self) {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"));
-        cmd.arg("--config").arg(&self.config).env("SANDBOXD_LOG", "warn").stdout(Stdio::piped());
+        cmd.arg("--config")
+            .arg(&self.config)
+            .env(
+                "SANDBOXD_LOG",
+                std::env::var("SANDBOXD_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
+            .stdout(Stdio::piped());
         match &self.crash_at {
             Some(point) => cmd.env("SANDBOXD_CRASH_AT", point),
             None => cmd.env_remove("SANDBOXD_CRASH_AT"),
