@@ -117,6 +117,7 @@ pub fn document() -> Value {
             "/v1/sandboxes/{id}/checkpoints": { "parameters": id.clone(), "get": op("This sandbox's checkpoints", (200, ok_any()), &[401, 404, 503], None) },
             "/v1/sandboxes/{id}/fork": { "parameters": id.clone(), "post": op("count new sandboxes from the current files, all or none", (201, ok_any()), &[400, 401, 404, 409, 429], Some("ForkRequest")) },
             "/v1/sandboxes/{id}/promote": { "parameters": id.clone(), "post": op("Publish the files as a template (re-promote replaces)", (201, ok_json("Template")), &[400, 401, 404, 409], Some("PromoteRequest")) },
+            "/v1/sandboxes/{id}/move": { "parameters": id.clone(), "post": op("Move to another node of the mesh (same id and token)", (200, ok_json("Sandbox")), &[401, 404, 409, 502, 503], None) },
             "/v1/checkpoints": { "get": op("Every checkpoint in the store (root token)", (200, ok_any()), &[401, 503], None) },
             "/v1/checkpoints/{id}": {
                 "parameters": id.clone(),

@@ -105,6 +105,15 @@ impl Sandbox {
         Ok(forked.sandboxes.into_iter().map(|c| c.into_sandbox(self.client(), false)).collect())
     }
 
+    /// Moves the sandbox to another node of the mesh (`to`, or the least loaded peer). It keeps
+    /// its id and token; this handle keeps working through any node. Processes restart on the
+    /// jail engine; files are exact.
+    pub async fn move_to(&self, to: Option<&str>) -> Result<SandboxInfo> {
+        self.clear_connections();
+        let body = json!({ "to": to });
+        parse(self.lifecycle("move", Some(&body)).await?)
+    }
+
     /// Publishes the sandbox's files as template `name`: later claims of it clone from them.
     /// Promoting again under the same name replaces it.
     pub async fn promote(&self, name: &str) -> Result<TemplateInfo> {

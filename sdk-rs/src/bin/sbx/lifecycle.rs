@@ -1,4 +1,4 @@
-//! `sbx hibernate | wake | archive | checkpoint | checkpoints | branch | fork | promote |
+//! `sbx hibernate | wake | archive | checkpoint | checkpoints | branch | fork | mv | promote |
 //! templates | rm-checkpoint | rm-template`.
 
 use clap::Subcommand;
@@ -45,6 +45,14 @@ pub enum Lifecycle {
         /// How many (1-16).
         #[arg(long, short = 'n', default_value_t = 1)]
         count: usize,
+    },
+    /// Move a sandbox to another node of the mesh; it keeps its id and token.
+    Mv {
+        #[command(flatten)]
+        target: Target,
+        /// The node to move to (default: the least loaded peer).
+        #[arg(long)]
+        to: Option<String>,
     },
     /// Publish a sandbox's files as a template that later claims clone from.
     Promote {
@@ -102,6 +110,14 @@ pub async fn run(c: &Client, cmd: Lifecycle, json: bool) -> anyhow::Result<i32> 
         Lifecycle::Fork { target, count } => {
             let kids = open(&target).await?.fork(count).await?;
             new_sandboxes(&kids, json)?;
+        }
+        Lifecycle::Mv { target, to } => {
+            let info = open(&target).await?.move_to(to.as_deref()).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                println!("{} moved to {}", info.id, info.owner);
+            }
         }
         Lifecycle::Promote { target, template } => {
             let t = open(&target).await?.promote(&template).await?;
