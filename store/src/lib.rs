@@ -25,6 +25,7 @@ mod error;
 pub mod fault;
 pub mod fs;
 mod known;
+mod lease;
 mod manifest;
 mod object;
 pub mod s3;
@@ -33,6 +34,7 @@ mod snapshot;
 pub use cache::{CacheConfig, CacheStats, ChunkCache};
 pub use chunk::{CHUNK_PREFIX, ChunkId, ChunkParams, Chunker};
 pub use error::StoreError;
+pub use lease::Lease;
 pub use manifest::{ChunkRef, FORMAT, MANIFEST_PREFIXES, Manifest, SnapshotName};
 pub use object::{
     ByteRange, ByteStream, GetObject, Key, ListPage, MAX_KEY_LEN, ObjectMeta, ObjectStore,

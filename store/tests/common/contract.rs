@@ -177,6 +177,41 @@ pub async fn concurrent_writers_of_one_key_never_mix(b: &Backend) {
     assert!(got == a || got == bb, "concurrent puts left a mix of two writers' bytes");
 }
 
+/// A lease: of many racing acquirers at most one holds it, a held lease refuses newcomers, a
+/// released one can be taken again, and a holder that vanished stops blocking after the TTL.
+pub async fn exactly_one_concurrent_lease_wins(b: &Backend) {
+    use silk_store::Lease;
+    use std::time::Duration;
+    let s = b.store();
+    let ttl = Duration::from_secs(60);
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            Lease::acquire(&*s, "leases/sb-race", &format!("node-{i}"), ttl).await.unwrap()
+        }));
+    }
+    let mut held = vec![];
+    for t in tasks {
+        held.extend(t.await.unwrap());
+    }
+    assert!(held.len() <= 1, "{} holders", held.len());
+    // Racers may all back off; then one alone gets it.
+    let lease = match held.pop() {
+        Some(l) => l,
+        None => Lease::acquire(&*s, "leases/sb-race", "alone", ttl).await.unwrap().expect("alone"),
+    };
+    assert!(Lease::acquire(&*s, "leases/sb-race", "late", ttl).await.unwrap().is_none());
+    lease.release(&*s).await.unwrap();
+    let again = Lease::acquire(&*s, "leases/sb-race", "again", ttl).await.unwrap();
+    assert!(again.is_some(), "free after a release");
+    // A holder that died: after the TTL its lease no longer blocks.
+    let short = Duration::from_millis(1);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let taken = Lease::acquire(&*s, "leases/sb-race", "after", short).await.unwrap();
+    assert!(taken.is_some(), "an expired lease is taken over");
+}
+
 pub async fn touch_renews_modified_and_keeps_bytes(b: &Backend) {
     let s = b.store();
     let k = key("touch/me");

@@ -25,6 +25,7 @@ macro_rules! contract_suite {
             lists_are_sorted_paginated_and_prefix_exact,
             batch_delete_removes_what_it_names,
             concurrent_writers_of_one_key_never_mix,
+            exactly_one_concurrent_lease_wins,
             touch_renews_modified_and_keeps_bytes,
             a_dropped_put_leaves_no_object,
             snapshots_round_trip_and_dedup,
