@@ -100,7 +100,16 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
         return next.run(req).await;
     }
     let token = bearer(req.headers()).map(str::to_string);
-    let Some(peer) = peers.locate(&id, token.as_deref()).await else { return next.run(req).await };
+    let Some(peer) = peers.locate(&id, token.as_deref()).await else {
+        // No live node holds it: an archive whose node died is woken here.
+        let (n, owned, t) = (node.clone(), id.clone(), token.clone());
+        return match crate::api::detached(async move { n.wake_orphan(&owned, t.as_deref()).await })
+            .await
+        {
+            Ok(_) => next.run(req).await,
+            Err(e) => e.into_response(),
+        };
+    };
     let target = with_no_redirect(req.uri().path_and_query().map_or(path.as_str(), |p| p.as_str()));
     if !peers.forward {
         // The owner's address arrives with its state, a moment after it joins.

@@ -216,6 +216,15 @@ impl Node {
         let mut kept = HashMap::new();
         let mut changes = vec![];
         for (id, rec) in records {
+            // An archive another node woke while this one was away is no longer ours.
+            if rec.state == SandboxState::Archived
+                && rec.intent.is_none()
+                && self.still_archived(&id).await == Some(false)
+            {
+                tracing::info!(sandbox = id, "woken elsewhere while this node was away");
+                changes.push(Change::Delete(id));
+                continue;
+            }
             match self.recover(rec, boxes.get(&id)).await {
                 Some((live, changed)) => {
                     if changed {
@@ -560,6 +569,7 @@ impl Node {
                 }
             }
             SandboxState::Archived => {
+                self.unpublish_archived(id).await;
                 if let Some(name) = &live.record.archive {
                     self.drop_archive(name).await;
                 }

@@ -491,3 +491,35 @@ fn a_move_interrupted_by_a_crash_leaves_the_sandbox_exactly_once() {
     });
     assert_eq!(exec_via(&a, id, token, HASH), before, "reached through a");
 }
+
+#[test]
+fn an_archive_outlives_its_node_and_any_node_wakes_it_once() {
+    let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a, b) = pair(dir.path(), store.path(), (17, 18));
+    let c = a.claim(r#"{"ttl_seconds": 600}"#);
+    let (id, token) =
+        (c["id"].as_str().unwrap().to_string(), c["token"].as_str().unwrap().to_string());
+    let (id, token) = (id.as_str(), token.as_str());
+    exec_via(&a, id, token, TREE);
+    let before = exec_via(&a, id, token, HASH);
+    let (status, v) = a.req("POST", &format!("/v1/sandboxes/{id}/archive"), Some(token), Some(""));
+    assert_eq!((status, v["state"].as_str()), (200, Some("archived")), "{v}");
+
+    // a dies; its archive does not die with it.
+    a.kill9();
+    eventually("b drops a", || peer_names(&b).is_empty());
+    let (status, _) = b.req("GET", &format!("/v1/sandboxes/{id}"), Some("sbt_wrong"), None);
+    assert_eq!(status, 404, "a wrong token wakes nothing");
+    assert_eq!(exec_via(&b, id, token, HASH), before, "woken on b from the store");
+    let (status, row) =
+        b.req("GET", &format!("/v1/sandboxes/{id}?no_redirect=1"), Some(token), None);
+    assert_eq!((status, row["state"].as_str()), (200, Some("claimed")), "{row}");
+    assert!(row["deadline_ms"].as_u64().unwrap() > row["state_since_ms"].as_u64().unwrap());
+
+    // a comes back: it lets go of the archive b woke, and sends callers to b.
+    a.restart();
+    eventually("a back", || peer_names(&b) == ["a"] && peer_names(&a) == ["b"]);
+    let (status, _) = a.req("GET", &format!("/v1/sandboxes/{id}?no_redirect=1"), Some(token), None);
+    assert_eq!(status, 404, "a no longer claims it");
+    assert_eq!(exec_via(&a, id, token, HASH), before, "reached through a");
+}

@@ -52,7 +52,7 @@ impl Lease {
                     continue;
                 }
                 if now.duration_since(o.modified).unwrap_or_default() > ttl {
-                    let _ = store.delete(&[o.key.clone()]).await; // a holder that died
+                    let _ = store.delete(std::slice::from_ref(&o.key)).await; // a holder that died
                     continue;
                 }
                 others += 1;

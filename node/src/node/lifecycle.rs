@@ -296,6 +296,7 @@ impl Node {
                 let woken = self.start_from(live, &snap, true).await;
                 let _ = std::fs::remove_file(&snap.layer_tar);
                 let woken = woken?;
+                self.unpublish_archived(&woken.record.id).await;
                 self.drop_archive(&archive).await;
                 Ok(woken)
             }
@@ -390,6 +391,13 @@ impl Node {
         rec.stopped = None;
         rec.archive = Some(archive);
         self.put_record(&rec).await?;
+        // Any node can wake it from here on, also when this one is gone.
+        if let Err(e) = self.publish_archived(&rec).await {
+            tracing::warn!(
+                sandbox = id,
+                "publishing the archived claim: {e} (only this node can wake it)"
+            );
+        }
         let _ = std::fs::remove_file(&snap.layer_tar);
         self.metrics.archived.fetch_add(1, Ordering::Relaxed);
         Ok(rec)
@@ -769,6 +777,89 @@ impl Node {
         fetched
     }
 
+    // ---- wake anywhere ----
+
+    fn claim_key(id: &str) -> Result<silk_store::Key, ApiError> {
+        silk_store::Key::new(format!("claims/{id}")).map_err(ApiError::from)
+    }
+
+    /// Puts an archived claim's record in the store (`claims/<id>`): while it is there, the
+    /// sandbox is archived and any node may wake it.
+    async fn publish_archived(&self, rec: &ClaimRecord) -> Result<(), ApiError> {
+        let json = serde_json::to_vec(rec).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.store.object_store().put_bytes(&Self::claim_key(&rec.id)?, json.into()).await?;
+        Ok(())
+    }
+
+    pub(super) async fn unpublish_archived(&self, id: &str) {
+        let Ok(key) = Self::claim_key(id) else { return };
+        if let Err(e) = self.store.object_store().delete(&[key]).await {
+            tracing::warn!(sandbox = id, "removing the archived claim from the store: {e}");
+        }
+    }
+
+    /// Whether the store still says sandbox `id` is archived (`None`: the store cannot say).
+    pub(super) async fn still_archived(&self, id: &str) -> Option<bool> {
+        match self.store.object_store().head(&Self::claim_key(id).ok()?).await {
+            Ok(_) => Some(true),
+            Err(StoreError::NotFound { .. }) => Some(false),
+            Err(_) => None,
+        }
+    }
+
+    /// Wakes, on this node, an archived sandbox that no live node holds (its node died): takes
+    /// its lease in the store, adopts it from its archive, and removes its claim record there.
+    /// `Ok(false)`: no such archived sandbox (or not for this token).
+    pub async fn wake_orphan(&self, id: &str, token: Option<&str>) -> Result<bool, ApiError> {
+        let key = Self::claim_key(id)?;
+        let bytes = match self.store.object_store().get_bytes(&key).await {
+            Ok(b) => b,
+            Err(StoreError::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let rec: ClaimRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::internal(format!("{key}: {e}")))?;
+        let own = token.is_some_and(|t| crate::claims::token_matches(t, &rec.token_hash));
+        if !own && !self.is_root(token) {
+            return Ok(false);
+        }
+        let archive = rec
+            .archive
+            .clone()
+            .ok_or_else(|| ApiError::internal("an archived claim without its archive"))?;
+        let busy = || {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "moving",
+                format!("sandbox {id} is being woken by another node; try again in a moment"),
+            )
+        };
+        let objects = self.store.object_store().clone();
+        let lease = silk_store::Lease::acquire(
+            &*objects,
+            &format!("leases/{id}"),
+            &self.name,
+            std::time::Duration::from_secs(300),
+        )
+        .await?
+        .ok_or_else(busy)?;
+        let woken = async {
+            // Another node may have finished just before we took the lease.
+            if self.still_archived(id).await != Some(true) {
+                return Err(busy());
+            }
+            self.adopt(rec, &archive).await?;
+            self.unpublish_archived(id).await;
+            self.drop_archive(&archive).await;
+            Ok(true)
+        }
+        .await;
+        if let Err(e) = lease.release(&*objects).await {
+            tracing::warn!(sandbox = id, "releasing the wake lease: {e} (it expires by itself)");
+        }
+        woken
+    }
+
     // ---- move ----
 
     /// Moves a sandbox to another node (`to`, or the least loaded live peer): hibernate here,
@@ -889,6 +980,10 @@ impl Node {
             let _ = std::fs::remove_file(&snap.layer_tar);
             let info = restored?;
             crash_point("adopt:restored");
+            if record.state == SandboxState::Archived {
+                // Woken from its archive: a fresh lease of its original length.
+                record.deadline_ms = now_ms() + record.lease_seconds * 1000;
+            }
             record.state = SandboxState::Claimed;
             record.state_since_ms = now_ms();
             (record.stopped, record.archive, record.intent) = (None, None, None);
