@@ -260,7 +260,12 @@ impl Node {
         self.lock().claims = kept;
         for id in doomed {
             let engine = self.engine.clone();
-            blocking(move || engine.destroy(&id)).await?;
+            let name = id.to_string();
+            // One box that will not go (a cgroup still busy with a dying task) must not keep the
+            // node down: it is left for the next start to remove.
+            if let Err(e) = blocking(move || engine.destroy(&id)).await {
+                tracing::warn!(sandbox = name, "removing a leftover sandbox: {e}");
+            }
         }
         lifecycle::sweep_files(&self.cfg, &referenced);
         Ok(())
