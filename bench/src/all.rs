@@ -40,6 +40,7 @@ const SECTIONS: &[(&str, &[&str], &[&str])] = &[
     ("sdk", &[], &["--iters", "50"]),
     ("lifecycle", &[], &["--iters", "1", "--tree-mib", "4"]),
     ("mesh", &[], &["--claims", "3", "--execs", "10", "--kills", "1"]),
+    ("cluster", &[], &["--iters", "1", "--tree-mib", "4"]),
     ("store", &[], &["--size-mib", "64"]),
 ];
 

@@ -8,6 +8,7 @@
 
 mod agent;
 mod all;
+mod cluster;
 mod engine;
 mod fleet;
 mod journal;
@@ -49,6 +50,8 @@ enum Section {
     Lifecycle(lifecycle::LifecycleArgs),
     /// Redirected vs local claims, forwarded exec, failure detection, gossip volume (needs root).
     Mesh(mesh::MeshArgs),
+    /// Golden fetch vs build, move and wake-anywhere between two nodes (needs root).
+    Cluster(cluster::ClusterArgs),
     /// Snapshot put/get on fs and S3 beside cp, dedup ratio, chunking + hashing on one core.
     Store(store::StoreArgs),
     /// SDK exec/info round trips: kept relay connection vs one dialled per call (needs root).
@@ -73,6 +76,7 @@ fn main() -> anyhow::Result<()> {
         Section::Engine(e) => engine::run(e),
         Section::Lifecycle(a) => lifecycle::run(a),
         Section::Mesh(a) => mesh::run(a),
+        Section::Cluster(a) => cluster::run(a),
         Section::Journal(j) => journal::run(j),
         Section::Node(n) => node::run(n),
         Section::Fleet(f) => runtime()?.block_on(fleet::run(f)),

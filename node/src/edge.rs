@@ -140,18 +140,31 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
             .into_response();
         }
     };
-    let call = PeerRequest::Http { method, uri: target, token: token.clone(), content_type, body };
-    match peers.forward(&peer, call).await {
-        Ok(reply) => {
-            if matches!(reply, PeerReply::Http { status: 404, .. }) {
-                peers.forget(&id, token.as_deref());
-            }
-            http_reply(reply)
+    let call = |peer: silk_mesh::Peer| {
+        let req = PeerRequest::Http {
+            method: method.clone(),
+            uri: target.clone(),
+            token: token.clone(),
+            content_type: content_type.clone(),
+            body: body.clone(),
+        };
+        let peers = peers.clone();
+        async move { peers.forward(&peer, req).await }
+    };
+    let mut answer = call(peer.clone()).await;
+    // A cached owner that no longer holds it (moved, released, woken elsewhere): ask the mesh
+    // again, once.
+    if matches!(answer, Ok(PeerReply::Http { status: 404, .. }) | Err(_)) {
+        peers.forget(&id, token.as_deref());
+        if let Some(again) = peers.locate(&id, token.as_deref()).await
+            && again.id != peer.id
+        {
+            answer = call(again).await;
         }
-        Err(e) => {
-            peers.forget(&id, token.as_deref());
-            e.into_response()
-        }
+    }
+    match answer {
+        Ok(reply) => http_reply(reply),
+        Err(e) => e.into_response(),
     }
 }
 

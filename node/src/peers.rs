@@ -135,7 +135,12 @@ impl Peers {
             .filter(|(_, t)| t.elapsed() < CACHE_TTL)
             .map(|(n, _)| n.clone());
         if let Some(peer) = cached.as_deref().and_then(by_name) {
-            return Some(peer);
+            // Forwarded calls trust the cache (a 404 from a stale owner is retried after
+            // `forget`); a redirect cannot be taken back, so the owner confirms first.
+            if self.forward || self.lookup(&peer, id, token).await == Some((true, true)) {
+                return Some(peer);
+            }
+            self.forget(id, token);
         }
         // The id's home node first, then everyone else at once.
         let home = id

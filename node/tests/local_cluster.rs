@@ -1,0 +1,189 @@
+//! The local cluster (`deploy/local-cluster`): S3 (Garage), three nodes in one mesh in forward
+//! mode, HAProxy in front. Everything here goes through the load balancer, as a client would:
+//! claim, write, move, read with the same token; archive on one node, kill it, wake through the
+//! balancer elsewhere; branch a checkpoint made on one node on another; goldens built once.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::*;
+use serde_json::{Value, json};
+
+const TOKEN: &str = "local-cluster-token";
+const LB: &str = "127.0.0.1:18080";
+
+struct Cluster {
+    dir: tempfile::TempDir,
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+fn script(dir: &Path, verb: &str) -> std::process::Output {
+    Command::new(repo().join("deploy/local-cluster"))
+        .arg(verb)
+        .env("SILKMESH_CLUSTER_DIR", dir)
+        .env("SILKMESH_BIN", launcher().parent().unwrap())
+        .env("SILKD_STATIC", static_silkd())
+        .env("SILKMESH_LB", LB)
+        .output()
+        .unwrap()
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let out = script(dir.path(), "start");
+        assert!(
+            out.status.success(),
+            "local-cluster start: {}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Cluster { dir }
+    }
+
+    fn pid(&self, node: &str) -> i32 {
+        std::fs::read_to_string(self.dir.path().join(format!("{node}.pid")))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
+    fn node_api(node: &str) -> std::net::SocketAddr {
+        format!("127.0.0.1{}:7777", &node[1..]).parse().unwrap()
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        script(self.dir.path(), "stop");
+    }
+}
+
+fn lb(method: &str, path: &str, token: &str, body: Option<&str>) -> (u16, Value) {
+    http(LB.parse().unwrap(), method, path, Some(token), body, "application/json")
+}
+
+fn exec(id: &str, token: &str, script: &str) -> String {
+    let body = json!({ "argv": ["sh", "-c", script] }).to_string();
+    let (status, v) = lb("POST", &format!("/v1/sandboxes/{id}/exec"), token, Some(&body));
+    assert_eq!((status, v["exit_code"].as_i64()), (200, Some(0)), "{script}: {v}");
+    v["stdout"].as_str().unwrap().trim().to_string()
+}
+
+/// The node that holds `id` (its name), asked of each node directly.
+fn owner(id: &str, token: &str) -> String {
+    for n in ["n1", "n2", "n3"] {
+        let addr = Cluster::node_api(n);
+        if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            continue;
+        }
+        let (status, _) = http(
+            addr,
+            "GET",
+            &format!("/v1/sandboxes/{id}?no_redirect=1"),
+            Some(token),
+            None,
+            "application/json",
+        );
+        if status == 200 {
+            return n.to_string();
+        }
+    }
+    panic!("no node holds {id}");
+}
+
+fn metric(node: &str, name: &str) -> u64 {
+    let (_, v) = http(Cluster::node_api(node), "GET", "/metrics", None, None, "text/plain");
+    v.as_str()
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+const TREE: &str =
+    "mkdir -p /srv/t && echo kept > /srv/t/a && head -c 200000 /dev/urandom > /srv/t/b";
+const HASH: &str = "cat /srv/t/a /srv/t/b | sha256sum";
+
+#[test]
+fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
+    let cluster = Cluster::start();
+    eventually("three warm pools", || {
+        ["n1", "n2", "n3"].iter().all(|n| {
+            let (_, info) = http(
+                Cluster::node_api(n),
+                "GET",
+                "/v1/info",
+                Some(TOKEN),
+                None,
+                "application/json",
+            );
+            info["pools"][0]["warm"].as_u64() >= Some(1) && info["mesh"]["peers"] == 2
+        })
+    });
+    // One golden for the host pool, built once in the fleet and fetched by the others (a node
+    // may build before another's upload lands: never more than one build per node).
+    let builds: u64 =
+        ["n1", "n2", "n3"].iter().map(|n| metric(n, "silkmesh_golden_builds_total")).sum();
+    let fetched: u64 =
+        ["n1", "n2", "n3"].iter().map(|n| metric(n, "silkmesh_golden_downloads_total")).sum();
+    assert!(builds >= 1 && builds + fetched == 3, "builds {builds}, fetched {fetched}");
+
+    // Claim through the balancer, write, move, read the same files with the same token.
+    let (status, c) = lb("POST", "/v1/sandboxes", TOKEN, Some(r#"{"ttl_seconds": 600}"#));
+    assert_eq!(status, 201, "{c}");
+    let (id, token) =
+        (c["id"].as_str().unwrap().to_string(), c["token"].as_str().unwrap().to_string());
+    exec(&id, &token, TREE);
+    let before = exec(&id, &token, HASH);
+    let from = owner(&id, &token);
+    let (status, v) = lb("POST", &format!("/v1/sandboxes/{id}/move"), &token, Some(""));
+    assert_eq!(status, 200, "{v}");
+    let to = owner(&id, &token);
+    assert_ne!(from, to, "moved to another node");
+    assert_eq!(exec(&id, &token, HASH), before);
+
+    // A checkpoint made on one node, branched on another (whichever the balancer picks).
+    let (status, ck) = lb("POST", &format!("/v1/sandboxes/{id}/checkpoint"), &token, Some(""));
+    assert_eq!(status, 201, "{ck}");
+    for _ in 0..3 {
+        let (status, b) = lb(
+            "POST",
+            &format!("/v1/checkpoints/{}/claim", ck["id"].as_str().unwrap()),
+            &token,
+            Some(""),
+        );
+        assert_eq!(status, 201, "{b}");
+        assert_eq!(exec(b["id"].as_str().unwrap(), b["token"].as_str().unwrap(), HASH), before);
+    }
+
+    // Archive it, kill its node, wake it through the balancer on another.
+    let (status, v) = lb("POST", &format!("/v1/sandboxes/{id}/archive"), &token, Some(""));
+    assert_eq!((status, v["state"].as_str()), (200, Some("archived")), "{v}");
+    unsafe { libc::kill(cluster.pid(&to), libc::SIGKILL) };
+    eventually("the others drop the dead node", || {
+        ["n1", "n2", "n3"].iter().filter(|n| **n != to).all(|n| {
+            let (_, info) = http(
+                Cluster::node_api(n),
+                "GET",
+                "/v1/info",
+                Some(TOKEN),
+                None,
+                "application/json",
+            );
+            info["mesh"]["peers"] == 1
+        })
+    });
+    assert_eq!(exec(&id, &token, HASH), before, "woken on a live node from the store");
+    let now = owner(&id, &token);
+    assert_ne!(now, to);
+    let (status, _) = lb("GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
+    assert_eq!(status, 404);
+}
