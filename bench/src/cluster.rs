@@ -231,7 +231,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
     for i in 0..args.iters {
         floors.push(floor(work, args.tree_mib)?);
         let (src, dst) = if i % 2 == 0 { (&mut ha, "b") } else { (&mut hb, "a") };
-        let (_, c) = call(src, "POST", "/v1/sandboxes", "{}", 201)?;
+        let (_, c) = call(src, "POST", "/v1/sandboxes?no_redirect=1", "{}", 201)?;
         let id = c["id"].as_str().context("id")?.to_string();
         exec(src, &id, &tree(args.tree_mib))?;
         let (d, v) = call(
@@ -260,7 +260,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let (_, s) = call(&mut hc, "POST", "/v1/sandboxes", "{}", 201)?;
+        let (_, s) = call(&mut hc, "POST", "/v1/sandboxes?no_redirect=1", "{}", 201)?;
         let (id, token) = (
             s["id"].as_str().context("id")?.to_string(),
             s["token"].as_str().context("token")?.to_string(),
