@@ -16,7 +16,7 @@ use hyper_util::rt::TokioIo;
 use crate::api::bearer;
 use crate::error::ApiError;
 use crate::node::Node;
-use crate::peers::{PeerReply, PeerRequest};
+use crate::peers::{Located, PeerReply, PeerRequest};
 use crate::pool::PoolKey;
 
 /// Whether the request is a redirect's retry (or a forwarded call): serve it here.
@@ -100,15 +100,29 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
         return next.run(req).await;
     }
     let token = bearer(req.headers()).map(str::to_string);
-    let Some(peer) = peers.locate(&id, token.as_deref()).await else {
-        // No live node holds it: an archive whose node died is woken here.
-        let (n, owned, t) = (node.clone(), id.clone(), token.clone());
-        return match crate::api::detached(async move { n.wake_orphan(&owned, t.as_deref()).await })
+    let peer = match peers.locate(&id, token.as_deref()).await {
+        Located::Owner(peer) => *peer,
+        Located::Denied => return next.run(req).await,
+        Located::Unknown => {
+            return ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "peer_unavailable",
+                format!("a node that may hold {id} did not answer; try again in a moment"),
+            )
+            .into_response();
+        }
+        Located::Nobody => {
+            // No live node holds it: an archive whose node died is woken here.
+            let (n, owned, t) = (node.clone(), id.clone(), token.clone());
+            return match crate::api::detached(
+                async move { n.wake_orphan(&owned, t.as_deref()).await },
+            )
             .await
-        {
-            Ok(_) => next.run(req).await,
-            Err(e) => e.into_response(),
-        };
+            {
+                Ok(_) => next.run(req).await,
+                Err(e) => e.into_response(),
+            };
+        }
     };
     let target = with_no_redirect(req.uri().path_and_query().map_or(path.as_str(), |p| p.as_str()));
     if !peers.forward {
@@ -156,10 +170,10 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
     // again, once.
     if matches!(answer, Ok(PeerReply::Http { status: 404, .. }) | Err(_)) {
         peers.forget(&id, token.as_deref());
-        if let Some(again) = peers.locate(&id, token.as_deref()).await
+        if let Located::Owner(again) = peers.locate(&id, token.as_deref()).await
             && again.id != peer.id
         {
-            answer = call(again).await;
+            answer = call(*again).await;
         }
     }
     match answer {

@@ -74,6 +74,8 @@ struct State {
     busy: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
     /// Background lifecycle work (idle hibernate, archive) that failed waits until then.
     retry_at: HashMap<String, Instant>,
+    /// Sandboxes being adopted here (a move or a wake anywhere), not yet journalled.
+    adopting: std::collections::HashSet<String>,
 }
 
 /// A claimed sandbox.
@@ -219,6 +221,7 @@ impl Node {
             // An archive another node woke while this one was away is no longer ours.
             if rec.state == SandboxState::Archived
                 && rec.intent.is_none()
+                && rec.archive.is_some()
                 && self.still_archived(&id).await == Some(false)
             {
                 tracing::info!(sandbox = id, "woken elsewhere while this node was away");
@@ -609,6 +612,9 @@ impl Node {
     /// What the reaper should do with a sandbox now, if anything.
     fn due(&self, live: &Live, now: u64) -> Option<Due> {
         let r = &live.record;
+        if matches!(r.intent, Some(crate::claims::Intent::Move { .. })) {
+            return None; // settled with the target first
+        }
         let since = now.saturating_sub(r.state_since_ms) / 1000;
         let retention = |s: &u64| since >= *s;
         if r.deadline_ms <= now {

@@ -51,17 +51,10 @@ pub enum PeerRequest {
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum PeerReply {
-    Lookup {
-        owned: bool,
-        authorized: bool,
-    },
+    /// `adopting`: the sandbox is being started here (a move or a wake) and not yet journalled.
+    Lookup { owned: bool, authorized: bool, adopting: bool },
     /// An HTTP answer; for `Relay`, status 101 means the stream now carries silk-proto.
-    Http {
-        status: u16,
-        location: Option<String>,
-        content_type: Option<String>,
-        body: Vec<u8>,
-    },
+    Http { status: u16, location: Option<String>, content_type: Option<String>, body: Vec<u8> },
 }
 
 /// The 8-hex tag of a node name that sandbox ids carry.
@@ -72,6 +65,19 @@ pub fn home_tag(name: &str) -> String {
 /// A fresh sandbox id homed on the node named `name`.
 pub fn new_sandbox_id(name: &str) -> String {
     format!("sb-{}-{}", home_tag(name), random_hex(6))
+}
+
+/// Where a sandbox is, as far as the mesh can tell.
+#[derive(Debug, Clone)]
+pub enum Located {
+    /// A live peer holds it and the token may use it.
+    Owner(Box<Peer>),
+    /// A live peer holds it; the token may not use it (the same 404 as an unknown id).
+    Denied,
+    /// Every live peer answered, and none holds it.
+    Nobody,
+    /// Some peer did not answer, or one is taking it over right now: try again shortly.
+    Unknown,
 }
 
 /// The mesh side of a node.
@@ -125,7 +131,7 @@ impl Peers {
 
     /// The live peer that holds sandbox `id`, if `token` may act on it there. A recent answer
     /// for the same id and token is reused without asking (see [`Peers::forget`]).
-    pub async fn locate(&self, id: &str, token: Option<&str>) -> Option<Peer> {
+    pub async fn locate(&self, id: &str, token: Option<&str>) -> Located {
         let live = self.mesh.peers();
         let by_name = |n: &str| live.iter().find(|p| p.id.name == n).cloned();
         let key = cache_key(id, token);
@@ -137,8 +143,8 @@ impl Peers {
         if let Some(peer) = cached.as_deref().and_then(by_name) {
             // Forwarded calls trust the cache (a 404 from a stale owner is retried after
             // `forget`); a redirect cannot be taken back, so the owner confirms first.
-            if self.forward || self.lookup(&peer, id, token).await == Some((true, true)) {
-                return Some(peer);
+            if self.forward || self.lookup(&peer, id, token).await.is_some_and(|l| l.0 && l.1) {
+                return Located::Owner(Box::new(peer));
             }
             self.forget(id, token);
         }
@@ -155,10 +161,11 @@ impl Peers {
             }
             asked.push(name.clone());
             let Some(peer) = by_name(&name) else { continue };
-            if let Some((true, authorized)) = self.lookup(&peer, id, token).await {
+            if let Some((true, authorized, _)) = self.lookup(&peer, id, token).await {
                 return self.found(&key, peer, authorized);
             }
         }
+        let mut unsure = false;
         let mut set = JoinSet::new();
         for peer in live.iter().filter(|p| !asked.contains(&p.id.name)).cloned() {
             let (mesh, id, token) = (self.mesh.clone(), id.to_string(), token.map(str::to_string));
@@ -167,21 +174,26 @@ impl Peers {
                 (peer, found)
             });
         }
-        while let Some(Ok((peer, found))) = set.join_next().await {
-            if let Some((true, authorized)) = found {
-                return self.found(&key, peer, authorized);
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok((peer, Some((true, authorized, _)))) => {
+                    return self.found(&key, peer, authorized);
+                }
+                Ok((_, Some((false, _, adopting)))) => unsure |= adopting,
+                Ok((_, None)) | Err(_) => unsure = true,
             }
         }
-        None
+        if unsure { Located::Unknown } else { Located::Nobody }
     }
 
     /// Only authorized answers are cached: a wrong token is asked about every time, so it
     /// can never ride on another caller's answer.
-    fn found(&self, key: &str, peer: Peer, authorized: bool) -> Option<Peer> {
-        if authorized {
-            self.owners().insert(key.to_string(), (peer.id.name.clone(), Instant::now()));
+    fn found(&self, key: &str, peer: Peer, authorized: bool) -> Located {
+        if !authorized {
+            return Located::Denied;
         }
-        authorized.then_some(peer)
+        self.owners().insert(key.to_string(), (peer.id.name.clone(), Instant::now()));
+        Located::Owner(Box::new(peer))
     }
 
     /// Drops a cached owner that turned out wrong (it answered 404: released or moved).
@@ -189,7 +201,12 @@ impl Peers {
         self.owners().remove(&cache_key(id, token));
     }
 
-    async fn lookup(&self, peer: &Peer, id: &str, token: Option<&str>) -> Option<(bool, bool)> {
+    async fn lookup(
+        &self,
+        peer: &Peer,
+        id: &str,
+        token: Option<&str>,
+    ) -> Option<(bool, bool, bool)> {
         lookup(&self.mesh, peer, id, token).await
     }
 
@@ -225,9 +242,13 @@ impl Peers {
         }
     }
 
-    /// Whether `peer` holds sandbox `id` (for settling a move a crash interrupted).
+    /// Whether `peer` holds sandbox `id` (for settling a move): `None` while it cannot say
+    /// (no answer, or still starting it).
     pub async fn holds(&self, peer: &Peer, id: &str) -> Option<bool> {
-        self.lookup(peer, id, None).await.map(|(owned, _)| owned)
+        match self.lookup(peer, id, None).await? {
+            (_, _, true) => None,
+            (owned, _, false) => Some(owned),
+        }
     }
 
     /// Opens a relay to sandbox `id` on `peer`: after its 101 the streams carry silk-proto.
@@ -279,14 +300,21 @@ fn unreachable_peer(e: impl std::fmt::Display) -> ApiError {
     ApiError::new(StatusCode::BAD_GATEWAY, "peer_unavailable", format!("peer: {e}"))
 }
 
-async fn lookup(mesh: &Mesh, peer: &Peer, id: &str, token: Option<&str>) -> Option<(bool, bool)> {
+async fn lookup(
+    mesh: &Mesh,
+    peer: &Peer,
+    id: &str,
+    token: Option<&str>,
+) -> Option<(bool, bool, bool)> {
     let call = async {
         let (mut send, mut recv) = mesh.open(&peer.id.name).await.ok()?;
         let req = PeerRequest::Lookup { id: id.to_string(), token: token.map(str::to_string) };
         wire::write_frame(&mut send, &req).await.ok()?;
         let _ = send.finish();
         match wire::read_frame::<PeerReply>(&mut recv).await.ok()?? {
-            PeerReply::Lookup { owned, authorized } => Some((owned, authorized)),
+            PeerReply::Lookup { owned, authorized, adopting } => {
+                Some((owned, authorized, adopting))
+            }
             PeerReply::Http { .. } => None,
         }
     };
@@ -365,7 +393,7 @@ async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Re
                 token.as_deref().is_some_and(|t| token_matches(t, &l.record.token_hash))
                     || node.is_root(token.as_deref())
             });
-            PeerReply::Lookup { owned: live.is_some(), authorized }
+            PeerReply::Lookup { owned: live.is_some(), authorized, adopting: node.is_adopting(&id) }
         }
         PeerRequest::Http { method, uri, token, content_type, body } => {
             let mut req = Request::builder().method(method.as_str()).uri(uri);

@@ -427,16 +427,24 @@ fn a_move_interrupted_by_a_crash_leaves_the_sandbox_exactly_once() {
         n.req("GET", &format!("/v1/sandboxes/{id}?no_redirect=1"), Some(token), None).0 == 200
     };
 
-    // The target dies after starting the sandbox, before journalling it: the move fails and
-    // the source runs it again; the target's half-made copy is removed when it restarts.
+    // The target dies after starting the sandbox, before journalling it. The source cannot
+    // know whether the target took it: it answers 503 `moving` and keeps its copy, stopped,
+    // until the target answers for certain. The target, back, has removed its half-made copy
+    // and says it does not hold it: the source keeps the sandbox.
     b.crash_at = Some("adopt:restored".into());
     b.restart();
     eventually("b back in the mesh", || peer_names(&a) == ["b"]);
     let (status, v) =
         a.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(r#"{"to": "b"}"#));
-    assert_ne!(status, 200, "{v}");
+    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("moving")), "{v}");
     b.wait_crash_and_restart();
-    assert!(held(&a) && !held(&b), "still on a only");
+    let body = serde_json::json!({ "argv": ["sh", "-c", HASH] }).to_string();
+    let exec_ok = |n: &Sandboxd| {
+        let r = try_http(n.addr, "POST", &format!("/v1/sandboxes/{id}/exec"), Some(token), &body);
+        matches!(r, Some((200, _)))
+    };
+    eventually("settled on a", || exec_ok(&a));
+    assert!(held(&a) && !held(&b), "on a only");
     assert_eq!(exec_via(&a, id, token, HASH), before);
     assert!(!on(&b), "b removed its half-made copy");
 
@@ -458,11 +466,7 @@ fn a_move_interrupted_by_a_crash_leaves_the_sandbox_exactly_once() {
     );
     a.wait_crash_and_restart();
     // Until the move is settled (the target asked) calls answer 503 `moving`; then it wakes.
-    let body = serde_json::json!({ "argv": ["sh", "-c", HASH] }).to_string();
-    eventually("settled on a", || {
-        let r = try_http(a.addr, "POST", &format!("/v1/sandboxes/{id}/exec"), Some(token), &body);
-        matches!(r, Some((200, _)))
-    });
+    eventually("settled on a", || exec_ok(&a));
     assert!(held(&a));
     assert!(!held(&b));
     assert_eq!(exec_via(&a, id, token, HASH), before);
@@ -522,4 +526,31 @@ fn an_archive_outlives_its_node_and_any_node_wakes_it_once() {
     let (status, _) = a.req("GET", &format!("/v1/sandboxes/{id}?no_redirect=1"), Some(token), None);
     assert_eq!(status, 404, "a no longer claims it");
     assert_eq!(exec_via(&a, id, token, HASH), before, "reached through a");
+}
+
+#[test]
+fn a_store_outage_fails_a_move_before_the_switch_and_the_sandbox_stays() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), &["a", "b"]);
+    // A store nobody listens on, one try per request.
+    let dead = "[store.s3]\nbucket = \"b\"\nendpoint = \"http://127.0.0.1:9\"\npath_style = true\nmax_attempts = 1\nconnect_timeout_ms = 200\n";
+    let pool = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
+    let a = node(dir.path(), "a", 19, None, &format!("{pool}{dead}"));
+    let b = node(dir.path(), "b", 20, Some(&mesh_addr(&a)), &format!("pools = []\n{dead}"));
+    eventually("meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
+    let c = a.claim("{}");
+    let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
+    exec_via(&a, id, token, TREE);
+    let before = exec_via(&a, id, token, HASH);
+    let (status, v) =
+        a.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(r#"{"to": "b"}"#));
+    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("store_unavailable")), "{v}");
+    let (status, row) = a.req("GET", &format!("/v1/sandboxes/{id}"), Some(token), None);
+    assert_eq!(
+        (status, row["state"].as_str()),
+        (200, Some("claimed")),
+        "running again on a: {row}"
+    );
+    assert_eq!(exec_via(&a, id, token, HASH), before);
+    assert!(!b.data().join("engine/boxes").join(id).exists());
 }

@@ -30,6 +30,9 @@ use crate::journal::Change;
 use crate::state::SandboxState;
 
 pub const MAX_FORK: usize = 16;
+/// How long a wake may hold an archive's lease before others treat its holder as dead: far
+/// longer than any download and restore.
+const WAKE_LEASE: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// A template made by promote.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -286,22 +289,58 @@ impl Node {
                 let archive = live.record.archive.clone().ok_or_else(|| {
                     ApiError::internal("an archived sandbox without its archive's name")
                 })?;
-                let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
-                let (snap, _) = self.download(&name).await.map_err(|e| match e.status {
-                    StatusCode::NOT_FOUND => {
-                        ApiError::internal(format!("the archive {name} is missing from the store"))
-                    }
-                    _ => e,
+                // Any node may wake an archive: take its lease, and make sure nobody did.
+                let objects = self.store.object_store().clone();
+                let lease = silk_store::Lease::acquire(
+                    &*objects,
+                    &format!("leases/{}", live.record.id),
+                    &self.name,
+                    WAKE_LEASE,
+                )
+                .await?
+                .ok_or_else(|| {
+                    ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "moving",
+                        "another node is waking this sandbox; try again in a moment",
+                    )
                 })?;
-                let woken = self.start_from(live, &snap, true).await;
-                let _ = std::fs::remove_file(&snap.layer_tar);
-                let woken = woken?;
-                self.unpublish_archived(&woken.record.id).await;
-                self.drop_archive(&archive).await;
-                Ok(woken)
+                let woken = self.wake_archived(live, archive).await;
+                if let Err(e) = lease.release(&*objects).await {
+                    tracing::warn!("releasing a wake lease: {e} (it expires by itself)");
+                }
+                woken
             }
             other => Err(conflict(format!("a sandbox that is {other:?} cannot be woken"))),
         }
+    }
+
+    /// Wakes an archived sandbox here, its lease held.
+    async fn wake_archived(&self, live: Live, archive: String) -> Result<Live, ApiError> {
+        if self.still_archived(&live.record.id).await == Some(false) {
+            // Woken on another node while this one was away from the mesh.
+            let id = live.record.id.clone();
+            self.journal.commit(vec![Change::Delete(id.clone())]).await.map_err(journal_error)?;
+            self.lock().claims.remove(&id);
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "moving",
+                "this sandbox now lives on another node; try again",
+            ));
+        }
+        let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
+        let (snap, _) = self.download(&name).await.map_err(|e| match e.status {
+            StatusCode::NOT_FOUND => {
+                ApiError::internal(format!("the archive {name} is missing from the store"))
+            }
+            _ => e,
+        })?;
+        let woken = self.start_from(live, &snap, true).await;
+        let _ = std::fs::remove_file(&snap.layer_tar);
+        let woken = woken?;
+        self.unpublish_archived(&woken.record.id).await;
+        self.drop_archive(&archive).await;
+        Ok(woken)
     }
 
     /// Starts a stopped sandbox again under its own id from `snap`, and journals it running.
@@ -386,18 +425,23 @@ impl Node {
             return Err(e);
         }
         crash_point("archive:uploaded");
-        rec.state = rec.state.transition(SandboxState::Archived).map_err(conflict)?;
-        rec.state_since_ms = now_ms();
-        rec.stopped = None;
-        rec.archive = Some(archive);
-        self.put_record(&rec).await?;
-        // Any node can wake it from here on, also when this one is gone.
-        if let Err(e) = self.publish_archived(&rec).await {
-            tracing::warn!(
-                sandbox = id,
-                "publishing the archived claim: {e} (only this node can wake it)"
-            );
+        let mut archived = rec.clone();
+        archived.state = rec.state.transition(SandboxState::Archived).map_err(conflict)?;
+        archived.state_since_ms = now_ms();
+        archived.stopped = None;
+        archived.archive = Some(archive.clone());
+        // Published before it is journalled: any node may wake it from here on, also when this
+        // one is gone, and an archived record here always has its published twin.
+        if let Err(e) = self.publish_archived(&archived).await {
+            self.put_record(&rec).await?;
+            self.drop_archive(&archive).await;
+            if was_running && let Err(w) = self.wake_locked(self.current(id)?).await {
+                tracing::warn!(sandbox = id, "waking after a failed archive: {w}");
+            }
+            return Err(e);
         }
+        let rec = archived;
+        self.put_record(&rec).await?;
         let _ = std::fs::remove_file(&snap.layer_tar);
         self.metrics.archived.fetch_add(1, Ordering::Relaxed);
         Ok(rec)
@@ -835,14 +879,10 @@ impl Node {
             )
         };
         let objects = self.store.object_store().clone();
-        let lease = silk_store::Lease::acquire(
-            &*objects,
-            &format!("leases/{id}"),
-            &self.name,
-            std::time::Duration::from_secs(300),
-        )
-        .await?
-        .ok_or_else(busy)?;
+        let lease =
+            silk_store::Lease::acquire(&*objects, &format!("leases/{id}"), &self.name, WAKE_LEASE)
+                .await?
+                .ok_or_else(busy)?;
         let woken = async {
             // Another node may have finished just before we took the lease.
             if self.still_archived(id).await != Some(true) {
@@ -867,7 +907,7 @@ impl Node {
     /// id and token stay; any node finds the new owner. A failure before the switch leaves the
     /// sandbox here (running again if it was).
     pub async fn move_sandbox(
-        &self,
+        self: &std::sync::Arc<Self>,
         id: &str,
         to: Option<&str>,
     ) -> Result<(ClaimRecord, silk_mesh::NodeState), ApiError> {
@@ -924,8 +964,23 @@ impl Node {
             peers.adopt(&target, &theirs, &archive).await
         }
         .await;
+        if let Err(e) = handed.as_ref().map_err(|e| e.code)
+            && e == "peer_unavailable"
+        {
+            // The target may or may not have taken it (the answer was lost): settle by asking
+            // it, and keep the sandbox here, stopped, until it answers.
+            tokio::spawn(self.clone().settle_move(id.to_string()));
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "moving",
+                format!(
+                    "{}: the target did not answer; the move settles once it does",
+                    target.id.name
+                ),
+            ));
+        }
         if let Err(e) = handed {
-            // Before the switch: it stays here, as it was.
+            // Refused, or failed before the target was asked: it stays here, as it was.
             rec.intent = None;
             self.put_record(&rec).await?;
             self.drop_archive(&archive).await;
@@ -959,14 +1014,16 @@ impl Node {
     /// The target's side of a move: start the sandbox from its archive under the same id, and
     /// journal it (the switch). Idempotent.
     pub async fn adopt(&self, mut record: ClaimRecord, archive: &str) -> Result<(), ApiError> {
+        let _busy = self.busy(&record.id).await;
         if self.get(&record.id).is_some() {
             return Ok(());
         }
-        let _busy = self.busy(&record.id).await;
         {
             let mut st = self.lock();
             self.admit(&mut st, 1)?;
+            st.adopting.insert(record.id.clone());
         }
+        let id = record.id.clone();
         let result = async {
             let name = SnapshotName::archive(archive).map_err(ApiError::from)?;
             let (snap, _) = self.download(&name).await?;
@@ -990,56 +1047,77 @@ impl Node {
             self.acknowledge(vec![(record, info)]).await
         }
         .await;
-        self.lock().pending -= 1;
+        let mut st = self.lock();
+        st.pending -= 1;
+        st.adopting.remove(&id);
+        drop(st);
         result
     }
 
-    /// Settles moves a crash interrupted on this node: once the target can be asked, a
-    /// sandbox it holds is forgotten here; one it does not hold stays here (hibernated). Waits
-    /// up to a minute for the target to come back.
+    /// Whether a sandbox is being adopted here right now (started, not yet journalled).
+    pub fn is_adopting(&self, id: &str) -> bool {
+        self.lock().adopting.contains(id)
+    }
+
+    /// Settles moves a crash (or a lost answer) interrupted on this node: the target is
+    /// asked until it answers for certain — it holds the sandbox (this node forgets its copy) or
+    /// it does not (the copy here stays, hibernated). Until then calls answer 503 `moving`:
+    /// better unavailable for a while than running twice.
     pub async fn settle_moves(self: std::sync::Arc<Self>) {
-        let Some(peers) = self.peers.clone() else { return };
-        let pending: Vec<ClaimRecord> = self
+        let pending: Vec<String> = self
             .lock()
             .claims
             .values()
             .filter(|l| matches!(l.record.intent, Some(Intent::Move { .. })))
-            .map(|l| l.record.clone())
+            .map(|l| l.record.id.clone())
             .collect();
-        for rec in pending {
-            let Some(Intent::Move { archive, target }) = rec.intent.clone() else { continue };
-            let mut held = None;
-            for _ in 0..600 {
-                if let Some(peer) = peers.mesh.peer(&target) {
-                    held = peers.holds(&peer, &rec.id).await;
-                    if held.is_some() {
-                        break;
-                    }
+        for id in pending {
+            tokio::spawn(self.clone().settle_move(id));
+        }
+    }
+
+    pub(super) async fn settle_move(self: std::sync::Arc<Self>, id: String) {
+        let Some(peers) = self.peers.clone() else { return };
+        let mut pause = std::time::Duration::from_millis(100);
+        loop {
+            let Some(Intent::Move { archive, target }) =
+                self.get(&id).and_then(|l| l.record.intent)
+            else {
+                return;
+            };
+            let held = match peers.mesh.peer(&target) {
+                Some(peer) => peers.holds(&peer, &id).await,
+                None => None,
+            };
+            if let Some(held) = held {
+                let _busy = self.busy(&id).await;
+                // Re-read under the lock: the record is what we act on.
+                let Some(live) = self.get(&id) else { return };
+                if !matches!(&live.record.intent, Some(Intent::Move { archive: a, .. }) if *a == archive)
+                {
+                    return;
                 }
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-            let _busy = self.busy(&rec.id).await;
-            let snap = rec.stopped.clone();
-            let settled = match held {
-                Some(true) => match &snap {
-                    Some(s) => self.forget_moved(&rec.id, s, &archive).await,
-                    None => Ok(()),
-                },
-                _ => {
-                    let mut back = rec.clone();
+                let settled = if held {
+                    match &live.record.stopped {
+                        Some(s) => self.forget_moved(&id, s, &archive).await,
+                        None => Ok(()),
+                    }
+                } else {
+                    let mut back = live.record.clone();
                     back.intent = None;
                     self.drop_archive(&archive).await;
                     self.put_record(&back).await
+                };
+                match settled {
+                    Ok(()) => {
+                        tracing::info!(sandbox = id, moved = held, "interrupted move settled")
+                    }
+                    Err(e) => tracing::warn!(sandbox = id, "settling an interrupted move: {e}"),
                 }
-            };
-            match settled {
-                Ok(()) => tracing::info!(
-                    sandbox = rec.id,
-                    moved = held == Some(true),
-                    "interrupted move settled"
-                ),
-                Err(e) => tracing::warn!(sandbox = rec.id, "settling an interrupted move: {e}"),
+                return;
             }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(5));
         }
     }
 
@@ -1175,12 +1253,19 @@ impl Node {
                     Err(_) => false,
                 };
                 if archived {
-                    if let Some(s) = rec.stopped.take() {
-                        let _ = std::fs::remove_file(&s.layer_tar);
+                    // Complete it: publish the claim (as archive does before journalling), then
+                    // drop the local copy. If the store refuses, it stays hibernated.
+                    let mut done = rec.clone();
+                    done.state = SandboxState::Archived;
+                    done.state_since_ms = now_ms();
+                    done.stopped = None;
+                    done.archive = Some(archive);
+                    if self.publish_archived(&done).await.is_ok() {
+                        if let Some(s) = rec.stopped.take() {
+                            let _ = std::fs::remove_file(&s.layer_tar);
+                        }
+                        rec = done;
                     }
-                    rec.state = SandboxState::Archived;
-                    rec.state_since_ms = now_ms();
-                    rec.archive = Some(archive);
                 }
             }
             None => {}
