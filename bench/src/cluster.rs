@@ -277,7 +277,6 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let _ = token;
         let (d, row) = call(&mut hb, "POST", &format!("/v1/sandboxes/{id}/wake"), "", 200)?;
         ensure!(row["state"] == "claimed", "{row}");
         wakes.push(d);
