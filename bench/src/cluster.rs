@@ -261,10 +261,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
             std::thread::sleep(Duration::from_millis(5));
         }
         let (_, s) = call(&mut hc, "POST", "/v1/sandboxes?no_redirect=1", "{}", 201)?;
-        let (id, token) = (
-            s["id"].as_str().context("id")?.to_string(),
-            s["token"].as_str().context("token")?.to_string(),
-        );
+        let id = s["id"].as_str().context("id")?.to_string();
         exec(&mut hc, &id, &tree(args.tree_mib))?;
         call(&mut hc, "POST", &format!("/v1/sandboxes/{id}/archive"), "", 200)?;
         drop(hc);
