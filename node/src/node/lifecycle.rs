@@ -153,6 +153,11 @@ fn box_spec(r: &ClaimRecord) -> BoxSpec {
     BoxSpec::new(r.size, r.lane)
 }
 
+/// A hibernated sandbox's local snapshot.
+fn stopped(r: &ClaimRecord) -> Result<Snapshot, ApiError> {
+    r.stopped.clone().ok_or_else(|| ApiError::internal("a hibernated sandbox without its snapshot"))
+}
+
 impl Node {
     /// Waits for this sandbox's lifecycle lock.
     pub(super) async fn busy(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
@@ -192,12 +197,7 @@ impl Node {
                     blocking(move || engine.snapshot(&id, SnapshotMode::KeepRunning, &tar)).await?;
                 Ok((snap, true))
             }
-            SandboxState::Hibernated => {
-                let snap = live.record.stopped.clone().ok_or_else(|| {
-                    ApiError::internal("a hibernated sandbox without its snapshot")
-                })?;
-                Ok((snap, false))
-            }
+            SandboxState::Hibernated => Ok((stopped(&live.record)?, false)),
             other => Err(conflict(format!("a sandbox that is {other:?} must be woken first"))),
         }
     }
@@ -278,9 +278,7 @@ impl Node {
         match live.record.state {
             SandboxState::Claimed => Ok(live),
             SandboxState::Hibernated => {
-                let snap = live.record.stopped.clone().ok_or_else(|| {
-                    ApiError::internal("a hibernated sandbox without its snapshot")
-                })?;
+                let snap = stopped(&live.record)?;
                 let woken = self.start_from(live, &snap, false).await?;
                 let _ = std::fs::remove_file(&snap.layer_tar);
                 Ok(woken)
@@ -400,16 +398,7 @@ impl Node {
                 return Err(conflict(format!("a sandbox that is {other:?} cannot be archived")));
             }
         };
-        if was_running {
-            self.hibernate_locked(live).await?;
-        }
-        let live = self.current(id)?;
-        let snap = live
-            .record
-            .stopped
-            .clone()
-            .ok_or_else(|| ApiError::internal("a hibernated sandbox without its snapshot"))?;
-        let mut rec = live.record.clone();
+        let (mut rec, snap) = self.stop_here(live, was_running).await?;
         let archive = format!("{id}.{}", random_hex(8));
         let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
         rec.intent = Some(Intent::Archive(archive.clone()));
@@ -418,10 +407,7 @@ impl Node {
         let uploaded = self.upload(&name, &snap, &rec, BTreeMap::new()).await;
         rec.intent = None;
         if let Err(e) = uploaded {
-            self.put_record(&rec).await?;
-            if was_running && let Err(w) = self.wake_locked(self.current(id)?).await {
-                tracing::warn!(sandbox = id, "waking after a failed archive: {w}");
-            }
+            self.undo_stop(rec, None, was_running, "archive").await?;
             return Err(e);
         }
         crash_point("archive:uploaded");
@@ -433,11 +419,7 @@ impl Node {
         // Published before it is journalled: any node may wake it from here on, also when this
         // one is gone, and an archived record here always has its published twin.
         if let Err(e) = self.publish_archived(&archived).await {
-            self.put_record(&rec).await?;
-            self.drop_archive(&archive).await;
-            if was_running && let Err(w) = self.wake_locked(self.current(id)?).await {
-                tracing::warn!(sandbox = id, "waking after a failed archive: {w}");
-            }
+            self.undo_stop(rec, Some(&archive), was_running, "archive").await?;
             return Err(e);
         }
         let rec = archived;
@@ -445,6 +427,41 @@ impl Node {
         let _ = std::fs::remove_file(&snap.layer_tar);
         self.metrics.archived.fetch_add(1, Ordering::Relaxed);
         Ok(rec)
+    }
+
+    /// Hibernates `live` if it runs; returns its record and local snapshot after.
+    async fn stop_here(
+        &self,
+        live: Live,
+        was_running: bool,
+    ) -> Result<(ClaimRecord, Snapshot), ApiError> {
+        let id = live.record.id.clone();
+        if was_running {
+            self.hibernate_locked(live).await?;
+        }
+        let rec = self.current(&id)?.record;
+        let snap = stopped(&rec)?;
+        Ok((rec, snap))
+    }
+
+    /// Puts a sandbox back as it was after an archive or move failed before its switch: the
+    /// intent cleared, the upload (if any) dropped, running again if it was.
+    async fn undo_stop(
+        &self,
+        mut rec: ClaimRecord,
+        archive: Option<&str>,
+        was_running: bool,
+        what: &str,
+    ) -> Result<(), ApiError> {
+        rec.intent = None;
+        self.put_record(&rec).await?;
+        if let Some(archive) = archive {
+            self.drop_archive(archive).await;
+        }
+        if was_running && let Err(w) = self.wake_locked(self.current(&rec.id)?).await {
+            tracing::warn!(sandbox = rec.id, "waking after a failed {what}: {w}");
+        }
+        Ok(())
     }
 
     /// Deletes an archive whose sandbox is gone or running again. A failure is logged: the
@@ -940,18 +957,9 @@ impl Node {
                 return Err(conflict(format!("a sandbox that is {other:?} must be woken first")));
             }
         };
-        if was_running {
-            self.hibernate_locked(live).await?;
-        }
-        let live = self.current(id)?;
-        let snap = live
-            .record
-            .stopped
-            .clone()
-            .ok_or_else(|| ApiError::internal("a hibernated sandbox without its snapshot"))?;
+        let (mut rec, snap) = self.stop_here(live, was_running).await?;
         let archive = format!("{id}.{}", random_hex(8));
         let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
-        let mut rec = live.record.clone();
         rec.intent =
             Some(Intent::Move { archive: archive.clone(), target: target.id.name.clone() });
         self.put_record(&rec).await?;
@@ -981,12 +989,7 @@ impl Node {
         }
         if let Err(e) = handed {
             // Refused, or failed before the target was asked: it stays here, as it was.
-            rec.intent = None;
-            self.put_record(&rec).await?;
-            self.drop_archive(&archive).await;
-            if was_running && let Err(w) = self.wake_locked(self.current(id)?).await {
-                tracing::warn!(sandbox = id, "waking after a failed move: {w}");
-            }
+            self.undo_stop(rec, Some(&archive), was_running, "move").await?;
             return Err(e);
         }
         crash_point("move:switched");
