@@ -153,6 +153,14 @@ fn box_spec(r: &ClaimRecord) -> BoxSpec {
     BoxSpec::new(r.size, r.lane)
 }
 
+fn waking_elsewhere(id: &str) -> ApiError {
+    ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "moving",
+        format!("sandbox {id} is being woken by another node; try again in a moment"),
+    )
+}
+
 /// A hibernated sandbox's local snapshot.
 fn stopped(r: &ClaimRecord) -> Result<Snapshot, ApiError> {
     r.stopped.clone().ok_or_else(|| ApiError::internal("a hibernated sandbox without its snapshot"))
@@ -287,27 +295,9 @@ impl Node {
                 let archive = live.record.archive.clone().ok_or_else(|| {
                     ApiError::internal("an archived sandbox without its archive's name")
                 })?;
-                // Any node may wake an archive: take its lease, and make sure nobody did.
-                let objects = self.store.object_store().clone();
-                let lease = silk_store::Lease::acquire(
-                    &*objects,
-                    &format!("leases/{}", live.record.id),
-                    &self.name,
-                    WAKE_LEASE,
-                )
-                .await?
-                .ok_or_else(|| {
-                    ApiError::new(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "moving",
-                        "another node is waking this sandbox; try again in a moment",
-                    )
-                })?;
-                let woken = self.wake_archived(live, archive).await;
-                if let Err(e) = lease.release(&*objects).await {
-                    tracing::warn!("releasing a wake lease: {e} (it expires by itself)");
-                }
-                woken
+                // Any node may wake an archive: under its lease, and only if nobody did.
+                let id = live.record.id.clone();
+                self.under_wake_lease(&id, self.wake_archived(live, archive)).await
             }
             other => Err(conflict(format!("a sandbox that is {other:?} cannot be woken"))),
         }
@@ -888,29 +878,32 @@ impl Node {
             .archive
             .clone()
             .ok_or_else(|| ApiError::internal("an archived claim without its archive"))?;
-        let busy = || {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "moving",
-                format!("sandbox {id} is being woken by another node; try again in a moment"),
-            )
-        };
-        let objects = self.store.object_store().clone();
-        let lease =
-            silk_store::Lease::acquire(&*objects, &format!("leases/{id}"), &self.name, WAKE_LEASE)
-                .await?
-                .ok_or_else(busy)?;
         let woken = async {
             // Another node may have finished just before we took the lease.
             if self.still_archived(id).await != Some(true) {
-                return Err(busy());
+                return Err(waking_elsewhere(id));
             }
             self.adopt(rec, &archive).await?;
             self.unpublish_archived(id).await;
             self.drop_archive(&archive).await;
             Ok(true)
-        }
-        .await;
+        };
+        self.under_wake_lease(id, woken).await
+    }
+
+    /// Runs `wake` holding sandbox `id`'s wake lease in the store, so that of all the nodes
+    /// trying to wake one archive at once exactly one does.
+    async fn under_wake_lease<T>(
+        &self,
+        id: &str,
+        wake: impl std::future::Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
+        let objects = self.store.object_store().clone();
+        let lease =
+            silk_store::Lease::acquire(&*objects, &format!("leases/{id}"), &self.name, WAKE_LEASE)
+                .await?
+                .ok_or_else(|| waking_elsewhere(id))?;
+        let woken = wake.await;
         if let Err(e) = lease.release(&*objects).await {
             tracing::warn!(sandbox = id, "releasing the wake lease: {e} (it expires by itself)");
         }
