@@ -13,8 +13,9 @@ use anyhow::{Context, ensure};
 use silk_engine::jail::{JailConfig, JailEngine};
 use silk_engine::{Engine, TemplateDef, Warmup};
 
+use crate::lifecycle::{exec, tar_floor, timed, tree};
 use crate::node::{Http, NodeProc};
-use crate::report::{Samples, host_stamp, table};
+use crate::report::{Samples, host_stamp, ms, table};
 
 #[derive(Debug, clap::Args)]
 pub struct ClusterArgs {
@@ -30,68 +31,12 @@ pub struct ClusterArgs {
     dir: PathBuf,
 }
 
-fn ms(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
-}
-
-fn json(body: &str) -> serde_json::Value {
-    serde_json::from_str(body).unwrap_or_default()
-}
-
-fn call(
-    h: &mut Http,
-    method: &str,
-    path: &str,
-    body: &str,
-    want: u16,
-) -> anyhow::Result<(Duration, serde_json::Value)> {
-    let t = Instant::now();
-    let (status, out) = h.call(method, path, body)?;
-    let d = t.elapsed();
-    ensure!(status == want, "{method} {path}: {status} {out}");
-    Ok((d, json(&out)))
-}
-
-fn tree(mib: usize) -> String {
-    format!(
-        "mkdir -p /srv/t && i=0; while [ $i -lt {mib} ]; do head -c 1048576 /dev/urandom > /srv/t/f$i; i=$((i+1)); done"
-    )
-}
-
-fn exec(h: &mut Http, id: &str, script: &str) -> anyhow::Result<String> {
-    let body = serde_json::json!({ "argv": ["sh", "-c", script] }).to_string();
-    let (_, v) = call(h, "POST", &format!("/v1/sandboxes/{id}/exec?no_redirect=1"), &body, 200)?;
-    ensure!(v["exit_code"] == 0, "{script}: {v}");
-    Ok(v["stdout"].as_str().unwrap_or_default().trim().to_string())
-}
-
 pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let work = args.dir.join(format!("silkbench-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let result = measure(&args, &work);
     let _ = std::fs::remove_dir_all(&work);
     result
-}
-
-fn floor(work: &Path, mib: usize) -> anyhow::Result<Duration> {
-    let dir = work.join("floor");
-    std::fs::create_dir_all(&dir)?;
-    let script = format!(
-        "cd {d} && i=0; while [ $i -lt {mib} ]; do head -c 1048576 /dev/urandom > f$i; i=$((i+1)); done",
-        d = dir.display()
-    );
-    ensure!(std::process::Command::new("sh").arg("-c").arg(&script).status()?.success());
-    let t = Instant::now();
-    let tar = format!(
-        "tar -C {} -cf {w}/floor.tar . && sync {w}/floor.tar",
-        dir.display(),
-        w = work.display()
-    );
-    ensure!(std::process::Command::new("sh").arg("-c").arg(&tar).status()?.success());
-    let d = t.elapsed();
-    std::fs::remove_dir_all(&dir)?;
-    std::fs::remove_file(work.join("floor.tar"))?;
-    Ok(d)
 }
 
 fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
@@ -217,7 +162,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
     let b = node("b", pb, pa)?;
     let (mut ha, mut hb) = (Http::connect(a.addr)?, Http::connect(b.addr)?);
     let meshed = |h: &mut Http| -> anyhow::Result<bool> {
-        let (_, v) = call(h, "GET", "/v1/info", "", 200)?;
+        let (_, v) = timed(h, "GET", "/v1/info", "", 200)?;
         Ok(v["mesh"]["peers"] == 1)
     };
     for _ in 0..2000 {
@@ -229,12 +174,12 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
     let mut floors = Samples::default();
     let mut moves = Samples::default();
     for i in 0..args.iters {
-        floors.push(floor(work, args.tree_mib)?);
+        floors.push(tar_floor(work, args.tree_mib)?);
         let (src, dst) = if i % 2 == 0 { (&mut ha, "b") } else { (&mut hb, "a") };
-        let (_, c) = call(src, "POST", "/v1/sandboxes?no_redirect=1", "{}", 201)?;
+        let (_, c) = timed(src, "POST", "/v1/sandboxes?no_redirect=1", "{}", 201)?;
         let id = c["id"].as_str().context("id")?.to_string();
         exec(src, &id, &tree(args.tree_mib))?;
-        let (d, v) = call(
+        let (d, v) = timed(
             src,
             "POST",
             &format!("/v1/sandboxes/{id}/move"),
@@ -244,7 +189,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
         ensure!(v["node"] == dst, "{v}");
         moves.push(d);
         let other = if dst == "b" { &mut hb } else { &mut ha };
-        call(other, "DELETE", &format!("/v1/sandboxes/{id}?no_redirect=1"), "", 204)?;
+        timed(other, "DELETE", &format!("/v1/sandboxes/{id}?no_redirect=1"), "", 204)?;
     }
     drop(a);
 
@@ -260,24 +205,24 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let (_, s) = call(&mut hc, "POST", "/v1/sandboxes?no_redirect=1", "{}", 201)?;
+        let (_, s) = timed(&mut hc, "POST", "/v1/sandboxes?no_redirect=1", "{}", 201)?;
         let id = s["id"].as_str().context("id")?.to_string();
         exec(&mut hc, &id, &tree(args.tree_mib))?;
-        call(&mut hc, "POST", &format!("/v1/sandboxes/{id}/archive"), "", 200)?;
+        timed(&mut hc, "POST", &format!("/v1/sandboxes/{id}/archive"), "", 200)?;
         drop(hc);
         drop(c); // kill -9
         // b must no longer see c before it will wake the archive itself.
         for _ in 0..2000 {
-            let (_, v) = call(&mut hb, "GET", "/v1/info", "", 200)?;
+            let (_, v) = timed(&mut hb, "GET", "/v1/info", "", 200)?;
             if v["mesh"]["peers"] == 0 {
                 break;
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let (d, row) = call(&mut hb, "POST", &format!("/v1/sandboxes/{id}/wake"), "", 200)?;
+        let (d, row) = timed(&mut hb, "POST", &format!("/v1/sandboxes/{id}/wake"), "", 200)?;
         ensure!(row["state"] == "claimed", "{row}");
         wakes.push(d);
-        call(&mut hb, "DELETE", &format!("/v1/sandboxes/{id}"), "", 204)?;
+        timed(&mut hb, "DELETE", &format!("/v1/sandboxes/{id}"), "", 204)?;
     }
     let ratio =
         |s: &Samples| format!("{:.2}", s.pct(0.5).as_secs_f64() / floors.pct(0.5).as_secs_f64());

@@ -12,8 +12,9 @@ use std::time::Instant;
 
 use anyhow::{Context, ensure};
 
+use crate::node::json;
 use crate::node::{Http, NodeProc};
-use crate::report::{Samples, host_stamp, table};
+use crate::report::{Samples, host_stamp, ms, table};
 
 #[derive(Debug, clap::Args)]
 pub struct LifecycleArgs {
@@ -40,12 +41,8 @@ pub fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     result
 }
 
-fn json(body: &str) -> serde_json::Value {
-    serde_json::from_str(body).unwrap_or_default()
-}
-
 /// One API call that must answer `want`; returns its time and body.
-fn timed(
+pub(crate) fn timed(
     http: &mut Http,
     method: &str,
     path: &str,
@@ -59,9 +56,11 @@ fn timed(
     Ok((d, json(&out)))
 }
 
-fn exec(http: &mut Http, id: &str, script: &str) -> anyhow::Result<String> {
+/// A buffered exec that must exit 0, served by the node asked; returns its stdout.
+pub(crate) fn exec(http: &mut Http, id: &str, script: &str) -> anyhow::Result<String> {
     let body = serde_json::json!({ "argv": ["sh", "-c", script] }).to_string();
-    let (_, v) = timed(http, "POST", &format!("/v1/sandboxes/{id}/exec"), &body, 200)?;
+    let path = format!("/v1/sandboxes/{id}/exec?no_redirect=1");
+    let (_, v) = timed(http, "POST", &path, &body, 200)?;
     ensure!(v["exit_code"] == 0, "{script}: {v}");
     Ok(v["stdout"].as_str().unwrap_or_default().trim().to_string())
 }
@@ -69,10 +68,7 @@ fn exec(http: &mut Http, id: &str, script: &str) -> anyhow::Result<String> {
 fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> anyhow::Result<()> {
     println!("## lifecycle (sandboxd, jail engine, local store)\n\n{}", host_stamp());
     let mut http = Http::connect(node.addr)?;
-    let write_tree = format!(
-        "mkdir -p /srv/t && i=0; while [ $i -lt {} ]; do head -c 1048576 /dev/urandom > /srv/t/f$i; i=$((i+1)); done",
-        args.tree_mib
-    );
+    let write_tree = tree(args.tree_mib);
     let hash = "cd /srv/t && cat $(ls | sort) | sha256sum";
     let names = [
         "hibernate",
@@ -87,32 +83,7 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
     let mut floor = Samples::default();
     let mut second_upload = vec![];
     for _ in 0..args.iters {
-        // The floor: the same amount of incompressible data, tarred to a file and synced.
-        let tree = work.join("floor-tree");
-        std::fs::create_dir_all(&tree)?;
-        let status = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "cd {} && {write_tree_host}",
-                tree.display(),
-                write_tree_host = host_tree(args.tree_mib)
-            ))
-            .status()?;
-        ensure!(status.success(), "writing the floor tree");
-        let t = Instant::now();
-        let status = std::process::Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "tar -C {} -cf {}/floor.tar . && sync {}/floor.tar",
-                tree.display(),
-                work.display(),
-                work.display()
-            ))
-            .status()?;
-        floor.push(t.elapsed());
-        ensure!(status.success(), "tar floor");
-        std::fs::remove_dir_all(&tree)?;
-        std::fs::remove_file(work.join("floor.tar"))?;
+        floor.push(tar_floor(work, args.tree_mib)?);
 
         let (_, s) = timed(&mut http, "POST", "/v1/sandboxes", "{}", 201)?;
         let id = s["id"].as_str().context("id")?.to_string();
@@ -191,11 +162,32 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
     Ok(())
 }
 
-/// The same tree written on the host.
-fn host_tree(mib: usize) -> String {
-    format!("i=0; while [ $i -lt {mib} ]; do head -c 1048576 /dev/urandom > f$i; i=$((i+1)); done")
+/// A shell script writing `mib` 1 MiB files of noise under /srv/t (run in a sandbox).
+pub(crate) fn tree(mib: usize) -> String {
+    format!(
+        "mkdir -p /srv/t && i=0; while [ $i -lt {mib} ]; do head -c 1048576 /dev/urandom > /srv/t/f$i; i=$((i+1)); done"
+    )
 }
 
-fn ms(d: std::time::Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1e3)
+/// The floor beside every operation on a written tree: an equal tree written on the host,
+/// then timed: `tar` of it to a file on the same disk, synced.
+pub(crate) fn tar_floor(work: &std::path::Path, mib: usize) -> anyhow::Result<std::time::Duration> {
+    let dir = work.join("floor");
+    std::fs::create_dir_all(&dir)?;
+    let script = format!(
+        "cd {d} && i=0; while [ $i -lt {mib} ]; do head -c 1048576 /dev/urandom > f$i; i=$((i+1)); done",
+        d = dir.display()
+    );
+    ensure!(std::process::Command::new("sh").arg("-c").arg(&script).status()?.success());
+    let t = Instant::now();
+    let tar = format!(
+        "tar -C {} -cf {w}/floor.tar . && sync {w}/floor.tar",
+        dir.display(),
+        w = work.display()
+    );
+    ensure!(std::process::Command::new("sh").arg("-c").arg(&tar).status()?.success());
+    let d = t.elapsed();
+    std::fs::remove_dir_all(&dir)?;
+    std::fs::remove_file(work.join("floor.tar"))?;
+    Ok(d)
 }

@@ -77,7 +77,7 @@ impl Http {
     }
 }
 
-fn json(body: &str) -> serde_json::Value {
+pub(crate) fn json(body: &str) -> serde_json::Value {
     serde_json::from_str(body).unwrap_or_default()
 }
 
