@@ -412,6 +412,17 @@ fn a_sandbox_moves_with_its_files_id_and_token_and_any_node_reaches_it() {
     assert_eq!(exec_via(&a, id, token, HASH), before);
 }
 
+/// Moves `id` from `a` to `b` with `a` set to kill itself at `point`, then starts `a` again.
+fn move_crashing_at(a: &mut Sandboxd, b: &Sandboxd, id: &str, token: &str, point: &str) {
+    a.crash_at = Some(point.into());
+    a.restart();
+    eventually("a back in the mesh", || peer_names(b) == ["a"] && peer_names(a) == ["b"]);
+    let move_to_b = format!("/v1/sandboxes/{id}/move");
+    let answer = try_http(a.addr, "POST", &move_to_b, Some(token), r#"{"to": "b"}"#);
+    assert!(answer.is_none(), "{point}: answered {answer:?} instead of crashing");
+    a.wait_crash_and_restart();
+}
+
 #[test]
 fn a_move_interrupted_by_a_crash_leaves_the_sandbox_exactly_once() {
     let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
@@ -451,20 +462,7 @@ fn a_move_interrupted_by_a_crash_leaves_the_sandbox_exactly_once() {
     // The source dies after uploading, before the target took it: after its restart the
     // sandbox is still on the source, hibernated, and wakes on the next call.
     eventually("b back in the mesh", || peer_names(&a) == ["b"]);
-    a.crash_at = Some("move:uploaded".into());
-    a.restart();
-    eventually("a back in the mesh", || peer_names(&b) == ["a"] && peer_names(&a) == ["b"]);
-    assert!(
-        try_http(
-            a.addr,
-            "POST",
-            &format!("/v1/sandboxes/{id}/move"),
-            Some(token),
-            r#"{"to": "b"}"#
-        )
-        .is_none()
-    );
-    a.wait_crash_and_restart();
+    move_crashing_at(&mut a, &b, id, token, "move:uploaded");
     // Until the move is settled (the target asked) calls answer 503 `moving`; then it wakes.
     eventually("settled on a", || exec_ok(&a));
     assert!(held(&a));
@@ -474,20 +472,7 @@ fn a_move_interrupted_by_a_crash_leaves_the_sandbox_exactly_once() {
     // The source dies right after the switch: after its restart it learns the target holds
     // the sandbox and forgets its own copy.
     eventually("a back in the mesh", || peer_names(&b) == ["a"] && peer_names(&a) == ["b"]);
-    a.crash_at = Some("move:switched".into());
-    a.restart();
-    eventually("a back in the mesh", || peer_names(&b) == ["a"] && peer_names(&a) == ["b"]);
-    assert!(
-        try_http(
-            a.addr,
-            "POST",
-            &format!("/v1/sandboxes/{id}/move"),
-            Some(token),
-            r#"{"to": "b"}"#
-        )
-        .is_none()
-    );
-    a.wait_crash_and_restart();
+    move_crashing_at(&mut a, &b, id, token, "move:switched");
     eventually("settled on b", || !held(&a) && held(&b));
     assert!(!on(&a));
     eventually("a knows where b is", || {
