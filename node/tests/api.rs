@@ -2,7 +2,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 
 use common::*;
 use serde_json::{Value, json};
@@ -56,46 +56,13 @@ fn relay_carries_the_silkd_protocol() {
     let s = node.claim("{}");
     let (id, token) = (s["id"].as_str().unwrap(), s["token"].as_str().unwrap());
 
-    let mut stream = std::net::TcpStream::connect(node.addr).unwrap();
-    write!(stream, "GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n").unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut status = String::new();
-    reader.read_line(&mut status).unwrap();
-    assert!(status.contains("101"), "{status}");
-    loop {
-        let mut line = String::new();
-        reader.read_line(&mut line).unwrap();
-        if line == "\r\n" {
-            break;
-        }
-    }
-    assert!(reader.buffer().is_empty());
+    let stream = upgrade(node.addr, id, token);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
-        stream.set_nonblocking(true).unwrap();
-        let mut conn =
-            silk_proto::Connection::new(tokio::net::TcpStream::from_std(stream).unwrap());
+        let mut conn = relay_connection(stream);
         use silk_proto::*;
-        conn.send(&Frame::Exec(ExecRequest {
-            command: Command {
-                argv: vec!["sh".into(), "-c".into(), "echo through the relay".into()],
-                ..Default::default()
-            },
-            ..Default::default()
-        }))
-        .await
-        .unwrap();
-        let mut out = vec![];
-        loop {
-            match conn.recv().await.unwrap().unwrap() {
-                Frame::Stdout(b) => out.extend_from_slice(&b),
-                Frame::Exit(e) => {
-                    assert_eq!(e.code, 0);
-                    break;
-                }
-                _ => {}
-            }
-        }
+        let (out, code) = relay_exec(&mut conn, &["sh", "-c", "echo through the relay"]).await;
+        assert_eq!(code, 0);
         assert_eq!(out, b"through the relay\n");
         // Files too, on the same relayed connection.
         conn.queue(&Frame::Write(WriteRequest {

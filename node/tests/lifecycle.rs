@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
-
 use common::*;
 use serde_json::{Value, json};
 
@@ -333,11 +331,7 @@ fn idle_sandboxes_hibernate_but_not_while_a_relay_connection_is_open() {
     );
     let b = claim(&node, "{}");
     sh(&node, &b, "echo idle > /root/f");
-    let mut stream = std::net::TcpStream::connect(node.addr).unwrap();
-    write!(stream, "GET /v1/sandboxes/{}/agent HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n", b.id, b.token).unwrap();
-    let mut status = String::new();
-    BufReader::new(stream.try_clone().unwrap()).read_line(&mut status).unwrap();
-    assert!(status.contains("101"), "{status}");
+    let stream = upgrade(node.addr, &b.id, &b.token);
     std::thread::sleep(std::time::Duration::from_millis(2500));
     assert_eq!(state(&node, &b), "claimed", "an open relay connection keeps it awake");
     drop(stream);

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -262,42 +262,12 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     assert_eq!(status, 404);
 
     // The data plane through front: an upgraded connection carrying silk-proto to the sandbox.
-    let mut stream = std::net::TcpStream::connect(front.addr).unwrap();
-    write!(stream, "GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n").unwrap();
-    let mut reader = BufReader::new(stream.try_clone().unwrap());
-    let mut line = String::new();
-    reader.read_line(&mut line).unwrap();
-    assert!(line.contains("101"), "{line}");
-    loop {
-        line.clear();
-        reader.read_line(&mut line).unwrap();
-        if line == "\r\n" {
-            break;
-        }
-    }
+    let stream = upgrade(front.addr, id, token);
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
-        stream.set_nonblocking(true).unwrap();
-        let mut conn =
-            silk_proto::Connection::new(tokio::net::TcpStream::from_std(stream).unwrap());
-        use silk_proto::*;
-        conn.send(&Frame::Exec(ExecRequest {
-            command: Command { argv: vec!["echo".into(), "relayed".into()], ..Default::default() },
-            ..Default::default()
-        }))
-        .await
-        .unwrap();
-        let mut out = vec![];
-        loop {
-            match conn.recv().await.unwrap().unwrap() {
-                Frame::Stdout(b) => out.extend_from_slice(&b),
-                Frame::Exit(e) => {
-                    assert_eq!(e.code, 0);
-                    break;
-                }
-                _ => {}
-            }
-        }
+        let mut conn = relay_connection(stream);
+        let (out, code) = relay_exec(&mut conn, &["echo", "relayed"]).await;
+        assert_eq!(code, 0);
         assert_eq!(out, b"relayed\n");
     });
     let (status, _) = front.req("DELETE", &format!("/v1/sandboxes/{id}"), Some(token), None);

@@ -268,6 +268,48 @@ pub fn s3_store_toml() -> String {
     )
 }
 
+/// `GET /v1/sandboxes/{id}/agent` with `Upgrade: silkd` on a new connection: asserts the `101`,
+/// reads its headers, and returns the bare stream (nothing of silkd's read yet).
+pub fn upgrade(addr: SocketAddr, id: &str, token: &str) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n").unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut line = String::new();
+    reader.read_line(&mut line).unwrap();
+    assert!(line.contains("101"), "{line}");
+    while line != "\r\n" {
+        line.clear();
+        reader.read_line(&mut line).unwrap();
+    }
+    assert!(reader.buffer().is_empty(), "silkd bytes read with the headers");
+    stream
+}
+
+/// An upgraded stream as a silk-proto connection.
+pub fn relay_connection(stream: TcpStream) -> silk_proto::Connection<tokio::net::TcpStream> {
+    stream.set_nonblocking(true).unwrap();
+    silk_proto::Connection::new(tokio::net::TcpStream::from_std(stream).unwrap())
+}
+
+/// Runs `argv` over a silk-proto connection; returns its stdout and exit code.
+pub async fn relay_exec(
+    conn: &mut silk_proto::Connection<tokio::net::TcpStream>,
+    argv: &[&str],
+) -> (Vec<u8>, i32) {
+    use silk_proto::*;
+    let command =
+        Command { argv: argv.iter().map(|a| a.to_string()).collect(), ..Default::default() };
+    conn.send(&Frame::Exec(ExecRequest { command, ..Default::default() })).await.unwrap();
+    let mut out = vec![];
+    loop {
+        match conn.recv().await.unwrap().unwrap() {
+            Frame::Stdout(b) => out.extend_from_slice(&b),
+            Frame::Exit(e) => return (out, e.code),
+            _ => {}
+        }
+    }
+}
+
 pub fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..3000 {
         if cond() {
