@@ -68,7 +68,9 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
 
     /// Captures a sandbox's filesystem changes (and its memory where the engine can) into the
     /// file `into`, which appears only once the capture is complete (a crash mid-capture leaves
-    /// no file there, and the source as it was). The file belongs to the caller.
+    /// no file there, and the source as it was). The file belongs to the caller. A sandbox that
+    /// stopped on its own (its agent died, the host rebooted) can still be captured: its files
+    /// are all there is, and restoring them is how it comes back.
     fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot>;
 
     /// Freezes a snapshot as a golden: the base's golden (if any) and the snapshot's changes

@@ -97,6 +97,28 @@ fn a_restarted_engine_readopts_running_jails_and_sees_dead_ones() {
 }
 
 #[test]
+fn a_jail_whose_silkd_died_comes_back_from_its_files() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("x-a"), &small()).unwrap();
+    ok(&a, "mkdir -p /root/work && echo kept > /root/work/state");
+    unsafe { libc::kill(a.pid.unwrap() as i32, libc::SIGKILL) };
+    let stopped = (0..500).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        h.engine.list().unwrap().iter().any(|i| i.id == a.id && !i.running)
+    });
+    assert!(stopped, "the jail is seen to stop");
+
+    let tar = h.data.path().join("x-a.tar");
+    let snap = h.engine.snapshot(&a.id, SnapshotMode::Stop, &tar).unwrap();
+    assert!(traces(&h, &a.id, a.pid).is_empty(), "a stop snapshot removes the dead jail");
+    let back = h.engine.restore(&snap, &a.id, &small()).unwrap();
+    assert!(back.running);
+    assert_eq!(ok(&back, "cat /root/work/state"), "kept");
+    h.engine.destroy(&back.id).unwrap();
+}
+
+#[test]
 fn destroy_leaves_nothing_behind() {
     let h = Harness::new();
     let g = h.golden(&[]);

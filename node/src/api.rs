@@ -19,7 +19,6 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use silk_proto::{Command, Connection, ExecRequest, Frame};
-use tokio::net::UnixStream;
 
 use crate::claims::{ClaimRecord, ClaimRequest, checked_ttl};
 use crate::config::PoolConfig;
@@ -294,16 +293,14 @@ async fn exec(
     if req.argv.is_empty() {
         return Err(ApiError::bad_request("argv is empty"));
     }
-    // A hibernated or archived sandbox wakes: the call is slower, not an error.
+    // A hibernated or archived sandbox wakes (one whose silkd died restarts): the call is
+    // slower, not an error.
     let n = node.clone();
-    let live = detached(async move { n.wake(&id).await }).await?;
+    let (live, stream) = detached(async move { n.agent_stream(&id).await }).await?;
     let _active = relay::Active::new(&live);
     node.metrics.execs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let unavailable =
         |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "agent_unavailable", e);
-    let stream = UnixStream::connect(&live.agent)
-        .await
-        .map_err(|e| unavailable(format!("connect to silkd: {e}")))?;
     let mut conn = Connection::new(stream);
     let timeout = req.timeout_seconds.map(|s| Duration::from_secs(s).as_millis() as u64);
     let request = Frame::Exec(ExecRequest {

@@ -59,6 +59,7 @@ pub struct Metrics {
     pub relay_bytes: AtomicU64,
     pub execs: AtomicU64,
     pub hibernated: AtomicU64,
+    pub restarted: AtomicU64,
     pub woken: AtomicU64,
     pub archived: AtomicU64,
     pub checkpoints: AtomicU64,
@@ -122,6 +123,11 @@ impl Metrics {
             ),
             ("silkmesh_exec_total", "Buffered exec calls.", &self.execs),
             ("silkmesh_hibernated_total", "Sandboxes hibernated.", &self.hibernated),
+            (
+                "silkmesh_restarted_total",
+                "Sandboxes restarted from their files after their silkd died.",
+                &self.restarted,
+            ),
             (
                 "silkmesh_woken_total",
                 "Sandboxes woken (from hibernation or an archive).",

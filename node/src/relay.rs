@@ -9,7 +9,6 @@ use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
-use tokio::net::UnixStream;
 
 use crate::api::bearer;
 use crate::error::ApiError;
@@ -35,17 +34,12 @@ pub async fn agent(
             "send `Connection: upgrade` and `Upgrade: silkd`",
         ));
     }
-    // A hibernated or archived sandbox wakes first: the client sees a slower call.
+    // A hibernated or archived sandbox wakes first (one whose silkd died restarts): the client
+    // sees a slower call. Dialled before answering 101, so a failure is a clear error rather than
+    // a dropped stream.
     let (n, owned) = (node.clone(), id.clone());
-    let live = crate::api::detached(async move { n.wake(&owned).await }).await?;
-    // Dial before answering 101, so a dead agent is a clear 503 rather than a dropped stream.
-    let mut agent = UnixStream::connect(&live.agent).await.map_err(|e| {
-        ApiError::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "agent_unavailable",
-            format!("connect to silkd: {e}"),
-        )
-    })?;
+    let (live, mut agent) =
+        crate::api::detached(async move { n.agent_stream(&owned).await }).await?;
     let upgrade = hyper::upgrade::on(&mut req);
     let active = Active::new(&live);
     tokio::spawn(async move {

@@ -111,6 +111,35 @@ fn hibernate_frees_the_host_and_any_access_wakes_it_with_the_same_files() {
 }
 
 #[test]
+fn a_sandbox_whose_silkd_died_restarts_from_its_files_on_the_next_access() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, "{}");
+    sh(&node, &b, WRITE_TREE);
+    let before = sh(&node, &b, HASH_TREE);
+
+    // Its processes die (an OOM kill): the next exec restarts it, with the same files.
+    node.kill_sandbox_processes(&b.id);
+    assert_eq!(sh(&node, &b, HASH_TREE), before);
+    assert_eq!(state(&node, &b), "claimed");
+    let (status, metrics) = node.req("GET", "/metrics", None, None);
+    assert_eq!(status, 200);
+    assert!(metrics.as_str().unwrap().contains("silkmesh_restarted_total 1"), "{metrics}");
+
+    // The node and the sandbox's processes both die (a host reboot): after the node's restart
+    // the claim is still there, and the relay restarts it too.
+    node.kill9();
+    node.kill_sandbox_processes(&b.id);
+    node.restart();
+    assert_eq!(state(&node, &b), "claimed");
+    let stream = upgrade(node.addr, &b.id, &b.token);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (out, code) = rt.block_on(async {
+        relay_exec(&mut relay_connection(stream), &["sh", "-c", HASH_TREE]).await
+    });
+    assert_eq!((String::from_utf8_lossy(&out).trim(), code), (before.as_str(), 0));
+}
+
+#[test]
 fn checkpoints_branch_and_forks_are_independent_copies() {
     let node = Sandboxd::start(ONE_WARM);
     let b = claim(&node, r#"{"metadata": {"team": "x"}}"#);

@@ -439,11 +439,13 @@ impl Engine for JailEngine {
 
     fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot> {
         let record = self.record(id)?;
-        if self.live_pid(&record).is_none() {
-            return Err(EngineError::BadRequest(format!("sandbox {id} is not running")));
-        }
+        // A jail whose silkd died (or that a host reboot ended) still has its files: capturing
+        // them is how it comes back. Only a live one needs freezing for a consistent capture.
+        let live = self.live_pid(&record).is_some();
         let partial = partial_path(into);
-        self.cgroups.freeze(id, true)?;
+        if live {
+            self.cgroups.freeze(id, true)?;
+        }
         let captured = (|| {
             let file =
                 std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
@@ -458,6 +460,7 @@ impl Engine for JailEngine {
             Ok(bytes)
         })();
         let after = match mode {
+            SnapshotMode::KeepRunning if !live => Ok(()),
             SnapshotMode::KeepRunning => self.cgroups.freeze(id, false),
             SnapshotMode::Stop if captured.is_ok() => {
                 // The snapshot is committed: the caller has the sandbox's files. A sandbox that
@@ -468,6 +471,7 @@ impl Engine for JailEngine {
                 Ok(())
             }
             // A failed capture must leave the source as it was.
+            SnapshotMode::Stop if !live => Ok(()),
             SnapshotMode::Stop => self.cgroups.freeze(id, false),
         };
         let bytes = match captured {

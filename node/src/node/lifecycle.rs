@@ -9,6 +9,7 @@
 //! | hibernate | the intent (with the tar path) is journalled first; the engine writes the tar whole or not at all and stops the sandbox only after. At start: a tar there → hibernated; none → the sandbox still runs (the engine thaws one the crash left frozen) and is re-adopted. |
 //! | archive | always from a hibernated sandbox (a running one is hibernated first); the intent is journalled, the local tar kept until the archive's manifest is in the store. At start: manifest there → archived; otherwise still hibernated, retried later. |
 //! | wake | the tar (or the archive) is deleted only after the running state is journalled; a sandbox started but not journalled is removed at start. |
+//! | silkd dies (OOM kill, host reboot) | the claim and its box stay; the next data-plane access hibernates and wakes it: its files come back exactly, its processes restart. |
 //! | checkpoint, fork, branch, promote | nothing is journalled until the result is whole: a crash leaves the source as it was, and scratch files and half-made sandboxes are removed at start. A checkpoint's manifest is its commit point. |
 
 use std::collections::BTreeMap;
@@ -20,6 +21,7 @@ use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use silk_engine::{BoxInfo, BoxSpec, Golden, SandboxId, Snapshot, SnapshotMode};
 use silk_store::{ObjectStore, SnapshotName, SnapshotStore, StoreError};
+use tokio::net::UnixStream;
 use tokio::task::JoinSet;
 
 use super::{Claimed, Live, Node, State, blocking, new_record, now_ms};
@@ -272,6 +274,43 @@ impl Node {
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
         self.wake_locked(live).await
+    }
+
+    /// A connection to the sandbox's silkd, for the data plane: woken first if it sleeps, and
+    /// restarted from its files if its silkd died (an OOM kill, a host reboot). Either way the
+    /// client sees a slower call, and processes restart as on any wake.
+    pub async fn agent_stream(&self, id: &str) -> Result<(Live, UnixStream), ApiError> {
+        let live = self.wake(id).await?;
+        if let Ok(stream) = UnixStream::connect(&live.agent).await {
+            return Ok((live, stream));
+        }
+        let _busy = self.busy(id).await;
+        let live = self.wake_locked(self.current(id)?).await?;
+        let refused = match UnixStream::connect(&live.agent).await {
+            Ok(stream) => return Ok((live, stream)), // another call brought it back
+            Err(e) => e,
+        };
+        let engine = self.engine.clone();
+        let boxes = blocking(move || engine.list()).await?;
+        if boxes.iter().any(|b| b.id.as_str() == id && b.running) {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "agent_unavailable",
+                format!("connect to silkd: {refused}"),
+            ));
+        }
+        tracing::warn!(sandbox = id, "its silkd is gone; restarting the sandbox from its files");
+        self.hibernate_locked(live).await?;
+        let live = self.wake_locked(self.current(id)?).await?;
+        self.metrics.restarted.fetch_add(1, Ordering::Relaxed);
+        let stream = UnixStream::connect(&live.agent).await.map_err(|e| {
+            ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "agent_unavailable",
+                format!("connect to silkd after a restart: {e}"),
+            )
+        })?;
+        Ok((live, stream))
     }
 
     async fn wake_locked(&self, live: Live) -> Result<Live, ApiError> {
@@ -1218,14 +1257,13 @@ impl Node {
     // ---- recovery at start ----
 
     /// Brings one journalled claim back after a restart: finishes or rolls back an interrupted
-    /// operation (see the module docs). `None`: the sandbox is gone. The flag says whether the
-    /// record changed.
+    /// operation (see the module docs). `found`: its box, running or not. `None`: the sandbox is
+    /// gone. The flag says whether the record changed.
     pub(super) async fn recover(
         &self,
         mut rec: ClaimRecord,
-        running: Option<&BoxInfo>,
+        found: Option<&BoxInfo>,
     ) -> Option<(Live, bool)> {
-        let running = running.filter(|b| b.running);
         let mut changed = false;
         match rec.intent.take() {
             Some(Intent::Hibernate(snap)) => {
@@ -1267,7 +1305,9 @@ impl Node {
             None => {}
         }
         let base = match rec.state {
-            SandboxState::Claimed => Some(running?.base.clone()),
+            // Its box stays even if it stopped (a host reboot): the next access restarts it
+            // from its files (`agent_stream`).
+            SandboxState::Claimed => Some(found?.base.clone()),
             SandboxState::Hibernated => {
                 let snap = rec.stopped.as_ref()?;
                 if !snap.layer_tar.is_file() {
@@ -1279,7 +1319,7 @@ impl Node {
             SandboxState::Archived => None,
             SandboxState::Warm | SandboxState::Released => return None,
         };
-        let agent = running.map(super::agent_path).unwrap_or_default();
+        let agent = found.map(super::agent_path).unwrap_or_default();
         let activity = super::Activity::new();
         Some((Live { record: rec, agent, base, activity }, changed))
     }

@@ -157,29 +157,45 @@ impl Sandboxd {
     }
 }
 
+impl Sandboxd {
+    /// This node's cgroup parent for `controller` (named after its engine's data directory).
+    fn cgroup_parent(&self, controller: &str) -> PathBuf {
+        let engine = self.data().join("engine");
+        let instance = blake3::hash(engine.as_os_str().as_encoded_bytes()).to_hex();
+        Path::new("/sys/fs/cgroup").join(controller).join(format!("silkmesh-{}", &instance[..12]))
+    }
+
+    /// Kills every process of one sandbox, silkd first among them: what an OOM kill or a host
+    /// reboot does to it.
+    pub fn kill_sandbox_processes(&self, id: &str) {
+        kill_group(&self.cgroup_parent("pids").join(id));
+    }
+}
+
+/// SIGKILLs everything in a cgroup until it is empty.
+fn kill_group(group: &Path) {
+    for _ in 0..500 {
+        let procs = std::fs::read_to_string(group.join("cgroup.procs")).unwrap_or_default();
+        if procs.trim().is_empty() {
+            return;
+        }
+        for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 impl Drop for Sandboxd {
     fn drop(&mut self) {
         // Stop the node, then kill whatever its jails left: everything in this node's own cgroup
-        // parent (named after its engine's data directory), never another node's.
+        // parent, never another node's.
         self.kill9();
-        let engine = self.data().join("engine");
-        let instance = blake3::hash(engine.as_os_str().as_encoded_bytes()).to_hex();
-        let parent = format!("silkmesh-{}", &instance[..12]);
         for ctl in ["memory", "cpu", "pids", "freezer"] {
-            let group = Path::new("/sys/fs/cgroup").join(ctl).join(&parent);
+            let group = self.cgroup_parent(ctl);
             let Ok(sandboxes) = std::fs::read_dir(&group) else { continue };
             for sandbox in sandboxes.flatten().filter(|s| s.path().is_dir()) {
-                for _ in 0..500 {
-                    let procs = std::fs::read_to_string(sandbox.path().join("cgroup.procs"))
-                        .unwrap_or_default();
-                    if procs.trim().is_empty() {
-                        break;
-                    }
-                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                    }
-                    std::thread::sleep(Duration::from_millis(2));
-                }
+                kill_group(&sandbox.path());
                 let _ = std::fs::remove_dir(sandbox.path());
             }
             let _ = std::fs::remove_dir(&group);
