@@ -818,9 +818,9 @@ impl Node {
         for pool in self.lock().pools.values_mut() {
             let n = pool.wanted(now);
             pool.starting += n;
-            starts.extend(std::iter::repeat_n(pool.key.clone(), n));
+            starts.extend(std::iter::repeat_n((pool.key.clone(), pool.generation()), n));
         }
-        for key in starts {
+        for (key, generation) in starts {
             let node = self.clone();
             tokio::spawn(async move {
                 let started = node.start_warm(&key).await;
@@ -833,7 +833,13 @@ impl Node {
                     return;
                 };
                 match started {
-                    Ok(info) => pool.started(info),
+                    Ok(info) => {
+                        if let Some(stale) = pool.started(info, generation) {
+                            node.teardown(stale.id);
+                            drop(st);
+                            node.refill.notify_one();
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(pool = %key, "refill failed: {e}");
                         node.metrics.refill_failures.fetch_add(1, Ordering::Relaxed);

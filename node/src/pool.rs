@@ -46,6 +46,8 @@ pub struct Pool {
     pub ready: VecDeque<BoxInfo>,
     /// Starts in flight.
     pub starting: usize,
+    /// Bumped by `flush`: a start begun before it may carry the old base.
+    generation: u64,
     failures: u32,
     retry_at: Option<Instant>,
     last_miss: Option<Instant>,
@@ -62,6 +64,7 @@ impl Pool {
             target: warm,
             ready: VecDeque::new(),
             starting: 0,
+            generation: 0,
             failures: 0,
             retry_at: None,
             last_miss: None,
@@ -96,11 +99,29 @@ impl Pool {
         }
     }
 
-    pub fn started(&mut self, info: BoxInfo) {
+    /// What a start begun now passes back to `started`.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// A start of `generation` finished. A sandbox begun before the last `flush` is handed back,
+    /// to be torn down: it may run on the old base.
+    pub fn started(&mut self, info: BoxInfo, generation: u64) -> Option<BoxInfo> {
         self.starting = self.starting.saturating_sub(1);
+        if generation != self.generation {
+            return Some(info);
+        }
         self.failures = 0;
         self.retry_at = None;
         self.ready.push_back(info);
+        None
+    }
+
+    /// Empties the pool after its template's base changed (a promote replaced it): returns the
+    /// ready sandboxes to tear down, and makes `started` refuse the starts in flight.
+    pub fn flush(&mut self) -> Vec<BoxInfo> {
+        self.generation += 1;
+        self.ready.drain(..).collect()
     }
 
     pub fn start_failed(&mut self, now: Instant) {
@@ -180,9 +201,26 @@ mod tests {
         assert_eq!(p.wanted(t0 + BACKOFF_FIRST), 0, "second failure waits twice as long");
         assert_eq!(p.wanted(t0 + 2 * BACKOFF_FIRST), 1);
         p.starting = 1;
-        p.started(info());
+        assert!(p.started(info(), p.generation()).is_none());
         assert_eq!(p.wanted(t0), 0, "full");
         assert!(p.take(t0).is_some());
         assert_eq!(p.wanted(t0), 1, "refill after a hit, no backoff left");
+    }
+
+    #[test]
+    fn a_flush_drops_the_ready_and_refuses_the_starts_in_flight() {
+        let t0 = Instant::now();
+        let mut p = pool(2, 2);
+        assert_eq!(p.wanted(t0), 2);
+        p.starting = 2;
+        let before = p.generation();
+        assert!(p.started(info(), before).is_none());
+        assert_eq!(p.flush().len(), 1, "the ready one goes");
+        assert!(p.started(info(), before).is_some(), "begun on the old base: handed back");
+        assert_eq!((p.ready.len(), p.starting), (0, 0));
+        assert_eq!(p.wanted(t0), 2, "both are started again, without backoff");
+        p.starting = 2;
+        assert!(p.started(info(), p.generation()).is_none());
+        assert_eq!(p.ready.len(), 1);
     }
 }

@@ -808,10 +808,11 @@ impl Node {
             .map_err(|e| ApiError::internal(format!("persist promoted templates: {e}")))
     }
 
-    /// Warm sandboxes of `template` were made from its old golden: they go.
+    /// Warm sandboxes of `template` were made from its old golden: they go, and so do those
+    /// being started now.
     fn flush_pools(&self, st: &mut State, template: &str) {
         for pool in st.pools.values_mut().filter(|p| p.key.template == template) {
-            for info in pool.ready.drain(..) {
+            for info in pool.flush() {
                 self.teardown(info.id);
             }
         }
