@@ -1,0 +1,398 @@
+//! The fleet's part of the lifecycle: what crosses nodes through the shared store and the mesh.
+//! Waking an archive on any node (claim records published in the store, one waker by lease),
+//! moving a sandbox to a peer (the switch and its recovery when an answer is lost), and goldens
+//! shared through the store instead of built on every node.
+
+use super::*;
+
+impl Node {
+    // ---- wake anywhere ----
+
+    fn claim_key(id: &str) -> Result<silk_store::Key, ApiError> {
+        silk_store::Key::new(format!("claims/{id}")).map_err(ApiError::from)
+    }
+
+    /// Puts an archived claim's record in the store (`claims/<id>`): while it is there, the
+    /// sandbox is archived and any node may wake it.
+    pub(super) async fn publish_archived(&self, rec: &ClaimRecord) -> Result<(), ApiError> {
+        let json = serde_json::to_vec(rec).map_err(|e| ApiError::internal(e.to_string()))?;
+        self.store.object_store().put_bytes(&Self::claim_key(&rec.id)?, json.into()).await?;
+        Ok(())
+    }
+
+    pub(in crate::node) async fn unpublish_archived(&self, id: &str) {
+        let Ok(key) = Self::claim_key(id) else { return };
+        if let Err(e) = self.store.object_store().delete(&[key]).await {
+            tracing::warn!(sandbox = id, "removing the archived claim from the store: {e}");
+        }
+    }
+
+    /// Whether the store still says sandbox `id` is archived (`None`: the store cannot say).
+    pub(in crate::node) async fn still_archived(&self, id: &str) -> Option<bool> {
+        match self.store.object_store().head(&Self::claim_key(id).ok()?).await {
+            Ok(_) => Some(true),
+            Err(StoreError::NotFound { .. }) => Some(false),
+            Err(_) => None,
+        }
+    }
+
+    /// Wakes, on this node, an archived sandbox that no live node holds (its node died): takes
+    /// its lease in the store, adopts it from its archive, and removes its claim record there.
+    /// `Ok(false)`: no such archived sandbox (or not for this token).
+    pub async fn wake_orphan(&self, id: &str, token: Option<&str>) -> Result<bool, ApiError> {
+        let key = Self::claim_key(id)?;
+        let bytes = match self.store.object_store().get_bytes(&key).await {
+            Ok(b) => b,
+            Err(StoreError::NotFound { .. }) => return Ok(false),
+            Err(e) => return Err(e.into()),
+        };
+        let rec: ClaimRecord = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::internal(format!("{key}: {e}")))?;
+        let own = token.is_some_and(|t| crate::claims::token_matches(t, &rec.token_hash));
+        if !own && !self.is_root(token) {
+            return Ok(false);
+        }
+        let archive = rec
+            .archive
+            .clone()
+            .ok_or_else(|| ApiError::internal("an archived claim without its archive"))?;
+        let woken = async {
+            // Another node may have finished just before we took the lease.
+            if self.still_archived(id).await != Some(true) {
+                return Err(waking_elsewhere(id));
+            }
+            self.adopt(rec, &archive).await?;
+            self.unpublish_archived(id).await;
+            self.drop_archive(&archive).await;
+            Ok(true)
+        };
+        self.under_wake_lease(id, woken).await
+    }
+
+    /// Runs `wake` holding sandbox `id`'s wake lease in the store, so that of all the nodes
+    /// trying to wake one archive at once exactly one does.
+    pub(super) async fn under_wake_lease<T>(
+        &self,
+        id: &str,
+        wake: impl std::future::Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
+        let objects = self.store.object_store().clone();
+        let lease =
+            silk_store::Lease::acquire(&*objects, &format!("leases/{id}"), &self.name, WAKE_LEASE)
+                .await?
+                .ok_or_else(|| waking_elsewhere(id))?;
+        let woken = wake.await;
+        if let Err(e) = lease.release(&*objects).await {
+            tracing::warn!(sandbox = id, "releasing the wake lease: {e} (it expires by itself)");
+        }
+        woken
+    }
+
+    // ---- move ----
+
+    /// Moves a sandbox to another node (`to`, or the least loaded live peer): hibernate here,
+    /// upload, the target starts and journals it (the switch), then this node forgets it. The
+    /// id and token stay; any node finds the new owner. A failure before the switch leaves the
+    /// sandbox here (running again if it was).
+    pub async fn move_sandbox(
+        self: &std::sync::Arc<Self>,
+        id: &str,
+        to: Option<&str>,
+    ) -> Result<(ClaimRecord, silk_mesh::NodeState), ApiError> {
+        let peers = self.peers.clone().ok_or_else(|| {
+            conflict("this node is not in a mesh: there is nowhere to move to".into())
+        })?;
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        let target = match to {
+            Some(name) => peers.mesh.peer(name).ok_or_else(|| {
+                ApiError::new(
+                    StatusCode::NOT_FOUND,
+                    "peer_not_found",
+                    format!("no live peer {name:?}"),
+                )
+            })?,
+            None => peers
+                .mesh
+                .peers()
+                .iter()
+                .filter(|p| p.state.as_ref().is_some_and(|s| !s.draining && s.claims < s.capacity))
+                .min_by_key(|p| p.state.as_ref().map(|s| (s.claims, s.capacity)))
+                .cloned()
+                .ok_or_else(|| conflict("no live peer can take the sandbox".into()))?,
+        };
+        let was_running = match live.record.state {
+            SandboxState::Claimed => true,
+            SandboxState::Hibernated => false,
+            other => {
+                return Err(conflict(format!("a sandbox that is {other:?} must be woken first")));
+            }
+        };
+        let (mut rec, snap) = self.stop_here(live, was_running).await?;
+        let archive = format!("{id}.{}", random_hex(8));
+        let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
+        rec.intent =
+            Some(Intent::Move { archive: archive.clone(), target: target.id.name.clone() });
+        self.put_record(&rec).await?;
+        crash_point("move:intent");
+        let handed = async {
+            self.upload(&name, &snap, &rec, BTreeMap::new()).await?;
+            crash_point("move:uploaded");
+            let mut theirs = rec.clone();
+            theirs.intent = None;
+            peers.adopt(&target, &theirs, &archive).await
+        }
+        .await;
+        if let Err(e) = handed.as_ref().map_err(|e| e.code)
+            && e == "peer_unavailable"
+        {
+            // The target may or may not have taken it (the answer was lost): settle by asking
+            // it, and keep the sandbox here, stopped, until it answers.
+            tokio::spawn(self.clone().settle_move(id.to_string()));
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "moving",
+                format!(
+                    "{}: the target did not answer; the move settles once it does",
+                    target.id.name
+                ),
+            ));
+        }
+        if let Err(e) = handed {
+            // Refused, or failed before the target was asked: it stays here, as it was.
+            self.undo_stop(rec, Some(&archive), was_running, "move").await?;
+            return Err(e);
+        }
+        crash_point("move:switched");
+        self.forget_moved(id, &snap, &archive).await?;
+        self.metrics.moved.fetch_add(1, Ordering::Relaxed);
+        let mut moved = rec;
+        moved.intent = None;
+        moved.state = SandboxState::Claimed;
+        let mut to = target.state.clone().unwrap_or_default();
+        to.name = target.id.name.clone();
+        Ok((moved, to))
+    }
+
+    /// After the switch: the sandbox lives on the target; this node drops its copy.
+    async fn forget_moved(&self, id: &str, snap: &Snapshot, archive: &str) -> Result<(), ApiError> {
+        self.journal.commit(vec![Change::Delete(id.to_string())]).await.map_err(journal_error)?;
+        if let Some(live) = self.lock().claims.remove(id) {
+            live.activity.hangup.notify_waiters();
+        }
+        let _ = std::fs::remove_file(&snap.layer_tar);
+        self.drop_archive(archive).await;
+        Ok(())
+    }
+
+    /// The target's side of a move: start the sandbox from its archive under the same id, and
+    /// journal it (the switch). Idempotent.
+    pub async fn adopt(&self, mut record: ClaimRecord, archive: &str) -> Result<(), ApiError> {
+        let _busy = self.busy(&record.id).await;
+        if self.get(&record.id).is_some() {
+            return Ok(());
+        }
+        {
+            let mut st = self.lock();
+            self.admit(&mut st, 1)?;
+            st.adopting.insert(record.id.clone());
+        }
+        let id = record.id.clone();
+        let result = async {
+            let name = SnapshotName::archive(archive).map_err(ApiError::from)?;
+            let (snap, _) = self.download(&name).await?;
+            let (engine, sid, spec, s) = (
+                self.engine.clone(),
+                record.id.parse::<SandboxId>()?,
+                box_spec(&record),
+                snap.clone(),
+            );
+            let restored = blocking(move || engine.restore(&s, &sid, &spec)).await;
+            let _ = std::fs::remove_file(&snap.layer_tar);
+            let info = restored?;
+            crash_point("adopt:restored");
+            if record.state == SandboxState::Archived {
+                // Woken from its archive: a fresh lease of its original length.
+                record.deadline_ms = now_ms() + record.lease_seconds * 1000;
+            }
+            record.state = SandboxState::Claimed;
+            record.state_since_ms = now_ms();
+            (record.stopped, record.archive, record.intent) = (None, None, None);
+            self.acknowledge(vec![(record, info)]).await
+        }
+        .await;
+        let mut st = self.lock();
+        st.pending -= 1;
+        st.adopting.remove(&id);
+        drop(st);
+        result
+    }
+
+    /// Whether a sandbox is being adopted here right now (started, not yet journalled).
+    pub fn is_adopting(&self, id: &str) -> bool {
+        self.lock().adopting.contains(id)
+    }
+
+    /// Settles moves a crash (or a lost answer) interrupted on this node: the target is
+    /// asked until it answers for certain — it holds the sandbox (this node forgets its copy) or
+    /// it does not (the copy here stays, hibernated). Until then calls answer 503 `moving`:
+    /// better unavailable for a while than running twice.
+    pub async fn settle_moves(self: std::sync::Arc<Self>) {
+        let pending: Vec<String> = self
+            .lock()
+            .claims
+            .values()
+            .filter(|l| matches!(l.record.intent, Some(Intent::Move { .. })))
+            .map(|l| l.record.id.clone())
+            .collect();
+        for id in pending {
+            tokio::spawn(self.clone().settle_move(id));
+        }
+    }
+
+    pub(in crate::node) async fn settle_move(self: std::sync::Arc<Self>, id: String) {
+        let Some(peers) = self.peers.clone() else { return };
+        let mut pause = std::time::Duration::from_millis(100);
+        loop {
+            let Some(Intent::Move { archive, target }) =
+                self.get(&id).and_then(|l| l.record.intent)
+            else {
+                return;
+            };
+            let held = match peers.mesh.peer(&target) {
+                Some(peer) => peers.holds(&peer, &id).await,
+                None => None,
+            };
+            if let Some(held) = held {
+                let _busy = self.busy(&id).await;
+                // Re-read under the lock: the record is what we act on.
+                let Some(live) = self.get(&id) else { return };
+                if !matches!(&live.record.intent, Some(Intent::Move { archive: a, .. }) if *a == archive)
+                {
+                    return;
+                }
+                let settled = if held {
+                    match &live.record.stopped {
+                        Some(s) => self.forget_moved(&id, s, &archive).await,
+                        None => Ok(()),
+                    }
+                } else {
+                    let mut back = live.record.clone();
+                    back.intent = None;
+                    self.drop_archive(&archive).await;
+                    self.put_record(&back).await
+                };
+                match settled {
+                    Ok(()) => {
+                        tracing::info!(sandbox = id, moved = held, "interrupted move settled")
+                    }
+                    Err(e) => tracing::warn!(sandbox = id, "settling an interrupted move: {e}"),
+                }
+                return;
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(5));
+        }
+    }
+
+    // ---- shared goldens and bases ----
+
+    /// A golden a peer built, from the store (`goldens/<template>/<digest>`), or `None` when no
+    /// node has shared it.
+    pub(in crate::node) async fn fetch_golden(
+        &self,
+        template: &silk_engine::Template,
+        digest: &silk_engine::Digest,
+    ) -> Result<Option<Golden>, ApiError> {
+        let name = SnapshotName::golden(&template.name, &digest.0).map_err(ApiError::from)?;
+        let path = self.scratch_tar("golden");
+        let got = async {
+            let mut file = tokio::fs::File::create(&path)
+                .await
+                .map_err(|e| ApiError::internal(format!("create {}: {e}", path.display())))?;
+            match self.store.get(&name, &mut file).await {
+                Ok(_) => {}
+                Err(StoreError::NotFound { .. }) => return Ok(None),
+                Err(e) => return Err(e.into()),
+            }
+            let (engine, t, d, p) =
+                (self.engine.clone(), template.clone(), digest.clone(), path.clone());
+            let g = blocking(move || engine.import_golden(&t, &d, &p)).await?;
+            self.metrics.golden_downloads.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(golden = %name, "golden fetched from the store");
+            Ok(Some(g))
+        }
+        .await;
+        let _ = std::fs::remove_file(&path);
+        got
+    }
+
+    /// Uploads a golden built here for other nodes, in the background.
+    pub(in crate::node) fn share_golden(&self, golden: Golden) {
+        let Ok(name) = SnapshotName::golden(&golden.template.name, &golden.digest.0) else {
+            return;
+        };
+        let (engine, store, path) =
+            (self.engine.clone(), self.store.clone(), self.scratch_tar("golden-up"));
+        tokio::spawn(async move {
+            let p = path.clone();
+            let g = golden.clone();
+            let exported = tokio::task::spawn_blocking(move || engine.export_golden(&g, &p)).await;
+            let shared = match exported {
+                Ok(Ok(())) => match tokio::fs::File::open(&path).await {
+                    Ok(file) => {
+                        let meta = BTreeMap::from([
+                            ("template".to_string(), golden.template.name.clone()),
+                            ("template_digest".to_string(), golden.template.digest.0.clone()),
+                        ]);
+                        store
+                            .put(&name, tokio::io::BufReader::with_capacity(1 << 20, file), meta)
+                            .await
+                            .map(|_| ())
+                            .map_err(|e| e.to_string())
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(e.to_string()),
+            };
+            let _ = std::fs::remove_file(&path);
+            match shared {
+                Ok(()) => tracing::info!(golden = %name, "golden shared through the store"),
+                Err(e) => tracing::warn!(golden = %name, "sharing the golden failed: {e}"),
+            }
+        });
+    }
+
+    /// A snapshot's base (made on any node) in this node's terms: its template resolved here
+    /// (same digest, or the snapshot cannot start here) and its golden found here or fetched
+    /// from the store.
+    pub(super) async fn local_base(
+        &self,
+        base: &silk_engine::Base,
+    ) -> Result<silk_engine::Base, ApiError> {
+        let mismatch = |m: String| ApiError::new(StatusCode::CONFLICT, "base_unavailable", m);
+        let template = self.template(&base.template.name).await.map_err(|e| {
+            mismatch(format!("template {:?} of the snapshot: {}", base.template.name, e.message))
+        })?;
+        if template.digest != base.template.digest {
+            return Err(mismatch(format!(
+                "template {:?} differs on this node from the snapshot's",
+                base.template.name
+            )));
+        }
+        let golden = match &base.golden {
+            None => None,
+            Some(g) => match self.engine.find_golden(&g.digest) {
+                Some(local) => Some(local),
+                None => Some(self.fetch_golden(&template, &g.digest).await?.ok_or_else(|| {
+                    mismatch(format!(
+                        "golden {} is neither here nor in the store",
+                        g.digest.short()
+                    ))
+                })?),
+            },
+        };
+        Ok(silk_engine::Base { template, golden })
+    }
+}
