@@ -73,6 +73,15 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     /// are all there is, and restoring them is how it comes back.
     fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot>;
 
+    /// Stops a sandbox and keeps its files where they are (the cheap hibernate): its processes
+    /// and memory are freed, `resume` starts it again on the same files (processes restart), and
+    /// `snapshot` can still capture it. Stopping a stopped sandbox does nothing.
+    fn stop(&self, id: &SandboxId) -> Result<()>;
+
+    /// Starts a stopped sandbox again on its files; a running one is answered as it is. A failure
+    /// leaves it stopped, its files kept.
+    fn resume(&self, id: &SandboxId) -> Result<BoxInfo>;
+
     /// Freezes a snapshot as a golden: the base's golden (if any) and the snapshot's changes
     /// merged into one read-only layer, so new sandboxes clone from it (promote).
     fn golden_from_snapshot(&self, snapshot: &Snapshot) -> Result<Golden>;

@@ -25,6 +25,12 @@ fn contract_snapshots() {
 }
 
 #[test]
+fn contract_stop_and_resume() {
+    let h = Harness::new();
+    contract::stopped_sandboxes_resume_on_their_files(&h.engine, &h.host(), h.data.path());
+}
+
+#[test]
 fn contract_errors() {
     let h = Harness::new();
     contract::errors_are_typed(&h.engine, &h.host(), h.data.path());

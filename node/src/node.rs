@@ -89,6 +89,17 @@ pub struct Live {
     pub activity: Arc<Activity>,
 }
 
+impl Live {
+    /// Whether the engine holds a box for it: running, or hibernated in place.
+    fn has_box(&self) -> bool {
+        match self.record.state {
+            SandboxState::Claimed => true,
+            SandboxState::Hibernated => self.record.stopped.is_none(),
+            _ => false,
+        }
+    }
+}
+
 /// Data-plane use of one sandbox, for idle hibernation.
 #[derive(Debug, Default)]
 pub struct Activity {
@@ -238,13 +249,10 @@ impl Node {
                 None => changes.push(Change::Delete(id)),
             }
         }
-        // A box is kept only for a claim that runs on it.
+        // A box is kept only for a claim that runs on it, or is hibernated in it.
         let doomed: Vec<_> = boxes
             .into_values()
-            .filter(|b| {
-                kept.get(b.id.as_str())
-                    .is_none_or(|l: &Live| l.record.state != SandboxState::Claimed)
-            })
+            .filter(|b| kept.get(b.id.as_str()).is_none_or(|l: &Live| !l.has_box()))
             .map(|b| b.id)
             .collect();
         tracing::info!(
@@ -571,11 +579,12 @@ impl Node {
         self.lock().busy.remove(id);
         match live.record.state {
             SandboxState::Claimed => self.teardown(live.record.id.parse()?),
-            SandboxState::Hibernated => {
-                if let Some(s) = &live.record.stopped {
+            SandboxState::Hibernated => match &live.record.stopped {
+                Some(s) => {
                     let _ = std::fs::remove_file(&s.layer_tar);
                 }
-            }
+                None => self.teardown(live.record.id.parse()?),
+            },
             SandboxState::Archived => {
                 self.unpublish_archived(id).await;
                 if let Some(name) = &live.record.archive {

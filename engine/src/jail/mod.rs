@@ -199,6 +199,19 @@ impl JailEngine {
                 .map_err(EngineError::io(format!("open {}", tar.display())))?;
             layer::apply(file, &upper, Whiteouts::Overlay)?;
         }
+        self.launch_box(base, id, spec, dir)
+    }
+
+    /// Starts the jail of a box whose directories (upper, work, root) exist: a new one, or a
+    /// stopped one resuming on its files.
+    fn launch_box(
+        &self,
+        base: Base,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        dir: &Path,
+    ) -> Result<BoxInfo> {
+        let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
         let mut lowers = vec![];
         if let Some(golden) = &base.golden {
             lowers.push(golden.layer.clone());
@@ -213,6 +226,7 @@ impl JailEngine {
                 socket.display()
             )));
         }
+        let _ = std::fs::remove_file(&socket); // a stopped jail's
         let listener = UnixListener::bind(&socket).map_err(EngineError::io("bind agent socket"))?;
         let launch = LaunchSpec {
             hostname: id.to_string(),
@@ -550,6 +564,29 @@ impl Engine for JailEngine {
             });
         }
         self.create(snapshot.base.clone(), id, spec, Some(&snapshot.layer_tar))
+    }
+
+    fn stop(&self, id: &SandboxId) -> Result<()> {
+        let record = self.record(id)?;
+        // The rootfs mount lives in the jail's own mount namespace: it goes with the jail, and
+        // the upper directory stays.
+        self.kill(id, self.live_pid(&record))
+    }
+
+    fn resume(&self, id: &SandboxId) -> Result<BoxInfo> {
+        let record = self.record(id)?;
+        if let Some(pid) = self.live_pid(&record) {
+            return Ok(BoxInfo { pid: Some(pid), running: true, ..record.info });
+        }
+        // A jail that died by itself can leave its cgroups behind.
+        self.cgroups.remove(id)?;
+        let info = record.info;
+        let resumed = self.launch_box(info.base, id, &info.spec, &self.box_dir(id));
+        if resumed.is_err() {
+            // Its files stay: a failed resume leaves a stopped sandbox, never a lost one.
+            let _ = self.cgroups.remove(id);
+        }
+        resumed
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<()> {

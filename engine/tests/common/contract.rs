@@ -76,6 +76,35 @@ pub fn snapshot_and_restore_keep_the_filesystem(e: &dyn Engine, t: &Template, sc
     }
 }
 
+/// Stop frees the processes and keeps the files; resume starts the same sandbox on them. A
+/// stopped sandbox can still be captured and destroyed.
+pub fn stopped_sandboxes_resume_on_their_files(e: &dyn Engine, t: &Template, scratch: &Path) {
+    let g = e.prepare(t, &Warmup::default()).unwrap();
+    let a = e.clone_golden(&g, &id("c-park"), &small()).unwrap();
+    ok(&a, "mkdir -p /srv/p && echo parked > /srv/p/f && rm /etc/hosts");
+    e.stop(&a.id).unwrap();
+    e.stop(&a.id).unwrap(); // idempotent
+    let listed = e.list().unwrap();
+    let row = listed.iter().find(|b| b.id == a.id).expect("a stopped sandbox is still listed");
+    assert!(!row.running);
+
+    let snap = e.snapshot(&a.id, SnapshotMode::KeepRunning, &scratch.join("park.tar")).unwrap();
+    let back = e.resume(&a.id).unwrap();
+    assert!(back.running);
+    assert_eq!(ok(&back, "cat /srv/p/f"), "parked");
+    assert_ne!(sh(&back, "test -e /etc/hosts").0, 0, "a deletion survives a stop");
+    assert_eq!(ok(&back, "hostname"), "c-park");
+    let same = e.resume(&a.id).unwrap();
+    assert_eq!(same.pid, back.pid, "resuming a running sandbox changes nothing");
+
+    let copy = e.restore(&snap, &id("c-park2"), &small()).unwrap();
+    assert_eq!(ok(&copy, "cat /srv/p/f"), "parked", "a stopped sandbox can be captured");
+    e.stop(&copy.id).unwrap();
+    e.destroy(&copy.id).unwrap();
+    assert!(matches!(e.resume(&copy.id), Err(EngineError::NotFound(_))));
+    e.destroy(&a.id).unwrap();
+}
+
 /// Bad requests are typed and leave nothing behind.
 pub fn errors_are_typed(e: &dyn Engine, t: &Template, scratch: &Path) {
     let g = e.prepare(t, &Warmup::default()).unwrap();

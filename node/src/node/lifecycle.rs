@@ -6,10 +6,11 @@
 //!
 //! | operation | how a crash is survived |
 //! |---|---|
-//! | hibernate | the intent (with the tar path) is journalled first; the engine writes the tar whole or not at all and stops the sandbox only after. At start: a tar there → hibernated; none → the sandbox still runs (the engine thaws one the crash left frozen) and is re-adopted. |
-//! | archive | always from a hibernated sandbox (a running one is hibernated first); the intent is journalled, the local tar kept until the archive's manifest is in the store. At start: manifest there → archived; otherwise still hibernated, retried later. |
-//! | wake | the tar (or the archive) is deleted only after the running state is journalled; a sandbox started but not journalled is removed at start. |
-//! | silkd dies (OOM kill, host reboot) | the claim and its box stay; the next data-plane access hibernates and wakes it: its files come back exactly, its processes restart. |
+//! | hibernate | the engine stops the box, keeping its files in place; then the state is journalled. A crash between leaves a claimed sandbox whose box stopped: the next access starts it again. |
+//! | capture (the first step of archive and move: the files into a tar, the box removed) | the intent (with the tar path) is journalled first; the engine writes the tar whole or not at all and removes the box only after. At start: a tar there → hibernated (as that tar); none → as before (running or stopped; the engine thaws one the crash left frozen). |
+//! | archive | always from a captured sandbox; the intent is journalled, the local tar kept until the archive's manifest is in the store. At start: manifest there → archived; otherwise still hibernated, retried later. |
+//! | wake | the tar (or the archive) is deleted only after the running state is journalled; a sandbox restored but not journalled is removed at start, one resumed in its box is claimed. |
+//! | silkd dies (OOM kill, host reboot) | the claim and its box stay; the next data-plane access stops and starts the box: its files are as they were, its processes restart. |
 //! | checkpoint, fork, branch, promote | nothing is journalled until the result is whole: a crash leaves the source as it was, and scratch files and half-made sandboxes are removed at start. A checkpoint's manifest is its commit point. |
 
 use std::collections::BTreeMap;
@@ -198,11 +199,11 @@ impl Node {
     }
 
     /// The sandbox's files as a snapshot the caller may read, and whether it is a scratch file
-    /// to delete afterwards: a running sandbox is captured (it keeps running), a hibernated one
-    /// already has its tar.
+    /// to delete afterwards: a running or stopped box is captured (as it is), a hibernated
+    /// sandbox kept as a tar has it already.
     async fn current_files(&self, live: &Live, what: &str) -> Result<(Snapshot, bool), ApiError> {
         match live.record.state {
-            SandboxState::Claimed => {
+            SandboxState::Claimed | SandboxState::Hibernated if live.record.stopped.is_none() => {
                 let (engine, id) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
                 let tar = self.scratch_tar(what);
                 let snap =
@@ -216,7 +217,7 @@ impl Node {
 
     // ---- hibernate and wake ----
 
-    /// Snapshot and stop. Idempotent.
+    /// Stops the sandbox and keeps its files in place. Idempotent.
     pub async fn hibernate(&self, id: &str) -> Result<ClaimRecord, ApiError> {
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
@@ -227,7 +228,27 @@ impl Node {
         }
     }
 
+    /// The engine stops the box and its files stay where they are: no copy, so hibernating and
+    /// waking cost a jail's stop and start whatever the sandbox holds. Nothing is journalled
+    /// before: a crash between the stop and the journal leaves a claimed sandbox whose box
+    /// stopped, which the next access starts again (`agent_stream`).
     pub(super) async fn hibernate_locked(&self, live: Live) -> Result<ClaimRecord, ApiError> {
+        let mut rec = live.record.clone();
+        live.activity.hangup.notify_waiters();
+        let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
+        blocking(move || engine.stop(&sid)).await?;
+        crash_point("hibernate:stopped");
+        rec.state = rec.state.transition(SandboxState::Hibernated).map_err(conflict)?;
+        rec.state_since_ms = now_ms();
+        self.put_record(&rec).await?;
+        self.metrics.hibernated.fetch_add(1, Ordering::Relaxed);
+        Ok(rec)
+    }
+
+    /// Captures a claimed or hibernated sandbox's files into a tar of its own and removes its
+    /// box: what archive and move send to the store. The intent (with the tar's path) is
+    /// journalled first; see the module docs for a crash at each step.
+    async fn capture_stopped(&self, live: Live) -> Result<ClaimRecord, ApiError> {
         let mut rec = live.record.clone();
         let base = live.base.clone().ok_or_else(|| ApiError::internal("unknown sandbox base"))?;
         let tar = snapshots_dir(&self.cfg).join(format!("{}.tar", rec.id));
@@ -240,7 +261,7 @@ impl Node {
         };
         rec.intent = Some(Intent::Hibernate(Box::new(planned)));
         self.put_record(&rec).await?;
-        crash_point("hibernate:intent");
+        crash_point("capture:intent");
         live.activity.hangup.notify_waiters();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
         let captured = blocking(move || engine.snapshot(&sid, SnapshotMode::Stop, &tar)).await;
@@ -248,17 +269,19 @@ impl Node {
         let snap = match captured {
             Ok(snap) => snap,
             Err(e) => {
-                // The engine left the sandbox running as it was.
+                // The engine left the sandbox as it was.
                 self.put_record(&rec).await?;
                 return Err(e);
             }
         };
-        crash_point("hibernate:captured");
-        rec.state = rec.state.transition(SandboxState::Hibernated).map_err(conflict)?;
-        rec.state_since_ms = now_ms();
+        crash_point("capture:captured");
+        if rec.state == SandboxState::Claimed {
+            rec.state = rec.state.transition(SandboxState::Hibernated).map_err(conflict)?;
+            rec.state_since_ms = now_ms();
+            self.metrics.hibernated.fetch_add(1, Ordering::Relaxed);
+        }
         rec.stopped = Some(snap);
         self.put_record(&rec).await?;
-        self.metrics.hibernated.fetch_add(1, Ordering::Relaxed);
         Ok(rec)
     }
 
@@ -326,12 +349,14 @@ impl Node {
         }
         match live.record.state {
             SandboxState::Claimed => Ok(live),
-            SandboxState::Hibernated => {
-                let snap = stopped(&live.record)?;
-                let woken = self.start_from(live, &snap, false).await?;
-                let _ = std::fs::remove_file(&snap.layer_tar);
-                Ok(woken)
-            }
+            SandboxState::Hibernated => match live.record.stopped.clone() {
+                None => self.start_from(live, None, false).await,
+                Some(snap) => {
+                    let woken = self.start_from(live, Some(&snap), false).await?;
+                    let _ = std::fs::remove_file(&snap.layer_tar);
+                    Ok(woken)
+                }
+            },
             SandboxState::Archived => {
                 let archive = live.record.archive.clone().ok_or_else(|| {
                     ApiError::internal("an archived sandbox without its archive's name")
@@ -364,7 +389,7 @@ impl Node {
             }
             _ => e,
         })?;
-        let woken = self.start_from(live, &snap, true).await;
+        let woken = self.start_from(live, Some(&snap), true).await;
         let _ = std::fs::remove_file(&snap.layer_tar);
         let woken = woken?;
         self.unpublish_archived(&woken.record.id).await;
@@ -372,17 +397,22 @@ impl Node {
         Ok(woken)
     }
 
-    /// Starts a stopped sandbox again under its own id from `snap`, and journals it running.
+    /// Starts a stopped sandbox again under its own id, from `snap` or (`None`) on its stopped
+    /// box's files, and journals it running.
     async fn start_from(
         &self,
         live: Live,
-        snap: &Snapshot,
+        snap: Option<&Snapshot>,
         fresh_lease: bool,
     ) -> Result<Live, ApiError> {
         let mut rec = live.record.clone();
         let (engine, sid, spec, s) =
-            (self.engine.clone(), rec.id.parse::<SandboxId>()?, box_spec(&rec), snap.clone());
-        let info = blocking(move || engine.restore(&s, &sid, &spec)).await?;
+            (self.engine.clone(), rec.id.parse::<SandboxId>()?, box_spec(&rec), snap.cloned());
+        let info = blocking(move || match s {
+            Some(s) => engine.restore(&s, &sid, &spec),
+            None => engine.resume(&sid),
+        })
+        .await?;
         let now = now_ms();
         rec.state = rec.state.transition(SandboxState::Claimed).map_err(conflict)?;
         rec.state_since_ms = now;
@@ -393,7 +423,16 @@ impl Node {
             rec.deadline_ms = now + rec.lease_seconds * 1000;
         }
         if let Err(e) = self.put_record(&rec).await {
-            self.teardown(info.id);
+            if snap.is_some() {
+                self.teardown(info.id);
+            } else if let Err(s) = blocking({
+                let (engine, id) = (self.engine.clone(), info.id.clone());
+                move || engine.stop(&id)
+            })
+            .await
+            {
+                tracing::warn!(sandbox = rec.id, "stopping again after a failed wake: {s}");
+            }
             return Err(e);
         }
         let woken = Live {
@@ -410,8 +449,8 @@ impl Node {
 
     // ---- archive ----
 
-    /// Moves the sandbox's files into the store and frees the host. A running sandbox is
-    /// hibernated first; when the upload fails it is woken again and the error returned.
+    /// Moves the sandbox's files into the store and frees the host. They are captured into a
+    /// tar first; when the upload fails a sandbox that ran is woken again and the error returned.
     pub async fn archive(&self, id: &str) -> Result<ClaimRecord, ApiError> {
         let _busy = self.busy(id).await;
         self.archive_locked(self.current(id)?).await
@@ -429,7 +468,7 @@ impl Node {
                 return Err(conflict(format!("a sandbox that is {other:?} cannot be archived")));
             }
         };
-        let (mut rec, snap) = self.stop_here(live, was_running).await?;
+        let (mut rec, snap) = self.stop_here(live).await?;
         let archive = format!("{id}.{}", random_hex(8));
         let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
         rec.intent = Some(Intent::Archive(archive.clone()));
@@ -460,15 +499,12 @@ impl Node {
         Ok(rec)
     }
 
-    /// Hibernates `live` if it runs; returns its record and local snapshot after.
-    async fn stop_here(
-        &self,
-        live: Live,
-        was_running: bool,
-    ) -> Result<(ClaimRecord, Snapshot), ApiError> {
+    /// Captures `live` into a local tar and removes its box, unless it is one already; returns
+    /// its record and that snapshot.
+    async fn stop_here(&self, live: Live) -> Result<(ClaimRecord, Snapshot), ApiError> {
         let id = live.record.id.clone();
-        if was_running {
-            self.hibernate_locked(live).await?;
+        if live.record.stopped.is_none() {
+            self.capture_stopped(live).await?;
         }
         let rec = self.current(&id)?.record;
         let snap = stopped(&rec)?;
@@ -920,18 +956,33 @@ impl Node {
             }
             None => {}
         }
+        if rec.state == SandboxState::Hibernated
+            && rec.stopped.is_none()
+            && found.is_some_and(|b| b.running)
+        {
+            // A wake resumed its box and the node died before journalling it: it is awake.
+            rec.state = SandboxState::Claimed;
+            rec.state_since_ms = now_ms();
+            changed = true;
+        }
         let base = match rec.state {
             // Its box stays even if it stopped (a host reboot): the next access restarts it
             // from its files (`agent_stream`).
             SandboxState::Claimed => Some(found?.base.clone()),
-            SandboxState::Hibernated => {
-                let snap = rec.stopped.as_ref()?;
-                if !snap.layer_tar.is_file() {
+            SandboxState::Hibernated => match &rec.stopped {
+                Some(snap) if snap.layer_tar.is_file() => Some(snap.base.clone()),
+                Some(_) => {
                     tracing::error!(sandbox = rec.id, "hibernated, but its snapshot is missing");
                     return None;
                 }
-                Some(snap.base.clone())
-            }
+                None => match found {
+                    Some(b) => Some(b.base.clone()),
+                    None => {
+                        tracing::error!(sandbox = rec.id, "hibernated, but its box is missing");
+                        return None;
+                    }
+                },
+            },
             SandboxState::Archived => None,
             SandboxState::Warm | SandboxState::Released => return None,
         };

@@ -165,6 +165,12 @@ impl Sandboxd {
         Path::new("/sys/fs/cgroup").join(controller).join(format!("silkmesh-{}", &instance[..12]))
     }
 
+    /// How many processes one sandbox has on the host (none when it is stopped or gone).
+    pub fn sandbox_processes(&self, id: &str) -> usize {
+        let procs = self.cgroup_parent("pids").join(id).join("cgroup.procs");
+        std::fs::read_to_string(procs).unwrap_or_default().lines().count()
+    }
+
     /// Kills every process of one sandbox, silkd first among them: what an OOM kill or a host
     /// reboot does to it.
     pub fn kill_sandbox_processes(&self, id: &str) {

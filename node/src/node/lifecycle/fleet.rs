@@ -128,7 +128,7 @@ impl Node {
                 return Err(conflict(format!("a sandbox that is {other:?} must be woken first")));
             }
         };
-        let (mut rec, snap) = self.stop_here(live, was_running).await?;
+        let (mut rec, snap) = self.stop_here(live).await?;
         let archive = format!("{id}.{}", random_hex(8));
         let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
         rec.intent =
