@@ -216,6 +216,24 @@ fn checkpoints_branch_and_forks_are_independent_copies() {
         assert_eq!(post(&node, &b, "fork", body).0, code, "{body}");
     }
 
+    // A hibernated sandbox is checkpointed and forked from its stopped files, without waking.
+    assert_eq!(post(&node, &b, "hibernate", "").0, 200);
+    let (status, ck3) = post(&node, &b, "checkpoint", "");
+    assert_eq!(status, 201, "{ck3}");
+    let (status, forked) = post(&node, &b, "fork", r#"{"count": 1}"#);
+    assert_eq!(status, 201, "{forked}");
+    assert_eq!(state(&node, &b), "hibernated");
+    assert!(!running(&node, &b));
+    let (status, v) = node.req(
+        "POST",
+        &format!("/v1/checkpoints/{}/claim", ck3["id"].as_str().unwrap()),
+        Some(&b.token),
+        Some(""),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(sh(&node, &child(&v), HASH_TREE), now);
+    assert_eq!(sh(&node, &child(&forked["sandboxes"][0]), HASH_TREE), now);
+
     // Delete: gone for branch and list; the token of another sandbox cannot delete it.
     let (status, _) =
         node.req("DELETE", &format!("/v1/checkpoints/{ck_id}"), Some(&kids[0].token), None);
