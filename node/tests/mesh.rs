@@ -373,7 +373,9 @@ fn a_sandbox_moves_with_its_files_id_and_token_and_any_node_reaches_it() {
     assert_eq!(exec_via(&a, id, token, HASH), before, "a redirects to the new owner");
     let (first, _, _) = follow(&a, "GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
     assert_eq!(first, 404);
-    // Moving again, back, without naming the target (the least loaded peer).
+    // Moving again, back, hibernated, without naming the target (the least loaded peer).
+    let (status, v) = b.req("POST", &format!("/v1/sandboxes/{id}/hibernate"), Some(token), None);
+    assert_eq!((status, v["state"].as_str()), (200, Some("hibernated")), "{v}");
     let (status, v) =
         a.req("POST", &format!("/v1/sandboxes/{id}/move?no_redirect=1"), Some(token), Some(""));
     assert_eq!(status, 404, "a no longer holds it: {v}");
