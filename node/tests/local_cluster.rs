@@ -55,8 +55,16 @@ impl Cluster {
             .unwrap()
     }
 
-    fn node_api(node: &str) -> std::net::SocketAddr {
-        format!("127.0.0.1{}:7777", &node[1..]).parse().unwrap()
+    /// A node's API address, as the script configured it.
+    fn api(&self, node: &str) -> std::net::SocketAddr {
+        let config = std::fs::read_to_string(self.dir.path().join(format!("{node}.toml"))).unwrap();
+        let listen = config.lines().find_map(|l| l.strip_prefix("listen = ")).unwrap();
+        listen.trim_matches('"').parse().unwrap()
+    }
+
+    /// Whether the nodes run in network namespaces of their own (where the host can make them).
+    fn in_namespaces(&self) -> bool {
+        std::fs::read_to_string(self.dir.path().join("network")).unwrap().trim() == "netns"
     }
 }
 
@@ -78,9 +86,9 @@ fn exec(id: &str, token: &str, script: &str) -> String {
 }
 
 /// The node that holds `id` (its name), asked of each node directly.
-fn owner(id: &str, token: &str) -> String {
+fn owner(cluster: &Cluster, id: &str, token: &str) -> String {
     for n in ["n1", "n2", "n3"] {
-        let addr = Cluster::node_api(n);
+        let addr = cluster.api(n);
         if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
             continue;
         }
@@ -99,8 +107,8 @@ fn owner(id: &str, token: &str) -> String {
     panic!("no node holds {id}");
 }
 
-fn metric(node: &str, name: &str) -> u64 {
-    let (_, v) = http(Cluster::node_api(node), "GET", "/metrics", None, None, "text/plain");
+fn metric(cluster: &Cluster, node: &str, name: &str) -> u64 {
+    let (_, v) = http(cluster.api(node), "GET", "/metrics", None, None, "text/plain");
     v.as_str()
         .unwrap_or_default()
         .lines()
@@ -115,25 +123,33 @@ const HASH: &str = "cat /srv/t/a /srv/t/b | sha256sum";
 #[test]
 fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
     let cluster = Cluster::start();
+    // Each node in a network namespace of its own: what one node reaches of another crosses
+    // a (virtual) network.
+    let own_netns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    let host_netns = std::fs::read_link("/proc/self/ns/net").unwrap();
+    if cluster.in_namespaces() {
+        let spaces: std::collections::BTreeSet<_> =
+            ["n1", "n2", "n3"].iter().map(|n| own_netns(cluster.pid(n))).collect();
+        assert_eq!(spaces.len(), 3, "{spaces:?}");
+        assert!(!spaces.contains(&host_netns));
+    }
     eventually("three warm pools", || {
         ["n1", "n2", "n3"].iter().all(|n| {
-            let (_, info) = http(
-                Cluster::node_api(n),
-                "GET",
-                "/v1/info",
-                Some(TOKEN),
-                None,
-                "application/json",
-            );
+            let (_, info) =
+                http(cluster.api(n), "GET", "/v1/info", Some(TOKEN), None, "application/json");
             info["pools"][0]["warm"].as_u64() >= Some(1) && info["mesh"]["peers"] == 2
         })
     });
     // One golden for the host pool, built once in the fleet and fetched by the others (a node
     // may build before another's upload lands: never more than one build per node).
-    let builds: u64 =
-        ["n1", "n2", "n3"].iter().map(|n| metric(n, "silkmesh_golden_builds_total")).sum();
-    let fetched: u64 =
-        ["n1", "n2", "n3"].iter().map(|n| metric(n, "silkmesh_golden_downloads_total")).sum();
+    let builds: u64 = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| metric(&cluster, n, "silkmesh_golden_builds_total"))
+        .sum();
+    let fetched: u64 = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| metric(&cluster, n, "silkmesh_golden_downloads_total"))
+        .sum();
     assert!(builds >= 1 && builds + fetched == 3, "builds {builds}, fetched {fetched}");
 
     // Claim through the balancer, write, move, read the same files with the same token.
@@ -143,10 +159,10 @@ fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
         (c["id"].as_str().unwrap().to_string(), c["token"].as_str().unwrap().to_string());
     exec(&id, &token, TREE);
     let before = exec(&id, &token, HASH);
-    let from = owner(&id, &token);
+    let from = owner(&cluster, &id, &token);
     let (status, v) = lb("POST", &format!("/v1/sandboxes/{id}/move"), &token, Some(""));
     assert_eq!(status, 200, "{v}");
-    let to = owner(&id, &token);
+    let to = owner(&cluster, &id, &token);
     assert_ne!(from, to, "moved to another node");
     assert_eq!(exec(&id, &token, HASH), before);
 
@@ -170,19 +186,13 @@ fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
     unsafe { libc::kill(cluster.pid(&to), libc::SIGKILL) };
     eventually("the others drop the dead node", || {
         ["n1", "n2", "n3"].iter().filter(|n| **n != to).all(|n| {
-            let (_, info) = http(
-                Cluster::node_api(n),
-                "GET",
-                "/v1/info",
-                Some(TOKEN),
-                None,
-                "application/json",
-            );
+            let (_, info) =
+                http(cluster.api(n), "GET", "/v1/info", Some(TOKEN), None, "application/json");
             info["mesh"]["peers"] == 1
         })
     });
     assert_eq!(exec(&id, &token, HASH), before, "woken on a live node from the store");
-    let now = owner(&id, &token);
+    let now = owner(&cluster, &id, &token);
     assert_ne!(now, to);
     let (status, _) = lb("GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
     assert_eq!(status, 404);
