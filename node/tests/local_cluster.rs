@@ -1,7 +1,8 @@
 //! The local cluster (`deploy/local-cluster`): S3 (Garage), three nodes in one mesh in forward
 //! mode, HAProxy in front. Everything here goes through the load balancer, as a client would:
 //! claim, write, move, read with the same token; archive on one node, kill it, wake through the
-//! balancer elsewhere; branch a checkpoint made on one node on another; goldens built once.
+//! balancer elsewhere; branch a checkpoint made on one node on another; goldens built once; a
+//! node cut off by a real partition (its link down) is dropped and rejoins.
 
 mod common;
 
@@ -196,4 +197,29 @@ fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
     assert_ne!(now, to);
     let (status, _) = lb("GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
     assert_eq!(status, 404);
+
+    // A real partition: the third node's link goes down (every packet to and from it dropped).
+    // The survivor declares it down and claims through the balancer keep working; when the
+    // link comes back it rejoins.
+    if !cluster.in_namespaces() {
+        return;
+    }
+    let other = ["n1", "n2", "n3"].into_iter().find(|n| *n != to && *n != now).unwrap();
+    let link = |state: &str| {
+        let veth = format!("silkmesh-{other}h");
+        let out = Command::new("ip").args(["link", "set", &veth, state]).output().unwrap();
+        assert!(out.status.success(), "ip link set {veth} {state}: {out:?}");
+    };
+    let peers_of = |n: &str| {
+        let (_, info) =
+            http(cluster.api(n), "GET", "/v1/info", Some(TOKEN), None, "application/json");
+        info["mesh"]["peers"].as_u64()
+    };
+    link("down");
+    eventually("the partitioned node is dropped", || peers_of(&now) == Some(0));
+    let (status, c) = lb("POST", "/v1/sandboxes", TOKEN, Some("{}"));
+    assert_eq!(status, 201, "a claim during the partition: {c}");
+    assert_eq!(owner(&cluster, c["id"].as_str().unwrap(), c["token"].as_str().unwrap()), now);
+    link("up");
+    eventually("the partition healed", || peers_of(&now) == Some(1) && peers_of(other) == Some(1));
 }
