@@ -171,6 +171,13 @@ impl Membership {
         }
     }
 
+    /// Who a membership packet says sent it (its header): the driver checks that against the
+    /// certificate of the connection it came on.
+    pub fn sender(packet: &[u8]) -> Option<NodeId> {
+        use foca::Codec;
+        PostcardCodec.decode_header(packet).ok().map(|h| h.src)
+    }
+
     pub fn handle_packet(&mut self, data: &[u8]) {
         if let Err(e) = self.foca.handle_data(data, &mut self.runtime) {
             tracing::debug!("membership packet: {e}");

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::MeshError;
 use crate::core::{Membership, NodeId, NodeState, Output, Peer, swim_config};
-use crate::tls::{SERVER_NAME, TlsFiles};
+use crate::tls::{SERVER_NAME, TlsFiles, names_node, peer_chain};
 use crate::wire::{read_frame, write_frame};
 
 /// A node's mesh settings.
@@ -158,7 +158,7 @@ impl Mesh {
         name: &str,
     ) -> Result<(quinn::SendStream, quinn::RecvStream), MeshError> {
         let peer = self.peer(name).ok_or_else(|| MeshError::NoPeer(name.to_string()))?;
-        let conn = connection(&self.inner, peer.id.addr).await?;
+        let conn = connection(&self.inner, &peer.id).await?;
         conn.open_bi().await.map_err(|e| MeshError::Io(format!("open a stream to {name}: {e}")))
     }
 
@@ -177,14 +177,22 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// The connection to `addr`, dialled on first use.
-async fn connection(inner: &Arc<Inner>, addr: SocketAddr) -> Result<quinn::Connection, MeshError> {
-    if let Some(c) = lock(&inner.conns).get(&addr).filter(|c| c.close_reason().is_none()) {
-        return Ok(c.clone());
+/// The connection to node `to`, dialled on first use. Its certificate must name `to` (a seed
+/// known only by its address, with no name yet, may be any node of the cluster).
+async fn connection(inner: &Arc<Inner>, to: &NodeId) -> Result<quinn::Connection, MeshError> {
+    let addr = to.addr;
+    let named = (!to.name.is_empty()).then_some(to.name.as_str());
+    let open = lock(&inner.conns).get(&addr).filter(|c| c.close_reason().is_none()).cloned();
+    if let Some(c) = open {
+        // Possibly accepted from whoever is at that address: check who it is.
+        if named.is_some_and(|n| !names_node(&peer_chain(&c), n)) {
+            return Err(MeshError::Tls(format!("the node at {addr} is not {}", to.name)));
+        }
+        return Ok(c);
     }
     let connecting = inner
         .endpoint
-        .connect(addr, SERVER_NAME)
+        .connect(addr, named.unwrap_or(SERVER_NAME))
         .map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
     let conn = connecting.await.map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
     lock(&inner.conns).insert(addr, conn.clone());
@@ -210,12 +218,27 @@ async fn accept_loop(inner: Arc<Inner>) {
     }
 }
 
-/// Reads what a peer sends on one connection: membership datagrams, state streams, calls.
+/// Reads what a peer sends on one connection: membership datagrams, state streams, calls. A
+/// packet or a state is taken only from the node the connection's certificate names.
 async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
+    let chain = Arc::new(peer_chain(&conn));
+    let remote = conn.remote_address();
+    let impostor = move |claimed: &str| {
+        tracing::warn!(%remote, claimed, "dropped: the peer's certificate is for another node");
+    };
     let datagrams = {
-        let (inner, conn) = (inner.clone(), conn.clone());
+        let (inner, conn, chain) = (inner.clone(), conn.clone(), chain.clone());
         async move {
+            let mut verified = String::new(); // the name this connection proved (cached)
             while let Ok(d) = conn.read_datagram().await {
+                let Some(src) = Membership::sender(&d) else { continue };
+                if src.name != verified {
+                    if !names_node(&chain, &src.name) {
+                        impostor(&src.name);
+                        continue;
+                    }
+                    verified = src.name;
+                }
                 let _ = inner.cmds.send(Cmd::Packet(d));
             }
         }
@@ -224,12 +247,13 @@ async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
         let (inner, conn) = (inner.clone(), conn.clone());
         async move {
             while let Ok(mut recv) = conn.accept_uni().await {
-                let inner = inner.clone();
+                let (inner, chain) = (inner.clone(), chain.clone());
                 tokio::spawn(async move {
                     match read_frame::<NodeState>(&mut recv).await {
-                        Ok(Some(state)) => {
+                        Ok(Some(state)) if names_node(&chain, &state.name) => {
                             let _ = inner.cmds.send(Cmd::State(state));
                         }
+                        Ok(Some(state)) => impostor(&state.name),
                         Ok(None) => {}
                         Err(e) => tracing::debug!("state stream: {e}"),
                     }
@@ -238,7 +262,6 @@ async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
         }
     };
     let calls = {
-        let remote = conn.remote_address();
         async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
                 if inner.incoming.send(Incoming { remote, send, recv }).await.is_err() {
@@ -273,7 +296,7 @@ async fn membership_task(
                 Some(Cmd::Local(f)) => {
                     if let Some(state) = core.update_local(f) {
                         for peer in core.peers() {
-                            push_state(&inner, peer.id.addr, state.clone());
+                            push_state(&inner, peer.id.clone(), state.clone());
                         }
                     }
                 }
@@ -290,7 +313,7 @@ async fn membership_task(
             },
             _ = tick.tick() => {
                 for peer in core.peers() {
-                    push_state(&inner, peer.id.addr, core.me().clone());
+                    push_state(&inner, peer.id.clone(), core.me().clone());
                 }
             }
             _ = rejoin.tick() => {
@@ -316,7 +339,7 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
                 let inner2 = inner.clone();
                 inner.gossip_bytes.fetch_add(data.len() as u64, Ordering::Relaxed);
                 sends.push(tokio::spawn(async move {
-                    match connection(&inner2, to.addr).await {
+                    match connection(&inner2, &to).await {
                         Ok(conn) => {
                             if let Err(e) = conn.send_datagram(data) {
                                 tracing::debug!(peer = to.name, "datagram: {e}");
@@ -335,7 +358,7 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
             }
             Output::Up(id) => {
                 tracing::info!(peer = id.name, addr = %id.addr, "peer up");
-                push_state(inner, id.addr, core.me().clone());
+                push_state(inner, id.clone(), core.me().clone());
                 changed = true;
             }
             Output::Down(id) => {
@@ -355,11 +378,11 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
     sends
 }
 
-fn push_state(inner: &Arc<Inner>, addr: SocketAddr, state: NodeState) {
+fn push_state(inner: &Arc<Inner>, to: NodeId, state: NodeState) {
     let inner = inner.clone();
     tokio::spawn(async move {
         let sent = async {
-            let conn = connection(&inner, addr).await?;
+            let conn = connection(&inner, &to).await?;
             let mut send = conn.open_uni().await.map_err(|e| MeshError::Io(e.to_string()))?;
             let n = write_frame(&mut send, &state).await?;
             send.finish().map_err(|e| MeshError::Io(e.to_string()))?;
@@ -369,7 +392,7 @@ fn push_state(inner: &Arc<Inner>, addr: SocketAddr, state: NodeState) {
             Ok(n) => {
                 inner.gossip_bytes.fetch_add(n as u64, Ordering::Relaxed);
             }
-            Err(e) => tracing::debug!(%addr, "state push: {e}"),
+            Err(e) => tracing::debug!(peer = to.name, "state push: {e}"),
         }
     });
 }

@@ -4,7 +4,10 @@
 //! (`<name>.pem`, `<name>.key`) with the SAN `silkmesh` (the name every node dials) and its own
 //! name. Both sides of every QUIC connection present a certificate and verify the other's against
 //! the CA: a peer without one cannot complete a handshake, so it cannot send a single packet
-//! that reaches the membership layer.
+//! that reaches the membership layer. A certificate also binds its holder to its node name: a
+//! node dials a peer by that peer's name, and a packet or state that says it comes from node N is
+//! accepted only on a connection whose certificate names N ([`names_node`]), so a cluster member
+//! cannot speak for another.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,7 +16,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, KeyPair, KeyUsagePurpose,
 };
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 use crate::MeshError;
 
@@ -59,13 +62,56 @@ pub fn init_ca(dir: &Path) -> Result<PathBuf, MeshError> {
     Ok(dir.join("ca.pem"))
 }
 
+/// Whether `name` can be a node's name: 1-64 of `a-z A-Z 0-9 - .`, a DNS name (it is one in the
+/// certificate), and not `silkmesh` (which every certificate carries).
+pub fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+        && !name.eq_ignore_ascii_case(SERVER_NAME)
+        && matches!(ServerName::try_from(name), Ok(ServerName::DnsName(_)))
+}
+
+/// Whether a peer's certificate chain (as its QUIC connection reports it) was issued to node
+/// `name`. The handshake already checked that the cluster CA signed it.
+pub fn names_node(chain: &[CertificateDer<'_>], name: &str) -> bool {
+    if !valid_node_name(name) {
+        return false;
+    }
+    let (Some(leaf), Ok(subject)) = (chain.first(), ServerName::try_from(name)) else {
+        return false;
+    };
+    webpki::EndEntityCert::try_from(leaf)
+        .is_ok_and(|cert| cert.verify_is_valid_for_subject_name(&subject).is_ok())
+}
+
+/// Checks that this node's own certificate was issued to `name`: peers would drop everything
+/// it sends otherwise.
+pub fn check_own(files: &TlsFiles, name: &str) -> Result<(), MeshError> {
+    let (_, chain, _) = load(files)?;
+    if names_node(&chain, name) {
+        return Ok(());
+    }
+    Err(bad(format!(
+        "{} is not a certificate for node {name:?}: issue one with `sandboxd mesh cert issue --node {name}`",
+        files.cert.display()
+    )))
+}
+
+/// The certificate chain the peer of a QUIC connection presented.
+pub fn peer_chain(conn: &quinn::Connection) -> Vec<CertificateDer<'static>> {
+    conn.peer_identity()
+        .and_then(|id| id.downcast::<Vec<CertificateDer<'static>>>().ok())
+        .map(|chain| *chain)
+        .unwrap_or_default()
+}
+
 /// Issues `dir/<name>.pem` and `dir/<name>.key` for node `name`, signed by `dir/ca.*`.
 pub fn issue(dir: &Path, name: &str) -> Result<(PathBuf, PathBuf), MeshError> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
-    if !ok {
-        return Err(bad(format!("node name {name:?}: 1-64 of a-z A-Z 0-9 - .")));
+    if !valid_node_name(name) {
+        return Err(bad(format!(
+            "node name {name:?}: 1-64 of a-z A-Z 0-9 - . forming a DNS name, not {SERVER_NAME:?}"
+        )));
     }
     let ca_key = std::fs::read_to_string(dir.join("ca.key"))
         .map_err(|e| bad(format!("read {}: {e}", dir.join("ca.key").display())))?;
@@ -149,4 +195,19 @@ pub fn configs(files: &TlsFiles) -> Result<(quinn::ServerConfig, quinn::ClientCo
     let mut client = quinn::ClientConfig::new(Arc::new(client));
     client.transport_config(transport);
     Ok((server, client))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_names_are_dns_names_other_than_the_shared_one() {
+        for ok in ["a", "n1", "node-7.eu", "A1"] {
+            assert!(valid_node_name(ok), "{ok}");
+        }
+        for bad in ["", "silkmesh", "SilkMesh", "a_b", "a b", "-a", "a..b", &"x".repeat(65)] {
+            assert!(!valid_node_name(bad), "{bad:?}");
+        }
+    }
 }

@@ -1,5 +1,6 @@
 //! Real QUIC endpoints on loopback, in one process: joining, state gossip, leave, failure of a
-//! dropped node, a certificate from another CA, and a call on a stream.
+//! dropped node, a certificate from another CA, a member that claims another's name, and a call
+//! on a stream.
 
 use std::time::{Duration, Instant};
 
@@ -102,4 +103,33 @@ async fn a_node_with_another_cas_certificate_cannot_join() {
     assert!(a.peers().is_empty(), "a let in {:?}", names(&a));
     assert!(x.peers().is_empty());
     assert!(a.open("x").await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_cannot_speak_for_another_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = certs(dir.path(), &["a", "b", "evil"]);
+    assert!(tls::issue(dir.path(), "silkmesh").is_err(), "the name every certificate carries");
+    assert!(tls::check_own(&files[2], "b").is_err(), "a node checks its own certificate");
+    tls::check_own(&files[1], "b").unwrap();
+
+    let a = start("a", files[0].clone(), vec![]).await;
+    // A member of the cluster (its certificate says "evil") calls itself "b": a drops its
+    // packets and states, so it never appears.
+    let fake = start("b", files[2].clone(), vec![a.id().addr]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(a.peers().is_empty(), "a let in {:?}", names(&a));
+    assert!(fake.peers().is_empty());
+
+    // The real b joins, and stays the only b while the impostor keeps knocking.
+    let b = start("b", files[1].clone(), vec![a.id().addr]).await;
+    until("a sees the real b", Duration::from_secs(5), || names(&a) == ["b"]).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let seen = a.peer("b").unwrap();
+    assert_eq!(seen.id.addr, b.id().addr);
+    assert_eq!(seen.state.unwrap().api, "http://b");
+    let (mut send, mut recv) = a.open("b").await.unwrap();
+    wire::write_frame(&mut send, &41u64).await.unwrap();
+    send.finish().unwrap();
+    assert_eq!(wire::read_frame::<u64>(&mut recv).await.unwrap(), Some(42));
 }

@@ -234,11 +234,11 @@ impl Config {
             }
         }
         if let Some(m) = &self.mesh {
-            let ok = !m.name.is_empty()
-                && m.name.len() <= 64
-                && m.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
-            if !ok {
-                return bad(format!("mesh.name {:?}: 1-64 of a-z A-Z 0-9 - .", m.name));
+            if !silk_mesh::tls::valid_node_name(&m.name) {
+                return bad(format!(
+                    "mesh.name {:?}: 1-64 of a-z A-Z 0-9 - . forming a DNS name, not \"silkmesh\"",
+                    m.name
+                ));
             }
             if m.probe_rtt_ms == 0 || m.probe_rtt_ms >= m.probe_period_ms {
                 return bad("mesh: probe_rtt_ms must be above 0 and below probe_period_ms".into());

@@ -936,6 +936,7 @@ async fn start_mesh(
     std::fs::write(&tmp, epoch.to_string())?;
     std::fs::rename(&tmp, &path)?;
     let tls = silk_mesh::TlsFiles { ca: m.ca.clone(), cert: m.cert.clone(), key: m.key.clone() };
+    silk_mesh::tls::check_own(&tls, &m.name)?;
     let mut mc = silk_mesh::MeshConfig::new(m.name.clone(), m.listen, tls);
     mc.join = m.join.clone();
     for known in crate::peers::known_peers(&cfg.data_dir) {
