@@ -69,6 +69,14 @@ enum Cmd {
     Leave(oneshot::Sender<()>),
 }
 
+/// A connection to a peer's address, and the node name its certificate was checked to carry
+/// (none yet for one accepted, or dialled as a seed).
+#[derive(Debug)]
+struct Conn {
+    conn: quinn::Connection,
+    named: Option<String>,
+}
+
 /// See the module docs. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct Mesh {
@@ -83,7 +91,7 @@ struct Inner {
     incoming: mpsc::Sender<Incoming>,
     /// The live members as of the last change (read by the API without touching the core).
     view: Mutex<(NodeState, Arc<Vec<Peer>>)>,
-    conns: Mutex<HashMap<SocketAddr, quinn::Connection>>,
+    conns: Mutex<HashMap<SocketAddr, Conn>>,
     /// Membership and state bytes sent (datagrams and state streams' payloads).
     gossip_bytes: AtomicU64,
     state_interval: Duration,
@@ -182,20 +190,28 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 async fn connection(inner: &Arc<Inner>, to: &NodeId) -> Result<quinn::Connection, MeshError> {
     let addr = to.addr;
     let named = (!to.name.is_empty()).then_some(to.name.as_str());
-    let open = lock(&inner.conns).get(&addr).filter(|c| c.close_reason().is_none()).cloned();
-    if let Some(c) = open {
-        // Possibly accepted from whoever is at that address: check who it is.
-        if named.is_some_and(|n| !names_node(&peer_chain(&c), n)) {
-            return Err(MeshError::Tls(format!("the node at {addr} is not {}", to.name)));
+    {
+        let mut conns = lock(&inner.conns);
+        if let Some(c) = conns.get_mut(&addr).filter(|c| c.conn.close_reason().is_none()) {
+            if let Some(n) = named
+                && c.named.as_deref() != Some(n)
+            {
+                // Accepted from whoever is at that address, or dialled as a seed: check who.
+                if !names_node(&peer_chain(&c.conn), n) {
+                    return Err(MeshError::Tls(format!("the node at {addr} is not {n}")));
+                }
+                c.named = Some(n.to_string());
+            }
+            return Ok(c.conn.clone());
         }
-        return Ok(c);
     }
     let connecting = inner
         .endpoint
         .connect(addr, named.unwrap_or(SERVER_NAME))
         .map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
     let conn = connecting.await.map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
-    lock(&inner.conns).insert(addr, conn.clone());
+    let named = named.map(str::to_string); // the handshake checked it
+    lock(&inner.conns).insert(addr, Conn { conn: conn.clone(), named });
     tokio::spawn(serve(inner.clone(), conn.clone()));
     Ok(conn)
 }
@@ -209,7 +225,7 @@ async fn accept_loop(inner: Arc<Inner>) {
                 Ok(conn) => {
                     // One socket per node: the remote address is the peer's endpoint, so this
                     // connection also serves our calls to it.
-                    lock(&inner.conns).insert(remote, conn.clone());
+                    lock(&inner.conns).insert(remote, Conn { conn: conn.clone(), named: None });
                     serve(inner, conn).await;
                 }
                 Err(e) => tracing::warn!(%remote, "mesh connection rejected: {e}"),
@@ -364,7 +380,7 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
             Output::Down(id) => {
                 tracing::info!(peer = id.name, addr = %id.addr, "peer down");
                 if let Some(c) = lock(&inner.conns).remove(&id.addr) {
-                    c.close(0u32.into(), b"declared down");
+                    c.conn.close(0u32.into(), b"declared down");
                 }
                 changed = true;
             }
