@@ -104,6 +104,27 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     }
 }
 
+/// A JSON body that may be left out entirely (every field's default); one that is sent is
+/// checked like [`JsonBody`] (content type, size, fields).
+pub struct OptionalJsonBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let headers = req.headers();
+        let length = headers.get(axum::http::header::CONTENT_LENGTH);
+        let no_body = match length {
+            Some(n) => n.as_bytes() == b"0",
+            None => !headers.contains_key(axum::http::header::TRANSFER_ENCODING),
+        };
+        if no_body {
+            return Ok(OptionalJsonBody(T::default()));
+        }
+        Ok(OptionalJsonBody(JsonBody::<T>::from_request(req, state).await?.0))
+    }
+}
+
 /// A JSON body that may be left out (no body means every field's default).
 fn optional_json<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -162,7 +183,7 @@ async fn claim(
     State(node): Shared,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
-    JsonBody(req): JsonBody<ClaimRequest>,
+    OptionalJsonBody(req): OptionalJsonBody<ClaimRequest>,
 ) -> Result<Response, ApiError> {
     root(&node, &headers)?;
     let forwardable = node.peers.is_some().then(|| req.clone());

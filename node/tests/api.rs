@@ -220,12 +220,17 @@ fn bad_input_gets_the_right_4xx() {
     assert_eq!((got, v["error"]["code"].as_str()), (413, Some("payload_too_large")));
     let (got, _) = http(node.addr, "POST", "/v1/sandboxes", Some(ROOT), Some("{}"), "text/plain");
     assert_eq!(got, 415);
+    let (got, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some(" "));
+    assert_eq!((got, v["error"]["code"].as_str()), (400, Some("bad_request")), "{v}");
     let (got, v) = node.req("GET", "/v1/nothing-here", Some(ROOT), None);
     assert_eq!((got, v["error"]["code"].as_str()), (404, Some("no_route")));
     assert_eq!(node.req("PATCH", "/v1/sandboxes", Some(ROOT), Some("{}")).0, 405);
     let (got, _) = node.req("GET", "/v1/sandboxes?color=blue", Some(ROOT), None);
     assert_eq!(got, 400);
     assert_eq!(node.info()["claims"], 0, "nothing was claimed by any of that");
+    // No body at all is a claim with every default.
+    let (got, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some(""));
+    assert_eq!((got, v["template"].as_str()), (201, Some("host")), "{v}");
 }
 
 #[test]
