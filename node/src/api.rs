@@ -106,6 +106,7 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 
 /// A JSON body that may be left out entirely (every field's default); one that is sent is
 /// checked like [`JsonBody`] (content type, size, fields).
+#[derive(Debug)]
 pub struct OptionalJsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJsonBody<T> {
