@@ -289,6 +289,26 @@ fn a_node_with_a_certificate_from_another_ca_cannot_join() {
     // And claims on x never point at a.
     let (status, _) = x.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
     assert_eq!(status, 201);
+
+    // A node configured with another node's certificate refuses to start, and says why.
+    sandboxd(&["mesh", "cert", "issue", "--dir", good.path().to_str().unwrap(), "--node", "b"]);
+    let config = good.path().join("wrong.toml");
+    let d = good.path().display();
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.9:0\"\ndata_dir = \"{d}/wrong\"\napi_token = \"{ROOT}\"\n[mesh]\nname = \"a\"\nlisten = \"127.0.0.9:0\"\nca = \"{d}/ca.pem\"\ncert = \"{d}/b.pem\"\nkey = \"{d}/b.key\"\n"
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(stderr.contains("is not a certificate for node \"a\""), "{stderr}");
 }
 
 #[test]
