@@ -98,13 +98,31 @@ fn default_suspect_to_down_ms() -> u64 {
 
 /// `[store]`: a local directory (`[store.fs]`, default `<data_dir>/store`) or an S3 bucket
 /// (`[store.s3]`), and the snapshot store's settings (`[store.snapshots]`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StoreConfig {
     pub fs: Option<silk_store::fs::FsConfig>,
     pub s3: Option<silk_store::s3::S3Config>,
     #[serde(default)]
     pub snapshots: silk_store::SnapshotConfig,
+    /// Collect chunks no snapshot names this often (0: never). Safe on every node at once.
+    #[serde(default = "default_gc_interval")]
+    pub gc_interval_seconds: u64,
+}
+
+impl Default for StoreConfig {
+    fn default() -> StoreConfig {
+        StoreConfig {
+            fs: None,
+            s3: None,
+            snapshots: silk_store::SnapshotConfig::default(),
+            gc_interval_seconds: default_gc_interval(),
+        }
+    }
+}
+
+fn default_gc_interval() -> u64 {
+    3600
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -59,6 +59,8 @@ pub struct Metrics {
     pub relay_bytes: AtomicU64,
     pub execs: AtomicU64,
     pub hibernated: AtomicU64,
+    pub gc_deleted_chunks: AtomicU64,
+    pub gc_deleted_bytes: AtomicU64,
     pub restarted: AtomicU64,
     pub woken: AtomicU64,
     pub archived: AtomicU64,
@@ -123,6 +125,16 @@ impl Metrics {
             ),
             ("silkmesh_exec_total", "Buffered exec calls.", &self.execs),
             ("silkmesh_hibernated_total", "Sandboxes hibernated.", &self.hibernated),
+            (
+                "silkmesh_store_gc_deleted_chunks_total",
+                "Chunks no snapshot named, deleted by this node's store GC.",
+                &self.gc_deleted_chunks,
+            ),
+            (
+                "silkmesh_store_gc_deleted_bytes_total",
+                "Bytes of those chunks.",
+                &self.gc_deleted_bytes,
+            ),
             (
                 "silkmesh_restarted_total",
                 "Sandboxes restarted from their files after their silkd died.",

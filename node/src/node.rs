@@ -205,6 +205,7 @@ impl Node {
         node.reconcile(records).await?;
         tokio::spawn(refill_loop(node.clone()));
         tokio::spawn(reap_loop(node.clone()));
+        tokio::spawn(gc_loop(node.clone()));
         if let Some(peers) = &node.peers {
             tokio::spawn(crate::peers::publish_loop(node.clone(), peers.clone()));
             tokio::spawn(node.clone().settle_moves());
@@ -953,6 +954,35 @@ async fn start_mesh(
     let (mesh, incoming) = silk_mesh::Mesh::start(mc, state).await?;
     tracing::info!(name = m.name, addr = %mesh.id().addr, epoch, "mesh endpoint up");
     Ok((Arc::new(crate::peers::Peers::new(mesh, m.forward)), incoming))
+}
+
+/// Collects the store's unreferenced chunks every `gc_interval_seconds` (the snapshot store's GC
+/// is safe beside uploads and beside other nodes' GCs; see silk-store).
+async fn gc_loop(node: Arc<Node>) {
+    let every = node.cfg.store.gc_interval_seconds;
+    if every == 0 {
+        return;
+    }
+    loop {
+        // Up to a tenth later, so nodes started together do not all list the store at once.
+        let jitter =
+            u64::from_str_radix(&crate::claims::random_hex(4), 16).unwrap_or(0) % (every * 100 + 1);
+        tokio::time::sleep(Duration::from_millis(every * 1000 + jitter)).await;
+        match node.store.gc(std::time::SystemTime::now()).await {
+            Ok(r) => {
+                node.metrics.gc_deleted_chunks.fetch_add(r.deleted as u64, Ordering::Relaxed);
+                node.metrics.gc_deleted_bytes.fetch_add(r.deleted_bytes, Ordering::Relaxed);
+                tracing::info!(
+                    manifests = r.manifests,
+                    chunks = r.chunks,
+                    deleted = r.deleted,
+                    bytes = r.deleted_bytes,
+                    "store gc"
+                );
+            }
+            Err(e) => tracing::warn!("store gc: {e}"),
+        }
+    }
 }
 
 async fn reap_loop(node: Arc<Node>) {

@@ -248,6 +248,49 @@ fn checkpoints_branch_and_forks_are_independent_copies() {
     }
 }
 
+/// Files under `dir`, recursively.
+fn files_under(dir: &std::path::Path) -> usize {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries.flatten().map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum()
+    })
+}
+
+#[test]
+fn store_gc_collects_the_chunks_of_deleted_checkpoints_and_keeps_the_rest() {
+    let node = Sandboxd::start(&format!(
+        "{ONE_WARM}[store]\ngc_interval_seconds = 1\n[store.snapshots]\ngrace_secs = 1\nreuse_window_secs = 0\n"
+    ));
+    let chunks = node.data().join("store/chunks");
+    // The node shares its golden through the store in the background: let that land first.
+    eventually("the golden is shared", || files_under(&node.data().join("store/goldens")) > 0);
+    let b = claim(&node, "{}");
+    sh(&node, &b, "mkdir -p /srv/t && head -c 4194304 /dev/urandom > /srv/t/kept");
+    let (status, kept) = post(&node, &b, "checkpoint", "");
+    assert_eq!(status, 201, "{kept}");
+    let with_kept = files_under(&chunks);
+    sh(&node, &b, "rm /srv/t/kept && head -c 8388608 /dev/urandom > /srv/t/dropped");
+    let (status, dropped) = post(&node, &b, "checkpoint", "");
+    assert_eq!(status, 201, "{dropped}");
+    assert!(files_under(&chunks) > with_kept);
+
+    let path = format!("/v1/checkpoints/{}", dropped["id"].as_str().unwrap());
+    assert_eq!(node.req("DELETE", &path, Some(ROOT), None).0, 204);
+    eventually("the deleted checkpoint's chunks are collected", || {
+        files_under(&chunks) <= with_kept
+    });
+    let (_, metrics) = node.req("GET", "/metrics", None, None);
+    assert!(!metrics.as_str().unwrap().contains("silkmesh_store_gc_deleted_chunks_total 0"));
+    // What a live checkpoint names stays: it still branches, whole.
+    let (status, v) = node.req(
+        "POST",
+        &format!("/v1/checkpoints/{}/claim", kept["id"].as_str().unwrap()),
+        Some(ROOT),
+        Some(""),
+    );
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(sh(&node, &child(&v), "wc -c < /srv/t/kept"), "4194304");
+}
+
 #[test]
 fn promote_publishes_a_template_that_claims_clone_from() {
     let node = Sandboxd::start(ONE_WARM);
