@@ -60,6 +60,7 @@ pub struct Metrics {
     pub execs: AtomicU64,
     pub hibernated: AtomicU64,
     pub gc_deleted_chunks: AtomicU64,
+    pub orphan_archives: AtomicU64,
     pub gc_deleted_bytes: AtomicU64,
     pub restarted: AtomicU64,
     pub woken: AtomicU64,
@@ -134,6 +135,11 @@ impl Metrics {
                 "silkmesh_store_gc_deleted_bytes_total",
                 "Bytes of those chunks.",
                 &self.gc_deleted_bytes,
+            ),
+            (
+                "silkmesh_store_orphan_archives_deleted_total",
+                "Archives older than the grace period that no claim named, deleted.",
+                &self.orphan_archives,
             ),
             (
                 "silkmesh_restarted_total",

@@ -956,8 +956,9 @@ async fn start_mesh(
     Ok((Arc::new(crate::peers::Peers::new(mesh, m.forward)), incoming))
 }
 
-/// Collects the store's unreferenced chunks every `gc_interval_seconds` (the snapshot store's GC
-/// is safe beside uploads and beside other nodes' GCs; see silk-store).
+/// Every `gc_interval_seconds`: deletes archives no claim names, then collects the store's
+/// unreferenced chunks (the snapshot store's GC is safe beside uploads and beside other nodes'
+/// GCs; see silk-store).
 async fn gc_loop(node: Arc<Node>) {
     let every = node.cfg.store.gc_interval_seconds;
     if every == 0 {
@@ -968,6 +969,12 @@ async fn gc_loop(node: Arc<Node>) {
         let jitter =
             u64::from_str_radix(&crate::claims::random_hex(4), 16).unwrap_or(0) % (every * 100 + 1);
         tokio::time::sleep(Duration::from_millis(every * 1000 + jitter)).await;
+        match node.sweep_orphan_archives().await {
+            Ok(n) => {
+                node.metrics.orphan_archives.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!("orphan archive sweep: {e}"),
+        }
         match node.store.gc(std::time::SystemTime::now()).await {
             Ok(r) => {
                 node.metrics.gc_deleted_chunks.fetch_add(r.deleted as u64, Ordering::Relaxed);

@@ -292,6 +292,41 @@ fn store_gc_collects_the_chunks_of_deleted_checkpoints_and_keeps_the_rest() {
 }
 
 #[test]
+fn archives_no_claim_names_are_swept_and_named_ones_kept() {
+    let node = Sandboxd::start(&format!(
+        "{ONE_WARM}[store]\ngc_interval_seconds = 1\n[store.snapshots]\ngrace_secs = 1\nreuse_window_secs = 0\n"
+    ));
+    let archives = node.data().join("store/archives");
+    let b = claim(&node, "{}");
+    sh(&node, &b, "echo kept > /root/kept");
+    assert_eq!(post(&node, &b, "archive", "").0, 200);
+    let names = || -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&archives)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    };
+    let real = names();
+    assert_eq!(real.len(), 1, "{real:?}");
+    // An archive of the same sandbox under another name, as a wake whose delete failed leaves:
+    // no claim names it. (A manifest names itself: the copy is renamed inside too.)
+    let orphan = format!("ar_{}.00000000deadbeef", b.id);
+    let manifest = std::fs::read_to_string(archives.join(&real[0])).unwrap();
+    let renamed = manifest.replace(&format!("archives/{}", real[0]), &format!("archives/{orphan}"));
+    assert_ne!(renamed, manifest);
+    std::fs::write(archives.join(&orphan), renamed).unwrap();
+    eventually("the orphan is swept", || names() == real);
+    std::thread::sleep(std::time::Duration::from_millis(2500)); // two more sweeps
+    assert_eq!(names(), real, "the archive its claim names stays");
+    let (_, metrics) = node.req("GET", "/metrics", None, None);
+    assert!(metrics.as_str().unwrap().contains("silkmesh_store_orphan_archives_deleted_total 1"));
+    assert_eq!(sh(&node, &b, "cat /root/kept"), "kept", "and wakes");
+}
+
+#[test]
 fn promote_publishes_a_template_that_claims_clone_from() {
     let node = Sandboxd::start(ONE_WARM);
     let b = claim(&node, "{}");

@@ -1,7 +1,8 @@
 //! The fleet's part of the lifecycle: what crosses nodes through the shared store and the mesh.
 //! Waking an archive on any node (claim records published in the store, one waker by lease),
 //! moving a sandbox to a peer (the switch and its recovery when an answer is lost), and goldens
-//! shared through the store instead of built on every node.
+//! shared through the store instead of built on every node. And the sweep of archives nothing
+//! names any more.
 
 use super::*;
 
@@ -24,6 +25,65 @@ impl Node {
         let Ok(key) = Self::claim_key(id) else { return };
         if let Err(e) = self.store.object_store().delete(&[key]).await {
             tracing::warn!(sandbox = id, "removing the archived claim from the store: {e}");
+        }
+    }
+
+    /// Deletes archives older than the store's grace period that no claim names, published or
+    /// on this node: left by a wake, release or move whose delete failed (the store was down), or
+    /// by an archive or move a crash cut short (its node kept its local copy, so nothing is lost).
+    /// An archived sandbox is published before it is journalled, so no archive that can still
+    /// be woken is touched. Their chunks then go at a later GC.
+    pub(in crate::node) async fn sweep_orphan_archives(&self) -> Result<usize, ApiError> {
+        let grace_ms = self.cfg.store.snapshots.grace_secs * 1000;
+        let mut swept = 0;
+        for name in self.store.list("archives/").await? {
+            let SnapshotName::Archive(archive) = &name else { continue };
+            let Some((id, _)) = archive.rsplit_once('.') else { continue };
+            let created = match self.store.manifest(&name).await {
+                Ok(m) => m.created_ms,
+                Err(StoreError::NotFound { .. }) => continue,
+                Err(e @ StoreError::CorruptManifest { .. }) => {
+                    tracing::warn!(archive = %name, "left alone: {e}");
+                    continue;
+                }
+                Err(e) => return Err(e.into()),
+            };
+            if now_ms().saturating_sub(created) < grace_ms
+                || self.names_archive_here(archive)
+                || self.published_archive(id).await?.as_deref() == Some(archive.as_str())
+            {
+                continue;
+            }
+            tracing::info!(archive = %name, "deleting an archive no claim names");
+            self.store.delete(&name).await?;
+            swept += 1;
+        }
+        Ok(swept)
+    }
+
+    /// Whether a claim on this node names `archive` (archived in it, or archiving or moving
+    /// through it).
+    fn names_archive_here(&self, archive: &str) -> bool {
+        self.lock().claims.values().any(|l| {
+            l.record.archive.as_deref() == Some(archive)
+                || match &l.record.intent {
+                    Some(Intent::Archive(a)) | Some(Intent::Move { archive: a, .. }) => {
+                        a == archive
+                    }
+                    _ => false,
+                }
+        })
+    }
+
+    /// The archive the claim published for `id` names (`None`: none is published). A record
+    /// that cannot be read is an error, not a "no": deleting on partial knowledge loses data.
+    async fn published_archive(&self, id: &str) -> Result<Option<String>, ApiError> {
+        match self.store.object_store().get_bytes(&Self::claim_key(id)?).await {
+            Ok(bytes) => serde_json::from_slice::<ClaimRecord>(&bytes)
+                .map(|r| r.archive)
+                .map_err(|e| ApiError::internal(format!("the published claim of {id}: {e}"))),
+            Err(StoreError::NotFound { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
