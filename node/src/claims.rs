@@ -86,6 +86,9 @@ pub enum Intent {
     /// Moving to peer `target` through the archive `archive`: the sandbox stays here,
     /// hibernated, until the target has journalled it (the switch).
     Move { archive: String, target: String },
+    /// Woken from the archive of this name and running: its published claim and the archive
+    /// are still to be removed from the store. (Last: journals written before it decode.)
+    Unpublish(String),
 }
 
 /// `POST /v1/sandboxes` body, as sent (serialized again when a claim is forwarded to a peer).

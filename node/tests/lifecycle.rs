@@ -548,6 +548,28 @@ fn kill_9_mid_archive_rolls_back_or_completes() {
 }
 
 #[test]
+fn kill_9_mid_wake_from_an_archive_leaves_no_stale_archive_to_wake_again() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, "{}");
+    sh(&node, &b, WRITE_TREE);
+    let before = sh(&node, &b, HASH_TREE);
+    assert_eq!(post(&node, &b, "archive", "").0, 200);
+    node.crash_at = Some("wake:journalled".into());
+    node.restart();
+    let path = format!("/v1/sandboxes/{}/wake", b.id);
+    let answer = try_http(node.addr, "POST", &path, Some(&b.token), "");
+    assert!(answer.is_none(), "the node answered {answer:?} instead of crashing");
+    node.wait_crash_and_restart();
+    assert_eq!(state(&node, &b), "claimed");
+    assert_eq!(sh(&node, &b, HASH_TREE), before);
+    // Running here again, it is no longer archived in the store: no other node could wake
+    // an old copy of it.
+    let store = node.data().join("store");
+    assert_eq!(files_under(&store.join("archives")), 0);
+    assert_eq!(files_under(&store.join("claims")), 0);
+}
+
+#[test]
 fn kill_9_mid_checkpoint_leaves_the_source_and_a_whole_checkpoint_or_none() {
     let (node, b, _) = crash_at("checkpoint:captured", "checkpoint", "claimed");
     let (_, list) = node.req("GET", "/v1/checkpoints", Some(ROOT), None);

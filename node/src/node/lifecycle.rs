@@ -9,7 +9,7 @@
 //! | hibernate | the engine stops the box, keeping its files in place; then the state is journalled. A crash between leaves a claimed sandbox whose box stopped: the next access starts it again. |
 //! | capture (the first step of archive and move: the files into a tar, the box removed) | the intent (with the tar path) is journalled first; the engine writes the tar whole or not at all and removes the box only after. At start: a tar there → hibernated (as that tar); none → as before (running or stopped; the engine thaws one the crash left frozen). |
 //! | archive | always from a captured sandbox; the intent is journalled, the local tar kept until the archive's manifest is in the store. At start: manifest there → archived; otherwise still hibernated, retried later. |
-//! | wake | the tar (or the archive) is deleted only after the running state is journalled; a sandbox restored but not journalled is removed at start, one resumed in its box is claimed. |
+//! | wake | the tar (or the archive) is deleted only after the running state is journalled; a sandbox restored but not journalled is removed at start, one resumed in its box is claimed. Woken from an archive, the record carries `Unpublish(archive)` until the store's published claim and the archive are gone: a restart finishes that, so no other node can later wake the old archive. |
 //! | silkd dies (OOM kill, host reboot) | the claim and its box stay; the next data-plane access stops and starts the box: its files are as they were, its processes restart. |
 //! | checkpoint, fork, branch, promote | nothing is journalled until the result is whole: a crash leaves the source as it was, and scratch files and half-made sandboxes are removed at start. A checkpoint's manifest is its commit point. |
 
@@ -350,9 +350,9 @@ impl Node {
         match live.record.state {
             SandboxState::Claimed => Ok(live),
             SandboxState::Hibernated => match live.record.stopped.clone() {
-                None => self.start_from(live, None, false).await,
+                None => self.start_from(live, None, None).await,
                 Some(snap) => {
-                    let woken = self.start_from(live, Some(&snap), false).await?;
+                    let woken = self.start_from(live, Some(&snap), None).await?;
                     let _ = std::fs::remove_file(&snap.layer_tar);
                     Ok(woken)
                 }
@@ -389,21 +389,38 @@ impl Node {
             }
             _ => e,
         })?;
-        let woken = self.start_from(live, Some(&snap), true).await;
+        let woken = self.start_from(live, Some(&snap), Some(&archive)).await;
         let _ = std::fs::remove_file(&snap.layer_tar);
         let woken = woken?;
-        self.unpublish_archived(&woken.record.id).await;
-        self.drop_archive(&archive).await;
-        Ok(woken)
+        crash_point("wake:journalled");
+        self.finish_unpublish(&woken.record.id, &archive).await?;
+        self.current(&woken.record.id)
+    }
+
+    /// The end of a wake from an archive (the sandbox's lock held): the published claim and the
+    /// archive leave the store, then the record's `Unpublish` intent is cleared. Until then a restart does the same
+    /// (`recover`), so no stale archive is left for another node to wake.
+    pub(super) async fn finish_unpublish(&self, id: &str, archive: &str) -> Result<(), ApiError> {
+        if !self.unpublish_archived(id).await {
+            return Ok(()); // the store is down: the next start tries again
+        }
+        self.drop_archive(archive).await;
+        let mut rec = self.current(id)?.record;
+        if rec.intent == Some(Intent::Unpublish(archive.to_string())) {
+            rec.intent = None;
+            self.put_record(&rec).await?;
+        }
+        Ok(())
     }
 
     /// Starts a stopped sandbox again under its own id, from `snap` or (`None`) on its stopped
-    /// box's files, and journals it running.
+    /// box's files, and journals it running. Woken `from_archive`, it gets a fresh lease and the
+    /// archive's removal as its intent.
     async fn start_from(
         &self,
         live: Live,
         snap: Option<&Snapshot>,
-        fresh_lease: bool,
+        from_archive: Option<&str>,
     ) -> Result<Live, ApiError> {
         let mut rec = live.record.clone();
         let (engine, sid, spec, s) =
@@ -418,8 +435,8 @@ impl Node {
         rec.state_since_ms = now;
         rec.stopped = None;
         rec.archive = None;
-        rec.intent = None;
-        if fresh_lease {
+        rec.intent = from_archive.map(|a| Intent::Unpublish(a.to_string()));
+        if from_archive.is_some() {
             rec.deadline_ms = now + rec.lease_seconds * 1000;
         }
         if let Err(e) = self.put_record(&rec).await {
@@ -926,6 +943,15 @@ impl Node {
                     rec.state = SandboxState::Hibernated;
                     rec.state_since_ms = now_ms();
                     rec.stopped = Some(Snapshot { bytes, ..*snap });
+                }
+            }
+            Some(Intent::Unpublish(archive)) => {
+                // Woken from `archive`, the node died before the store forgot it.
+                changed = true;
+                if self.unpublish_archived(&rec.id).await {
+                    self.drop_archive(&archive).await;
+                } else {
+                    rec.intent = Some(Intent::Unpublish(archive)); // the next start tries again
                 }
             }
             Some(intent @ Intent::Move { .. }) => {

@@ -21,10 +21,15 @@ impl Node {
         Ok(())
     }
 
-    pub(in crate::node) async fn unpublish_archived(&self, id: &str) {
-        let Ok(key) = Self::claim_key(id) else { return };
-        if let Err(e) = self.store.object_store().delete(&[key]).await {
-            tracing::warn!(sandbox = id, "removing the archived claim from the store: {e}");
+    /// Removes the published claim of `id`; whether it is gone.
+    pub(in crate::node) async fn unpublish_archived(&self, id: &str) -> bool {
+        let Ok(key) = Self::claim_key(id) else { return false };
+        match self.store.object_store().delete(&[key]).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(sandbox = id, "removing the archived claim from the store: {e}");
+                false
+            }
         }
     }
 
@@ -67,9 +72,9 @@ impl Node {
         self.lock().claims.values().any(|l| {
             l.record.archive.as_deref() == Some(archive)
                 || match &l.record.intent {
-                    Some(Intent::Archive(a)) | Some(Intent::Move { archive: a, .. }) => {
-                        a == archive
-                    }
+                    Some(
+                        Intent::Archive(a) | Intent::Move { archive: a, .. } | Intent::Unpublish(a),
+                    ) => a == archive,
                     _ => false,
                 }
         })
@@ -122,8 +127,8 @@ impl Node {
                 return Err(waking_elsewhere(id));
             }
             self.adopt(rec, &archive).await?;
-            self.unpublish_archived(id).await;
-            self.drop_archive(&archive).await;
+            let _busy = self.busy(id).await;
+            self.finish_unpublish(id, &archive).await?;
             Ok(true)
         };
         self.under_wake_lease(id, woken).await
@@ -275,9 +280,13 @@ impl Node {
                 // Woken from its archive: a fresh lease of its original length.
                 record.deadline_ms = now_ms() + record.lease_seconds * 1000;
             }
+            // Woken from its archive: the store forgets it next (`finish_unpublish`), or at the
+            // next start if this node dies first.
+            let unpublish = (record.state == SandboxState::Archived)
+                .then(|| Intent::Unpublish(archive.to_string()));
             record.state = SandboxState::Claimed;
             record.state_since_ms = now_ms();
-            (record.stopped, record.archive, record.intent) = (None, None, None);
+            (record.stopped, record.archive, record.intent) = (None, None, unpublish);
             self.acknowledge(vec![(record, info)]).await
         }
         .await;
