@@ -78,6 +78,7 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
         "fork ×8",
         "archive (running → store)",
         "wake from the archive",
+        "exec after its silkd was killed (restart included)",
     ];
     let mut samples: Vec<Samples> = names.iter().map(|_| Samples::default()).collect();
     let mut floor = Samples::default();
@@ -124,6 +125,13 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
         exec(&mut http, &id, "rm /srv/t/changed")?;
         ensure!(exec(&mut http, &id, hash)? == sum, "files changed across archive");
 
+        // Its silkd dies (as in an OOM kill): the next exec restarts it on its files.
+        kill_silkd(work, &id)?;
+        let body = serde_json::json!({ "argv": ["true"] }).to_string();
+        let (d, _) = timed(&mut http, "POST", &path("exec"), &body, 200)?;
+        samples[7].push(d);
+        ensure!(exec(&mut http, &id, hash)? == sum, "files changed across a restart");
+
         for c in [ck, ck2["id"].as_str().unwrap_or_default().to_string()] {
             timed(&mut http, "DELETE", &format!("/v1/checkpoints/{c}"), "", 204)?;
         }
@@ -160,6 +168,26 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
         ]],
     );
     Ok(())
+}
+
+/// SIGKILLs sandbox `id`'s silkd (its jail's PID 1, so the whole jail goes) and waits for it
+/// to be gone.
+fn kill_silkd(work: &std::path::Path, id: &str) -> anyhow::Result<()> {
+    let record = work.join("data/engine/boxes").join(id).join("box.json");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&record)?)?;
+    let pid = record["info"]["pid"].as_i64().context("the box's pid")? as i32;
+    // SAFETY: plain syscall on the jail's init, which this bench's node started.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    let deadline = Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        if stat.is_empty() || stat.rsplit_once(')').is_some_and(|(_, rest)| rest.starts_with(" Z"))
+        {
+            return Ok(());
+        }
+        ensure!(Instant::now() < deadline, "silkd {pid} survived SIGKILL");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }
 
 /// A shell script writing `mib` 1 MiB files of noise under /srv/t (run in a sandbox).

@@ -36,6 +36,11 @@ fn a_sandbox_sees_nothing_of_the_host_or_its_neighbours() {
     assert_eq!(ok(&a, "cat /proc/1/comm"), "silkd");
     assert_ne!(sh(&a, &format!("test -e /proc/{}", std::process::id())).0, 0);
 
+    // Descriptors: a command holds its pipes and nothing of silkd's (above all not the agent's
+    // listening socket, or it could accept the connections meant for silkd).
+    let fds = ok(&a, "ls -l /proc/self/fd/ | grep -c socket: || true");
+    assert_eq!(fds, "0", "a command inherited a socket");
+
     // /dev: only the minimal set.
     let dev = ok(&a, "ls /dev | tr '\\n' ' '");
     assert_eq!(dev, "fd full null ptmx pts random shm stderr stdin stdout tty urandom zero");

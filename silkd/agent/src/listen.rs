@@ -43,6 +43,13 @@ impl Listener {
                 use std::os::fd::FromRawFd;
                 // SAFETY: the caller hands this process the fd; it is owned from here on.
                 let std = unsafe { std::os::unix::net::UnixListener::from_raw_fd(*fd) };
+                // It arrives without close-on-exec (it had to survive our own exec): set it, or
+                // every command run in the sandbox would inherit the agent's listening socket
+                // and could accept the connections meant for silkd.
+                // SAFETY: plain fcntl on a descriptor this process owns.
+                if unsafe { libc::fcntl(*fd, libc::F_SETFD, libc::FD_CLOEXEC) } != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 std.set_nonblocking(true)?;
                 // The path is the host's (outside the jail), so removing it at shutdown is a
                 // harmless miss inside a sandbox.
