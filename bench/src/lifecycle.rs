@@ -170,24 +170,21 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
     Ok(())
 }
 
-/// SIGKILLs sandbox `id`'s silkd (its jail's PID 1, so the whole jail goes) and waits for it
-/// to be gone.
+/// SIGKILLs sandbox `id`'s silkd (its jail's PID 1, so the whole jail goes) and waits until its
+/// socket refuses connections: the main thread turns zombie before the others have exited, and
+/// until the last one has, the listening socket still accepts (and then resets) connections.
 fn kill_silkd(work: &std::path::Path, id: &str) -> anyhow::Result<()> {
-    let record = work.join("data/engine/boxes").join(id).join("box.json");
-    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(&record)?)?;
+    let dir = work.join("data/engine/boxes").join(id);
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("box.json"))?)?;
     let pid = record["info"]["pid"].as_i64().context("the box's pid")? as i32;
     // SAFETY: plain syscall on the jail's init, which this bench's node started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
     let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        if stat.is_empty() || stat.rsplit_once(')').is_some_and(|(_, rest)| rest.starts_with(" Z"))
-        {
-            return Ok(());
-        }
-        ensure!(Instant::now() < deadline, "silkd {pid} survived SIGKILL");
+    while std::os::unix::net::UnixStream::connect(dir.join("agent.sock")).is_ok() {
+        ensure!(Instant::now() < deadline, "silkd {pid} still accepts after SIGKILL");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+    Ok(())
 }
 
 /// A shell script writing `mib` 1 MiB files of noise under /srv/t (run in a sandbox).
