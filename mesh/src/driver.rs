@@ -245,12 +245,16 @@ async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
     let datagrams = {
         let (inner, conn, chain) = (inner.clone(), conn.clone(), chain.clone());
         async move {
-            let mut verified = String::new(); // the name this connection proved (cached)
+            // The name this connection proved, and the last one it failed to (logged once).
+            let (mut verified, mut refused) = (String::new(), String::new());
             while let Ok(d) = conn.read_datagram().await {
                 let Some(src) = Membership::sender(&d) else { continue };
                 if src.name != verified {
                     if !names_node(&chain, &src.name) {
-                        impostor(&src.name);
+                        if src.name != refused {
+                            impostor(&src.name);
+                            refused = src.name;
+                        }
                         continue;
                     }
                     verified = src.name;
