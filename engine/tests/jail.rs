@@ -88,18 +88,19 @@ fn a_restarted_engine_readopts_running_jails_and_sees_dead_ones() {
     assert_eq!(ok(again, "cat /root/state"), "kept", "the same sandbox, still usable");
 
     // silkd (the jail's PID 1) dies: the jail is over, and list says so.
-    unsafe { libc::kill(b.pid.unwrap() as i32, libc::SIGKILL) };
-    let mut dead = false;
-    for _ in 0..500 {
-        if restarted.list().unwrap().iter().any(|i| i.id == b.id && !i.running) {
-            dead = true;
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert!(dead, "a jail whose silkd died is listed as not running");
+    kill_silkd(&restarted, &b);
     restarted.destroy(&b.id).unwrap();
     assert!(traces(&h, &b.id, b.pid).is_empty());
+}
+
+/// SIGKILLs a jail's silkd (its PID 1) and waits until `engine` lists the jail as not running.
+fn kill_silkd(engine: &dyn Engine, jail: &BoxInfo) {
+    unsafe { libc::kill(jail.pid.unwrap() as i32, libc::SIGKILL) };
+    let stopped = (0..500).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        engine.list().unwrap().iter().any(|i| i.id == jail.id && !i.running)
+    });
+    assert!(stopped, "a jail whose silkd died is listed as not running");
 }
 
 #[test]
@@ -108,12 +109,7 @@ fn a_jail_whose_silkd_died_comes_back_from_its_files() {
     let g = h.golden(&[]);
     let a = h.engine.clone_golden(&g, &id("x-a"), &small()).unwrap();
     ok(&a, "mkdir -p /root/work && echo kept > /root/work/state");
-    unsafe { libc::kill(a.pid.unwrap() as i32, libc::SIGKILL) };
-    let stopped = (0..500).any(|_| {
-        std::thread::sleep(std::time::Duration::from_millis(10));
-        h.engine.list().unwrap().iter().any(|i| i.id == a.id && !i.running)
-    });
-    assert!(stopped, "the jail is seen to stop");
+    kill_silkd(&h.engine, &a);
 
     let tar = h.data.path().join("x-a.tar");
     let snap = h.engine.snapshot(&a.id, SnapshotMode::Stop, &tar).unwrap();

@@ -70,9 +70,15 @@ impl From<silk_store::StoreError> for ApiError {
     }
 }
 
+impl ApiError {
+    /// The JSON body every error answer carries.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({ "error": { "code": self.code, "message": self.message } })
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let body = serde_json::json!({ "error": { "code": self.code, "message": self.message } });
-        (self.status, axum::Json(body)).into_response()
+        (self.status, axum::Json(self.body())).into_response()
     }
 }

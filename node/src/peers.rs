@@ -429,19 +429,22 @@ async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Re
                     content_type: None,
                     body: vec![],
                 },
-                Err(e) => PeerReply::Http {
-                    status: e.status.as_u16(),
-                    location: None,
-                    content_type: Some("application/json".into()),
-                    body: serde_json::json!({ "error": { "code": e.code, "message": e.message } })
-                        .to_string()
-                        .into_bytes(),
-                },
+                Err(e) => error_reply(&e),
             }
         }
     };
     wire::write_frame(&mut call.send, &reply).await.map_err(|e| e.to_string())?;
     call.send.finish().map_err(|e| e.to_string())
+}
+
+/// An API error as a peer's HTTP answer, in the shape every error answer has.
+fn error_reply(e: &ApiError) -> PeerReply {
+    PeerReply::Http {
+        status: e.status.as_u16(),
+        location: None,
+        content_type: Some("application/json".into()),
+        body: e.body().to_string().into_bytes(),
+    }
 }
 
 /// The owner's end of a forwarded data-plane connection.
@@ -451,14 +454,6 @@ async fn relay(
     id: &str,
     token: Option<&str>,
 ) -> Result<(), String> {
-    let refuse = |e: ApiError| PeerReply::Http {
-        status: e.status.as_u16(),
-        location: None,
-        content_type: Some("application/json".into()),
-        body: serde_json::json!({ "error": { "code": e.code, "message": e.message } })
-            .to_string()
-            .into_bytes(),
-    };
     let opened = async {
         node.authorized(id, token)?;
         let (n, owned) = (node.clone(), id.to_string());
@@ -475,7 +470,7 @@ async fn relay(
     let (live, mut agent) = match opened.await {
         Ok(v) => v,
         Err(e) => {
-            wire::write_frame(&mut call.send, &refuse(e)).await.map_err(|e| e.to_string())?;
+            wire::write_frame(&mut call.send, &error_reply(&e)).await.map_err(|e| e.to_string())?;
             return call.send.finish().map_err(|e| e.to_string());
         }
     };
