@@ -1,0 +1,322 @@
+//! Copies of a sandbox: checkpoints (in the store) and the sandboxes branched from them, forks,
+//! and promoted templates.
+
+use super::*;
+
+impl Node {
+    // ---- checkpoint and branch ----
+
+    pub async fn checkpoint(
+        &self,
+        id: &str,
+        name: Option<String>,
+    ) -> Result<CheckpointInfo, ApiError> {
+        if name.as_ref().is_some_and(|n| n.is_empty() || n.len() > 128) {
+            return Err(ApiError::bad_request("a checkpoint name is 1-128 bytes"));
+        }
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        let (snap, scratch) = self.current_files(&live, "checkpoint").await?;
+        crash_point("checkpoint:captured");
+        let hex = random_hex(16);
+        let store_name = SnapshotName::checkpoint(&hex).map_err(ApiError::from)?;
+        let mut meta = BTreeMap::new();
+        if let Some(n) = &name {
+            meta.insert("name".into(), n.clone());
+        }
+        let uploaded = self.upload(&store_name, &snap, &live.record, meta).await;
+        if scratch {
+            let _ = std::fs::remove_file(&snap.layer_tar);
+        }
+        let report = uploaded?;
+        crash_point("checkpoint:uploaded");
+        self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
+        Ok(CheckpointInfo {
+            id: format!("ck_{hex}"),
+            name,
+            sandbox: id.to_string(),
+            template: live.record.template.clone(),
+            created_ms: now_ms(),
+            bytes: report.size,
+            uploaded_bytes: Some(report.uploaded_bytes),
+            token_hash: live.record.token_hash.clone(),
+        })
+    }
+
+    /// Checkpoints the bearer may see: all of them for the root token, else those of `sandbox`.
+    pub async fn checkpoints(
+        &self,
+        sandbox: Option<&str>,
+    ) -> Result<Vec<CheckpointInfo>, ApiError> {
+        let mut out = vec![];
+        for name in self.store.list("checkpoints/").await? {
+            let SnapshotName::Checkpoint(hex) = &name else { continue };
+            let info = match self.checkpoint_info(hex, &name).await {
+                Ok(info) => info,
+                // Deleted between the list and the read.
+                Err(e) if e.status == StatusCode::NOT_FOUND => continue,
+                Err(e) => return Err(e),
+            };
+            if sandbox.is_none_or(|s| s == info.sandbox) {
+                out.push(info);
+            }
+        }
+        out.sort_by(|a, b| a.created_ms.cmp(&b.created_ms).then(a.id.cmp(&b.id)));
+        Ok(out)
+    }
+
+    async fn checkpoint_info(
+        &self,
+        hex: &str,
+        name: &SnapshotName,
+    ) -> Result<CheckpointInfo, ApiError> {
+        let m = self.store.manifest(name).await.map_err(|e| match e {
+            StoreError::NotFound { .. } => checkpoint_not_found(),
+            other => other.into(),
+        })?;
+        let get = |k: &str| m.meta.get(k).cloned().unwrap_or_default();
+        Ok(CheckpointInfo {
+            id: format!("ck_{hex}"),
+            name: m.meta.get("name").cloned(),
+            sandbox: get("sandbox"),
+            template: get("template"),
+            created_ms: m.created_ms,
+            bytes: m.size,
+            uploaded_bytes: None,
+            token_hash: get("token_hash"),
+        })
+    }
+
+    /// The checkpoint, if `bearer` may use it: the root token, or the token of the sandbox it
+    /// was taken from. Anything else is the same 404 as an unknown id.
+    pub async fn authorized_checkpoint(
+        &self,
+        id: &str,
+        bearer: Option<&str>,
+    ) -> Result<CheckpointInfo, ApiError> {
+        let name = checkpoint_name(id)?;
+        let SnapshotName::Checkpoint(hex) = &name else { unreachable!("a checkpoint name") };
+        let info = self.checkpoint_info(hex, &name).await?;
+        let own = bearer.is_some_and(|t| crate::claims::token_matches(t, &info.token_hash));
+        if own || self.is_root(bearer) { Ok(info) } else { Err(checkpoint_not_found()) }
+    }
+
+    pub async fn delete_checkpoint(&self, id: &str) -> Result<(), ApiError> {
+        Ok(self.store.delete(&checkpoint_name(id)?).await?)
+    }
+
+    /// A new sandbox from a checkpoint (any checkpoint in the store).
+    pub async fn branch(&self, id: &str, spec: ClaimSpec) -> Result<Claimed, ApiError> {
+        let t0 = std::time::Instant::now();
+        let name = checkpoint_name(id)?;
+        {
+            let mut st = self.lock();
+            self.admit(&mut st, 1)?;
+        }
+        let result = async {
+            let (snap, _) = self.download(&name).await?;
+            let spec = ClaimSpec { size: snap.spec.size, lane: snap.spec.lane, ..spec };
+            let made = self.restore_new(&snap, 1).await;
+            let _ = std::fs::remove_file(&snap.layer_tar);
+            let info = made?.pop().expect("one sandbox");
+            let token = new_token();
+            let mut record = new_record(&info, &token, &spec, Tier::Clone);
+            record.from_checkpoint = Some(id.to_string());
+            self.acknowledge(vec![(record.clone(), info)]).await?;
+            self.metrics.branched.fetch_add(1, Ordering::Relaxed);
+            Ok(Claimed { record, token, took: t0.elapsed() })
+        }
+        .await;
+        self.lock().pending -= 1;
+        result
+    }
+
+    // ---- fork ----
+
+    /// `count` new sandboxes from the current state, all or none.
+    pub async fn fork(
+        &self,
+        id: &str,
+        count: usize,
+        ttl_seconds: Option<u64>,
+    ) -> Result<Vec<Claimed>, ApiError> {
+        if !(1..=MAX_FORK).contains(&count) {
+            return Err(ApiError::bad_request(format!("count must be 1-{MAX_FORK}")));
+        }
+        let t0 = std::time::Instant::now();
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        {
+            let mut st = self.lock();
+            self.admit(&mut st, count)?;
+        }
+        let result = async {
+            let (snap, scratch) = self.current_files(&live, "fork").await?;
+            let made = self.restore_new(&snap, count).await;
+            if scratch {
+                let _ = std::fs::remove_file(&snap.layer_tar);
+            }
+            let src = &live.record;
+            let spec = ClaimSpec {
+                template: src.template.clone(),
+                size: src.size,
+                lane: src.lane,
+                ttl_seconds: ttl_seconds.unwrap_or(src.lease_seconds),
+                metadata: src.metadata.clone(),
+                on_expire: src.on_expire,
+            };
+            let mut claims = vec![];
+            let mut out = vec![];
+            for info in made? {
+                let token = new_token();
+                let mut record = new_record(&info, &token, &spec, Tier::Clone);
+                record.forked_from = Some(id.to_string());
+                record.idle_hibernate_seconds = src.idle_hibernate_seconds;
+                out.push(Claimed { record: record.clone(), token, took: t0.elapsed() });
+                claims.push((record, info));
+            }
+            self.acknowledge(claims).await?;
+            self.metrics.forked.fetch_add(count as u64, Ordering::Relaxed);
+            Ok(out)
+        }
+        .await;
+        self.lock().pending -= count;
+        result
+    }
+
+    /// `count` new sandboxes (fresh ids) from one snapshot, all or none.
+    async fn restore_new(&self, snap: &Snapshot, count: usize) -> Result<Vec<BoxInfo>, ApiError> {
+        let mut set = JoinSet::new();
+        for _ in 0..count {
+            let (engine, snap) = (self.engine.clone(), snap.clone());
+            let id = self.new_id()?;
+            set.spawn(async move {
+                let spec = snap.spec.clone();
+                blocking(move || engine.restore(&snap, &id, &spec)).await
+            });
+        }
+        let (mut made, mut failure) = (vec![], None);
+        while let Some(joined) = set.join_next().await {
+            match joined {
+                Ok(Ok(info)) => made.push(info),
+                Ok(Err(e)) => failure = Some(e),
+                Err(e) => failure = Some(ApiError::internal(format!("restore task: {e}"))),
+            }
+        }
+        if let Some(e) = failure {
+            for info in made {
+                self.teardown(info.id);
+            }
+            return Err(e);
+        }
+        Ok(made)
+    }
+
+    // ---- promote ----
+
+    /// Publishes the sandbox's files as template `name`; later claims of it clone from them.
+    pub async fn promote(&self, id: &str, name: &str, by_root: bool) -> Result<Promoted, ApiError> {
+        let valid = (1..=64).contains(&name.len())
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        if !valid {
+            return Err(ApiError::bad_request("a template name is 1-64 of a-z 0-9 - _"));
+        }
+        if name == "host" || self.cfg.templates.contains_key(name) {
+            return Err(conflict(format!(
+                "{name:?} is a configured template; promote under another name"
+            )));
+        }
+        let _busy = self.busy(id).await;
+        let live = self.current(id)?;
+        let owner = (!by_root).then(|| live.record.token_hash.clone());
+        let may_replace = |st: &State| match st.promoted.get(name) {
+            Some(p) => by_root || p.owner.is_some() && p.owner == owner,
+            None => true,
+        };
+        if !may_replace(&self.lock()) {
+            return Err(conflict(format!("template {name:?} was promoted by another owner")));
+        }
+        let (snap, scratch) = self.current_files(&live, "promote").await?;
+        let engine = self.engine.clone();
+        let s = snap.clone();
+        let made = blocking(move || engine.golden_from_snapshot(&s)).await;
+        if scratch {
+            let _ = std::fs::remove_file(&snap.layer_tar);
+        }
+        let promoted = Promoted {
+            golden: made?,
+            source: id.to_string(),
+            created_ms: now_ms(),
+            owner: owner.clone(),
+        };
+        // Other nodes can then start this template's checkpoints, archives and moves.
+        self.share_golden(promoted.golden.clone());
+        // Read, change and save the map under the state lock: concurrent promotes and deletes
+        // of other templates must not lose each other's entries (the file is small).
+        let mut st = self.lock();
+        if !may_replace(&st) {
+            return Err(conflict(format!("template {name:?} was promoted by another owner")));
+        }
+        let mut all = st.promoted.clone();
+        all.insert(name.to_string(), promoted.clone());
+        self.save_promoted(&all)?;
+        st.promoted = all;
+        st.goldens.insert(name.to_string(), promoted.golden.clone());
+        st.templates.remove(name);
+        self.flush_pools(&mut st, name);
+        drop(st);
+        self.refill.notify_one();
+        self.metrics.promoted.fetch_add(1, Ordering::Relaxed);
+        Ok(promoted)
+    }
+
+    pub fn promoted(&self) -> BTreeMap<String, Promoted> {
+        self.lock().promoted.clone()
+    }
+
+    /// Deletes a promoted template. Sandboxes made from it keep running.
+    pub fn delete_template(&self, name: &str) -> Result<(), ApiError> {
+        let mut st = self.lock();
+        let mut all = st.promoted.clone();
+        if all.remove(name).is_none() {
+            let code = if name == "host" || self.cfg.templates.contains_key(name) {
+                return Err(conflict(format!(
+                    "{name:?} is configured; remove it from the config file"
+                )));
+            } else {
+                "template_not_found"
+            };
+            return Err(ApiError::new(
+                StatusCode::NOT_FOUND,
+                code,
+                format!("no promoted template {name:?}"),
+            ));
+        }
+        self.save_promoted(&all)?;
+        st.promoted = all;
+        st.goldens.remove(name);
+        self.flush_pools(&mut st, name);
+        Ok(())
+    }
+
+    fn save_promoted(&self, all: &BTreeMap<String, Promoted>) -> Result<(), ApiError> {
+        let json = serde_json::to_vec_pretty(all).map_err(|e| ApiError::internal(e.to_string()))?;
+        let path = promoted_path(&self.cfg);
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, json)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| ApiError::internal(format!("persist promoted templates: {e}")))
+    }
+
+    /// Warm sandboxes of `template` were made from its old golden: they go, and so do those
+    /// being started now.
+    fn flush_pools(&self, st: &mut State, template: &str) {
+        for pool in st.pools.values_mut().filter(|p| p.key.template == template) {
+            for info in pool.flush() {
+                self.teardown(info.id);
+            }
+        }
+    }
+}
