@@ -75,7 +75,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
         let t = Instant::now();
         let g = a.prepare(&ta, &warmup)?;
         build.push(t.elapsed());
-        let name = silk_store::SnapshotName::golden("host", &g.digest.0)?;
+        let name = silk_store::SnapshotName::golden("host", g.digest.as_str())?;
         let tar = work.join("golden.tar");
         a.export_golden(&g, &tar)?;
         rt.block_on(async {

@@ -37,7 +37,7 @@ pub fn import(archive: &Path, root: &Path) -> Result<ImageConfig> {
         for layer in &layers {
             let file = std::fs::File::open(layer)
                 .map_err(|_| bad(format!("layer {} is missing", layer.display())))?;
-            layer::apply(file, root, Whiteouts::Delete)?;
+            layer::apply(file, root, Whiteouts::Delete, layer::Ids::HOST)?;
         }
         image_config(&config)
     })();

@@ -56,18 +56,58 @@ impl std::fmt::Display for SandboxId {
     }
 }
 
-/// A blake3 content digest, hex.
+/// A blake3 content digest: exactly 64 lowercase hex digits. Digests arrive from the shared
+/// store and from peers and become directory names (`goldens/<short>`), so they are parsed like
+/// [`SandboxId`]: one that is not 64 hex digits never gets this far. Serialized as the plain
+/// string, so journals and JSON written before the check read the same.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub struct Digest(pub String);
+#[serde(try_from = "String", into = "String")]
+pub struct Digest(String);
 
 impl Digest {
     pub fn of(hasher: &blake3::Hasher) -> Digest {
         Digest(hasher.finalize().to_hex().to_string())
     }
 
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
     /// The first 16 hex digits, for directory names and logs.
     pub fn short(&self) -> &str {
-        &self.0[..16.min(self.0.len())]
+        &self.0[..16]
+    }
+}
+
+impl TryFrom<String> for Digest {
+    type Error = EngineError;
+
+    fn try_from(s: String) -> Result<Self, EngineError> {
+        if s.len() == 64 && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            Ok(Digest(s))
+        } else {
+            Err(EngineError::BadRequest(format!("bad digest {s:?}: not 64 lowercase hex digits")))
+        }
+    }
+}
+
+impl std::str::FromStr for Digest {
+    type Err = EngineError;
+
+    fn from_str(s: &str) -> Result<Self, EngineError> {
+        Digest::try_from(s.to_string())
+    }
+}
+
+impl From<Digest> for String {
+    fn from(d: Digest) -> String {
+        d.0
+    }
+}
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
     }
 }
 
@@ -226,5 +266,33 @@ mod tests {
         for bad in ["", "A", "a/b", "..", "-a", "a b", &"a".repeat(65), "é"] {
             assert!(bad.parse::<SandboxId>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn digests_are_64_lowercase_hex() {
+        let of = Digest::of(&blake3::Hasher::new());
+        assert_eq!(of.as_str().parse::<Digest>().unwrap(), of);
+        assert_eq!(of.short(), &of.as_str()[..16]);
+        let good = "0123456789abcdef".repeat(4);
+        assert!(good.parse::<Digest>().is_ok());
+        // Each of these would become a directory name under goldens/ (or panic in `short`).
+        for bad in [
+            String::new(),
+            "ab".into(),
+            "0123456789ABCDEF".repeat(4),
+            "a".repeat(63),
+            "a".repeat(65),
+            format!("../../{}", "a".repeat(58)),
+            format!("{}/", "a".repeat(63)),
+            format!("{}g", "a".repeat(63)),
+        ] {
+            assert!(bad.parse::<Digest>().is_err(), "{bad}");
+            let json = serde_json::to_string(&bad).unwrap();
+            assert!(serde_json::from_str::<Digest>(&json).is_err(), "{bad} through serde");
+        }
+        // The wire form is the bare string, as the old newtype wrote it.
+        assert_eq!(serde_json::to_string(&of).unwrap(), format!("\"{}\"", of.as_str()));
+        let back: Digest = serde_json::from_str(&format!("\"{}\"", of.as_str())).unwrap();
+        assert_eq!(back, of);
     }
 }

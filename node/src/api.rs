@@ -615,7 +615,7 @@ fn template_row(name: &str, p: &crate::node::Promoted) -> Value {
     json!({
         "name": name,
         "kind": "promoted",
-        "digest": p.golden.digest.0,
+        "digest": p.golden.digest.as_str(),
         "source": p.source,
         "created_ms": p.created_ms,
     })

@@ -91,6 +91,72 @@ pub enum Intent {
     Unpublish(String),
 }
 
+impl ClaimRecord {
+    /// Checks a record that comes from outside this node before it is adopted — the store's
+    /// `claims/<id>` (any node can write there) or a peer's move — and bounds its lease. It must
+    /// be sandbox `id` (else a record planted under one id wakes another sandbox's archive with
+    /// the planter's token), moved through `archive`, an archive of that id, be hibernated (a
+    /// move) or archived through that very archive (a wake), and have the template and metadata
+    /// a claim request could have had. Its lease is cut to this node's cap (none: the default)
+    /// and `deadline_ms` to one lease from `now_ms`, in saturating arithmetic: no value in the
+    /// record can overflow either or outlast the cap.
+    pub(crate) fn check_foreign(
+        &mut self,
+        id: &str,
+        archive: &str,
+        default_ttl: u64,
+        max_ttl: u64,
+        now_ms: u64,
+    ) -> Result<(), ApiError> {
+        if self.id != id || id.parse::<silk_engine::SandboxId>().is_err() {
+            return Err(ApiError::bad_request(format!(
+                "the record names {:?}, not {id:?}",
+                self.id
+            )));
+        }
+        if !is_archive_of(archive, id) {
+            return Err(ApiError::bad_request(format!("{archive:?} is not an archive of {id}")));
+        }
+        match self.state {
+            SandboxState::Hibernated => {}
+            SandboxState::Archived if self.archive.as_deref() == Some(archive) => {}
+            other => {
+                return Err(ApiError::bad_request(format!(
+                    "a record {other:?} through {:?} cannot be adopted from {archive:?}",
+                    self.archive
+                )));
+            }
+        }
+        if self.template.is_empty() || self.template.len() > 128 {
+            return Err(ApiError::bad_request("template must be 1-128 bytes"));
+        }
+        check_metadata(&self.metadata)?;
+        // Cut to the cap rather than refused: a node with a larger cap may have granted it, and
+        // its archive must still wake here.
+        self.lease_seconds =
+            checked_ttl(Some(self.lease_seconds.min(max_ttl)), default_ttl, max_ttl)?;
+        self.deadline_ms = self.deadline_ms.min(lease_end(now_ms, self.lease_seconds));
+        Ok(())
+    }
+}
+
+/// When a lease of `seconds` from `now_ms` ends (saturating: never wraps into the past).
+pub fn lease_end(now_ms: u64, seconds: u64) -> u64 {
+    now_ms.saturating_add(seconds.saturating_mul(1000))
+}
+
+/// The store name of a new archive of sandbox `id`: `<id>.<16 hex>`, unique per archive.
+pub fn new_archive_name(id: &str) -> String {
+    format!("{id}.{}", random_hex(8))
+}
+
+/// Whether `archive` is a name [`new_archive_name`] could have made for sandbox `id`.
+pub fn is_archive_of(archive: &str, id: &str) -> bool {
+    archive.strip_prefix(id).and_then(|rest| rest.strip_prefix('.')).is_some_and(|hex| {
+        hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// `POST /v1/sandboxes` body, as sent (serialized again when a claim is forwarded to a peer).
 #[derive(Debug, Clone, Serialize, Deserialize, Default)]
 #[serde(deny_unknown_fields)]
@@ -226,6 +292,90 @@ mod tests {
             "unknown fields"
         );
         assert!(serde_json::from_str::<ClaimRequest>(r#"{"size":"huge"}"#).is_err());
+    }
+
+    fn archived(id: &str, archive: &str) -> ClaimRecord {
+        ClaimRecord {
+            id: id.into(),
+            token_hash: hash_token("t"),
+            template: "host".into(),
+            size: Size::Small,
+            lane: Lane::None,
+            tier: Tier::Warm,
+            state: SandboxState::Archived,
+            created_ms: 0,
+            deadline_ms: 0,
+            on_expire: OnExpire::Destroy,
+            metadata: BTreeMap::new(),
+            lease_seconds: 300,
+            idle_hibernate_seconds: None,
+            from_checkpoint: None,
+            forked_from: None,
+            state_since_ms: 0,
+            stopped: None,
+            archive: Some(archive.into()),
+            intent: None,
+        }
+    }
+
+    #[test]
+    fn archive_names_belong_to_their_sandbox() {
+        let name = new_archive_name("sb-1");
+        assert!(is_archive_of(&name, "sb-1"), "{name}");
+        assert!(!is_archive_of(&name, "sb-2"));
+        assert!(!is_archive_of(&name, "sb"), "a prefix of the id is another sandbox");
+        for bad in ["sb-1", "sb-1.", "sb-1.0123", "sb-1.0123456789ABCDEF", "sb-1.0123456789abcdef0"]
+        {
+            assert!(!is_archive_of(bad, "sb-1"), "{bad}");
+        }
+    }
+
+    #[test]
+    fn foreign_records_must_be_the_sandbox_asked_for_and_bounded() {
+        let (now, max) = (1_000_000, 86_400);
+        let ar = "sb-a.0123456789abcdef";
+        let mut ok = archived("sb-a", ar);
+        ok.check_foreign("sb-a", ar, 300, max, now).unwrap();
+        // A record planted under claims/sb-a that names sb-b (and sb-b's archive).
+        let mut other = archived("sb-b", "sb-b.0123456789abcdef");
+        assert!(other.check_foreign("sb-a", "sb-b.0123456789abcdef", 300, max, now).is_err());
+        assert!(other.check_foreign("sb-a", ar, 300, max, now).is_err());
+        // The right id, another sandbox's archive.
+        let mut stolen = archived("sb-a", "sb-b.0123456789abcdef");
+        assert!(stolen.check_foreign("sb-a", "sb-b.0123456789abcdef", 300, max, now).is_err());
+        // Archived through one archive, adopted from another.
+        let mut elsewhere = archived("sb-a", ar);
+        assert!(elsewhere.check_foreign("sb-a", "sb-a.fedcba9876543210", 300, max, now).is_err());
+        // Only hibernated (a move) or archived (a wake) records are adopted.
+        let mut claimed = ClaimRecord { state: SandboxState::Claimed, ..archived("sb-a", ar) };
+        assert!(claimed.check_foreign("sb-a", ar, 300, max, now).is_err());
+        let mut moved =
+            ClaimRecord { state: SandboxState::Hibernated, archive: None, ..ok.clone() };
+        moved.check_foreign("sb-a", ar, 300, max, now).unwrap();
+        // Not a sandbox id at all.
+        let mut path = archived("../x", "../x.0123456789abcdef");
+        assert!(path.check_foreign("../x", "../x.0123456789abcdef", 300, max, now).is_err());
+        // A lease past the cap is cut to it, also one whose end would overflow.
+        let mut long = ClaimRecord { lease_seconds: max + 1, ..archived("sb-a", ar) };
+        long.check_foreign("sb-a", ar, 300, max, now).unwrap();
+        assert_eq!(long.lease_seconds, max);
+        let mut huge =
+            ClaimRecord { lease_seconds: u64::MAX, deadline_ms: u64::MAX, ..archived("sb-a", ar) };
+        huge.check_foreign("sb-a", ar, 300, max, now).unwrap();
+        assert_eq!((huge.lease_seconds, huge.deadline_ms), (max, now + max * 1000));
+        // A deadline far in the future is cut to one lease from now.
+        let mut late = ClaimRecord { deadline_ms: u64::MAX, ..archived("sb-a", ar) };
+        late.check_foreign("sb-a", ar, 300, max, now).unwrap();
+        assert_eq!(late.deadline_ms, now + 300 * 1000);
+        let mut zero =
+            ClaimRecord { lease_seconds: 0, deadline_ms: u64::MAX, ..archived("sb-a", ar) };
+        zero.check_foreign("sb-a", ar, 300, max, now).unwrap();
+        assert_eq!((zero.lease_seconds, zero.deadline_ms), (300, now + 300 * 1000));
+        // Metadata past the claim limits.
+        let many: BTreeMap<_, _> = (0..17).map(|i| (format!("k{i}"), String::new())).collect();
+        let mut meta = ClaimRecord { metadata: many, ..archived("sb-a", ar) };
+        assert!(meta.check_foreign("sb-a", ar, 300, max, now).is_err());
+        assert_eq!(lease_end(u64::MAX - 1, u64::MAX), u64::MAX);
     }
 
     #[test]

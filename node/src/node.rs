@@ -524,10 +524,10 @@ impl Node {
         } else {
             st.pools.values().map(|p| (p.key.to_string(), p.ready.len() as u32)).collect()
         };
-        let mut goldens: Vec<String> = st.goldens.values().map(|g| g.digest.0.clone()).collect();
+        let mut goldens: Vec<String> = st.goldens.values().map(|g| g.digest.to_string()).collect();
         goldens.sort();
         let mut templates: Vec<String> =
-            st.templates.values().map(|t| t.digest.0.clone()).collect();
+            st.templates.values().map(|t| t.digest.to_string()).collect();
         templates.sort();
         silk_mesh::NodeState {
             warm,
@@ -641,7 +641,7 @@ impl Node {
                 let idle_ms = now.saturating_sub(live.activity.last_ms.load(Ordering::Relaxed));
                 let open = live.activity.open.load(Ordering::Relaxed);
                 r.idle_hibernate_seconds
-                    .filter(|s| open == 0 && idle_ms >= s * 1000)
+                    .filter(|s| open == 0 && idle_ms >= s.saturating_mul(1000))
                     .map(|_| Due::Hibernate)
             }
             SandboxState::Hibernated => {
@@ -770,7 +770,7 @@ impl Node {
                     "template": p.key.template, "size": p.key.size, "lane": p.key.lane,
                     "warm": p.ready.len(), "starting": p.starting, "target": p.target,
                     "warm_min": p.warm, "warm_max": p.warm_max,
-                    "golden": st.goldens.get(&p.key.template).map(|g| g.digest.0.clone()),
+                    "golden": st.goldens.get(&p.key.template).map(|g| g.digest.to_string()),
                     "backing_off": p.backing_off(now),
                 })
             })

@@ -145,7 +145,7 @@ mod tests {
     fn info() -> BoxInfo {
         let template = Template {
             name: "t".into(),
-            digest: Digest("d".into()),
+            digest: "d".repeat(64).parse::<Digest>().unwrap(),
             root: "/".into(),
             binds: vec![],
             env: vec![],

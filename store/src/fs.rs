@@ -7,10 +7,19 @@
 //! an hour old (younger ones may belong to another process writing into the same root).
 //!
 //! Keys are validated ([`Key`]): no `..`, no absolute paths, no hidden components, so a key always
-//! names a path inside the root. The backend never creates symlinks and does not follow them when
-//! listing; the root is assumed to be the store's own directory.
+//! names a path inside the root. The root is assumed to be the store's own directory, but what is
+//! inside it may be written by every node sharing it: the backend never creates symlinks and
+//! never follows one below the root. A key's path is looked at one component at a time with
+//! `lstat` ([`inspect`]); a symlink on the way or at the key, or anything but a regular file at
+//! it (a FIFO would block the reading thread), is [`StoreError::Refused`]. A file is opened only
+//! after that and must then be the very file looked at (same device and inode), so one swapped in
+//! between is refused too. `.tmp` must be a real directory, and only regular files in it are
+//! cleared. What remains (std has no `O_NOFOLLOW`): a directory swapped for a symlink in the
+//! microseconds between the check and the call is followed, and a FIFO swapped in for a checked
+//! file blocks that one open.
 
-use std::io::{ErrorKind, SeekFrom, Write};
+use std::io::{ErrorKind, Read, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
@@ -77,12 +86,21 @@ impl FsStore {
             return Err(StoreError::InvalidConfig("fs list_page must be at least 1".into()));
         }
         let tmp = cfg.root.join(TMP_DIR);
-        tokio::fs::create_dir_all(&tmp)
+        tokio::fs::create_dir_all(&cfg.root)
             .await
-            .map_err(StoreError::io(format!("creating {}", tmp.display())))?;
+            .map_err(StoreError::io(format!("creating {}", cfg.root.display())))?;
+        match tokio::fs::create_dir(&tmp).await {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(StoreError::io(format!("creating {}", tmp.display()))(e)),
+        }
         let store = FsStore { root: cfg.root, tmp, fsync: cfg.fsync, list_page: cfg.list_page };
         let tmp = store.tmp.clone();
-        blocking(move || remove_stale_tmp(&tmp)).await?;
+        blocking(move || {
+            check_tmp(&tmp, "open")?;
+            remove_stale_tmp(&tmp)
+        })
+        .await?;
         Ok(store)
     }
 
@@ -98,11 +116,13 @@ impl FsStore {
     async fn commit(&self, key: &Key, tmp: &Path, guard: TempFile) -> Result<()> {
         // Inline, not on a blocking thread: the object becomes visible only while the put's
         // future is being polled, so a put that was dropped can never complete behind the
-        // caller's back. Both calls are metadata operations of a few microseconds.
+        // caller's back. All calls are metadata operations of a few microseconds.
+        let parent = make_parents(&self.root, key)?;
         let path = self.path(key);
-        let parent = path.parent().unwrap_or(&self.root).to_path_buf();
-        std::fs::create_dir_all(&parent)
-            .map_err(StoreError::io(format!("creating {}", parent.display())))?;
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink()) {
+            // The rename would replace the link, but a link at a key was planted: say so.
+            return Err(refused("put", key, format!("{key} is a symlink")));
+        }
         std::fs::rename(tmp, &path).map_err(StoreError::io(format!("renaming {key}")))?;
         guard.disarm();
         if self.fsync {
@@ -117,15 +137,18 @@ impl FsStore {
         Ok(())
     }
 
-    fn temp_path(&self) -> PathBuf {
+    /// A fresh staging path in `.tmp`, which must still be a real directory: a symlink there
+    /// would stage the object's bytes wherever it points.
+    fn temp_path(&self) -> Result<PathBuf> {
+        check_tmp(&self.tmp, "put")?;
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let nanos = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
-        self.tmp.join(format!(
+        Ok(self.tmp.join(format!(
             "{}-{}-{}",
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed),
             nanos.as_nanos()
-        ))
+        )))
     }
 }
 
@@ -136,9 +159,13 @@ impl ObjectStore for FsStore {
     }
 
     async fn put(&self, key: &Key, mut body: ByteStream) -> Result<u64> {
-        let tmp = self.temp_path();
+        let tmp = self.temp_path()?;
         let guard = TempFile(Some(tmp.clone()));
-        let mut file = tokio::fs::File::create(&tmp)
+        // `create_new`: never through something already at the staging name (a planted link).
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&tmp)
             .await
             .map_err(StoreError::io(format!("creating {}", tmp.display())))?;
         let mut written = 0u64;
@@ -158,11 +185,14 @@ impl ObjectStore for FsStore {
 
     async fn put_bytes(&self, key: &Key, bytes: Bytes) -> Result<u64> {
         // Chunks arrive whole: one trip to a blocking thread instead of one per write.
-        let tmp = self.temp_path();
+        let tmp = self.temp_path()?;
         let guard = TempFile(Some(tmp.clone()));
         let (staged, fsync, name, len) = (tmp.clone(), self.fsync, key.to_string(), bytes.len());
         blocking(move || {
-            let mut file = std::fs::File::create(&staged)
+            let mut file = std::fs::File::options()
+                .write(true)
+                .create_new(true)
+                .open(&staged)
                 .map_err(StoreError::io(format!("creating {}", staged.display())))?;
             file.write_all(&bytes).map_err(StoreError::io(format!("writing {name}")))?;
             if fsync {
@@ -176,18 +206,20 @@ impl ObjectStore for FsStore {
     }
 
     async fn get_bytes(&self, key: &Key) -> Result<Bytes> {
-        let (path, k) = (self.path(key), key.clone());
-        blocking(move || std::fs::read(&path).map(Bytes::from).map_err(not_found_or(&k, "reading")))
-            .await
+        let (root, k) = (self.root.clone(), key.clone());
+        blocking(move || {
+            let (mut file, md) = open_checked(&root, &k, "get", false)?;
+            let mut buf = Vec::with_capacity(md.len() as usize);
+            file.read_to_end(&mut buf).map_err(StoreError::io(format!("reading {k}")))?;
+            Ok(Bytes::from(buf))
+        })
+        .await
     }
 
     async fn get(&self, key: &Key, range: Option<ByteRange>) -> Result<GetObject> {
-        let path = self.path(key);
-        let mut file = tokio::fs::File::open(&path).await.map_err(not_found_or(key, "opening"))?;
-        let md = file.metadata().await.map_err(StoreError::io(format!("stat {key}")))?;
-        if !md.is_file() {
-            return Err(StoreError::NotFound { key: key.to_string() });
-        }
+        let (root, k) = (self.root.clone(), key.clone());
+        let (file, md) = blocking(move || open_checked(&root, &k, "get", false)).await?;
+        let mut file = tokio::fs::File::from_std(file);
         let meta = meta_of(key.clone(), &md);
         let (start, len) = match range {
             Some(r) => r.resolve(key, meta.size)?,
@@ -228,10 +260,12 @@ impl ObjectStore for FsStore {
     }
 
     async fn head(&self, key: &Key) -> Result<ObjectMeta> {
-        let md = tokio::fs::metadata(self.path(key)).await.map_err(not_found_or(key, "stat"))?;
-        if !md.is_file() {
-            return Err(StoreError::NotFound { key: key.to_string() });
-        }
+        let (root, k) = (self.root.clone(), key.clone());
+        let md = blocking(move || match inspect(&root, k.as_str(), "head", &k)? {
+            (_, Found::File(md)) => Ok(md),
+            _ => Err(StoreError::NotFound { key: k.to_string() }),
+        })
+        .await?;
         Ok(meta_of(key.clone(), &md))
     }
 
@@ -241,13 +275,19 @@ impl ObjectStore for FsStore {
         let after = page.map(str::to_string);
         let limit = self.list_page;
         blocking(move || {
-            // The deepest directory that holds every match: the prefix up to its last `/`.
+            // The deepest directory that holds every match: the prefix up to its last `/`,
+            // reached without following a symlink.
             let dir = match prefix.rfind('/') {
-                Some(i) => root.join(&prefix[..i]),
-                None => root.clone(),
+                Some(i) => match inspect(&root, &prefix[..i], "list", &prefix)? {
+                    (dir, Found::Dir) => Some(dir),
+                    _ => None, // nothing there, so nothing under it
+                },
+                None => Some(root.clone()),
             };
             let mut found = Vec::new();
-            walk(&root, &dir, &prefix, after.as_deref(), &mut found)?;
+            if let Some(dir) = dir {
+                walk(&root, &dir, &prefix, after.as_deref(), &mut found)?;
+            }
             found.sort_by(|a, b| a.key.cmp(&b.key));
             let next = (found.len() > limit).then(|| found[limit - 1].key.to_string());
             found.truncate(limit);
@@ -257,10 +297,15 @@ impl ObjectStore for FsStore {
     }
 
     async fn delete(&self, keys: &[Key]) -> Result<()> {
-        let paths: Vec<(String, PathBuf)> =
-            keys.iter().map(|k| (k.to_string(), self.path(k))).collect();
+        let (root, keys) = (self.root.clone(), keys.to_vec());
         blocking(move || {
-            for (key, path) in paths {
+            for key in keys {
+                // Only a regular file at a path without symlinks: a link on the way would make
+                // this delete a file outside the root.
+                let path = match inspect(&root, key.as_str(), "delete", &key)? {
+                    (path, Found::File(_)) => path,
+                    _ => continue, // nothing there (or a directory): no object to delete
+                };
                 match std::fs::remove_file(&path) {
                     Ok(()) => {}
                     Err(e) if e.kind() == ErrorKind::NotFound => {}
@@ -273,12 +318,9 @@ impl ObjectStore for FsStore {
     }
 
     async fn touch(&self, key: &Key) -> Result<()> {
-        let (path, k) = (self.path(key), key.clone());
+        let (root, k) = (self.root.clone(), key.clone());
         blocking(move || {
-            let file = std::fs::File::options()
-                .write(true)
-                .open(&path)
-                .map_err(not_found_or(&k, "opening"))?;
+            let (file, _) = open_checked(&root, &k, "touch", true)?;
             file.set_modified(SystemTime::now()).map_err(StoreError::io(format!("touching {k}")))
         })
         .await
@@ -313,7 +355,10 @@ fn walk(
             Err(e) if e.kind() == ErrorKind::NotFound => continue, // deleted meanwhile
             Err(e) => return Err(StoreError::io(format!("stat {}", path.display()))(e)),
         };
-        if md.is_dir() {
+        if md.file_type().is_symlink() {
+            // Neither an object nor a directory to list: never followed (see the module docs).
+            tracing::warn!(path = %path.display(), "a symlink in the store's directory; ignored");
+        } else if md.is_dir() {
             // Descend only where keys can still match the prefix.
             let as_prefix = format!("{key}/");
             if as_prefix.starts_with(prefix) || prefix.starts_with(&as_prefix) {
@@ -343,15 +388,136 @@ fn not_found_or(key: &Key, what: &'static str) -> impl FnOnce(std::io::Error) ->
     }
 }
 
+fn refused(op: &'static str, key: &impl std::fmt::Display, reason: String) -> StoreError {
+    StoreError::Refused { op, key: key.to_string(), reason }
+}
+
+/// What [`inspect`] found at a path below the root.
+enum Found {
+    /// A regular file, with its `lstat` metadata.
+    File(std::fs::Metadata),
+    Dir,
+    /// Nothing: the path, or a directory on the way to it, is missing (or a file stands where
+    /// a directory would be).
+    Missing,
+}
+
+/// Looks at `rel` (a key, or a list prefix's directory part) below `root` one component at a
+/// time with `lstat`, so nothing on the way is followed: a symlink anywhere, or anything but a
+/// regular file or directory at the end (a FIFO, a socket, a device), is refused as `op` of
+/// `key`. Returns the path and what is there.
+fn inspect(
+    root: &Path,
+    rel: &str,
+    op: &'static str,
+    key: &impl std::fmt::Display,
+) -> Result<(PathBuf, Found)> {
+    let mut path = root.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').collect();
+    for (i, part) in parts.iter().enumerate() {
+        path.push(part);
+        let md = match std::fs::symlink_metadata(&path) {
+            Ok(md) => md,
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory) => {
+                return Ok((path, Found::Missing));
+            }
+            Err(e) => return Err(StoreError::io(format!("stat {}", path.display()))(e)),
+        };
+        let (at, last, kind) = (parts[..=i].join("/"), i + 1 == parts.len(), md.file_type());
+        if kind.is_symlink() {
+            return Err(refused(op, key, format!("{at} is a symlink")));
+        }
+        if kind.is_dir() {
+            if last {
+                return Ok((path, Found::Dir));
+            }
+        } else if !last {
+            return Ok((path, Found::Missing)); // a file where a directory would be
+        } else if kind.is_file() {
+            return Ok((path, Found::File(md)));
+        } else {
+            return Err(refused(op, key, format!("{at} is not a regular file")));
+        }
+    }
+    Ok((path, Found::Missing)) // `rel` was empty: not a key
+}
+
+/// Opens `key`'s regular file (for writing its times when `write`) after [`inspect`] found it,
+/// and makes sure the file opened is that one: `open` follows links, so a symlink (or another
+/// file) swapped in between would be a different inode. A put renaming a new file over the key
+/// meanwhile does that too, so a mismatch is looked at again a few times before it is refused.
+fn open_checked(
+    root: &Path,
+    key: &Key,
+    op: &'static str,
+    write: bool,
+) -> Result<(std::fs::File, std::fs::Metadata)> {
+    for _ in 0..3 {
+        let (path, seen) = match inspect(root, key.as_str(), op, key)? {
+            (path, Found::File(md)) => (path, md),
+            _ => return Err(StoreError::NotFound { key: key.to_string() }),
+        };
+        let file = std::fs::File::options()
+            .read(!write)
+            .write(write)
+            .open(&path)
+            .map_err(not_found_or(key, "opening"))?;
+        let md = file.metadata().map_err(StoreError::io(format!("stat {key}")))?;
+        if md.is_file() && md.dev() == seen.dev() && md.ino() == seen.ino() {
+            return Ok((file, md));
+        }
+    }
+    Err(refused(op, key, format!("{key} kept changing while it was opened")))
+}
+
+/// Creates the directories on `key`'s path below `root` one at a time (`mkdir` never follows
+/// a link), refusing a symlink or a file on the way; returns the key's parent directory.
+fn make_parents(root: &Path, key: &Key) -> Result<PathBuf> {
+    let mut dir = root.to_path_buf();
+    let parts: Vec<&str> = key.as_str().split('/').collect();
+    for (i, part) in parts[..parts.len() - 1].iter().enumerate() {
+        dir.push(part);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => continue,
+            Err(e) if e.kind() == ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(StoreError::io(format!("creating {}", dir.display()))(e)),
+        }
+        let md = std::fs::symlink_metadata(&dir)
+            .map_err(StoreError::io(format!("stat {}", dir.display())))?;
+        if !md.is_dir() {
+            // `lstat`: a symlink to a directory is not a directory here.
+            let what = if md.file_type().is_symlink() { "a symlink" } else { "not a directory" };
+            return Err(refused("put", key, format!("{} is {what}", parts[..=i].join("/"))));
+        }
+    }
+    Ok(dir)
+}
+
+/// `.tmp` must be a directory of its own: through a symlink, staged files would be written (and
+/// stale ones deleted) wherever it points.
+fn check_tmp(tmp: &Path, op: &'static str) -> Result<()> {
+    let md = std::fs::symlink_metadata(tmp)
+        .map_err(StoreError::io(format!("stat {}", tmp.display())))?;
+    if md.is_dir() {
+        Ok(())
+    } else {
+        let what = if md.file_type().is_symlink() { "a symlink" } else { "not a directory" };
+        Err(refused(op, &TMP_DIR, format!("the staging directory {} is {what}", tmp.display())))
+    }
+}
+
+/// Deletes staged files a crash left (regular files only: anything else was not staged here).
 fn remove_stale_tmp(tmp: &Path) -> Result<()> {
     let now = SystemTime::now();
     let entries =
         std::fs::read_dir(tmp).map_err(StoreError::io(format!("listing {}", tmp.display())))?;
     for entry in entries.flatten() {
-        let old = entry
-            .metadata()
-            .and_then(|m| m.modified())
-            .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > STALE_TMP));
+        // `DirEntry::metadata` does not follow a symlink.
+        let old = entry.metadata().is_ok_and(|m| {
+            m.is_file()
+                && m.modified()
+                    .is_ok_and(|m| now.duration_since(m).is_ok_and(|age| age > STALE_TMP))
+        });
         if old {
             let _ = std::fs::remove_file(entry.path());
         }

@@ -1,9 +1,19 @@
 //! `silk-jail SPEC.json`: starts one jail from a launch spec (see `silk_engine::jail::launch`),
 //! with silkd's listening socket as fd 3. Prints the jail's host pid on success; on failure
-//! prints why on stderr and exits 1. Run by the jail engine, not by people.
+//! prints why on stderr and exits 1. `silk-jail --hold-userns` holds a new user namespace open
+//! until stdin closes (the engine makes its sandboxes' user namespace this way). Run by the jail
+//! engine, not by people.
 
 fn main() {
-    let Some(path) = std::env::args_os().nth(1) else {
+    let arg = std::env::args_os().nth(1);
+    if arg.as_deref() == Some(std::ffi::OsStr::new("--hold-userns")) {
+        if let Err(e) = silk_engine::jail::launch::hold_user_namespace() {
+            eprintln!("silk-jail: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
+    let Some(path) = arg else {
         eprintln!("usage: silk-jail SPEC.json");
         std::process::exit(2);
     };

@@ -1,20 +1,31 @@
 //! The launcher (`silk-jail`): turns a [`LaunchSpec`] into a running jail with silkd as PID 1.
 //!
 //! It runs as its own short-lived, single-threaded process, so everything between `fork` and
-//! `exec` is plain syscalls on data prepared beforehand. Order of work:
+//! `exec` is plain syscalls on data prepared beforehand. The jail is built as a table of steps;
+//! each names the attack it stops (the tests in `engine/tests/isolation.rs` and
+//! `node/tests/escape.rs` make each attack):
 //!
-//! 1. join the sandbox's cgroups (made by the engine, limits already set), then `unshare` mount,
-//!    pid, uts, ipc, net and cgroup namespaces;
-//! 2. `fork`: the child is PID 1 of the new pid namespace. It builds the root (overlay, read-only
-//!    binds, `/proc`, a minimal `/dev` with a private devpts, tmpfs `/tmp` and `/run`, silkd bound
-//!    at `/run/silkd`, a fresh machine-id), sets the hostname, brings loopback up, pivots into the
-//!    root and detaches the old one, drops capabilities, sets `no_new_privs`, installs the seccomp
-//!    filter and execs silkd on the listening socket the engine passed as fd 3;
-//! 3. the parent learns through a close-on-exec pipe whether the child reached `exec` (EOF) or
-//!    failed (an error message), prints the child's host pid, and exits. The jail is not our
-//!    child afterwards: it outlives the node process, which re-adopts it on restart.
+//! | step | stops |
+//! |---|---|
+//! | join the sandbox's cgroups, `unshare` mount, pid, uts, ipc, net, cgroup namespaces (owned by the host's user namespace) | seeing or signalling host processes, host network, host hostname; cpu/memory/pid exhaustion |
+//! | `fork`: the child is PID 1 of the new pid namespace and the rest runs in it | |
+//! | id-mapped, read-only, `nosuid,nodev` views of the template and of host binds | template files looking unowned; writes to templates |
+//! | overlay root `nosuid,nodev` (golden + template below, the sandbox's upper directory on top) | setuid and device files of the sandbox acting on the host |
+//! | every mount target inside the root opened with `openat2(RESOLVE_IN_ROOT \| RESOLVE_NO_MAGICLINKS)` and mounted through its fd | a symlink planted in the sandbox's files redirecting a mount onto a host path |
+//! | a minimal `/dev` (tmpfs, nodes made here), private devpts, `/dev/shm` | host devices |
+//! | `/proc` with runc's masked paths (`/dev/null` or an empty read-only tmpfs over them) and read-only `/proc/{bus,fs,irq,sys,sysrq-trigger}` | global sysctls (`kernel.core_pattern`: host root), sysrq, kernel memory and keys |
+//! | tmpfs `/tmp` and `/run`; silkd bound read-only at `/run/silkd` | |
+//! | hostname, loopback up | |
+//! | `pivot_root` into the root, old root detached | reaching any host path |
+//! | enter the engine's user namespace (root inside = an unprivileged host id), drop supplementary groups | every capability acting on the host; files the sandbox makes being host-root-owned |
+//! | `/etc/hostname` and `/etc/machine-id` written *after* all of the above, as the sandbox's root, never through a symlink | the launcher writing host files through symlinks the sandbox planted |
+//! | capability bounding set, `no_new_privs`, seccomp | what the namespaces leave (see `seccomp.rs`) |
+//!
+//! The parent learns through a close-on-exec pipe whether the child reached `exec` (EOF) or
+//! failed (an error message), prints the child's host pid, and exits. The jail is not our child
+//! afterwards: it outlives the node process, which re-adopts it on restart.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -24,6 +35,8 @@ use super::seccomp;
 
 /// The fd number silkd's listening socket has in the launcher and in the jail.
 pub const LISTEN_FD: i32 = 3;
+/// The fd number of the user namespace the jail enters (the engine's; see `JailEngine::new`).
+pub const USERNS_FD: i32 = 4;
 
 /// Everything the launcher needs, written by the engine as JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -32,10 +45,10 @@ pub struct LaunchSpec {
     /// Where the overlay is mounted (on the host, inside the new mount namespace only).
     pub root: PathBuf,
     /// Read-only layers, top first.
-    pub lowers: Vec<PathBuf>,
+    pub lowers: Vec<Lower>,
     pub upper: PathBuf,
     pub work: PathBuf,
-    /// Host directories bound read-only: (host path, path inside the root).
+    /// Host directories bound read-only and id-mapped: (host path, path inside the root).
     pub binds: Vec<(PathBuf, PathBuf)>,
     /// The silkd binary on the host (static, so it runs in any root filesystem).
     pub silkd: PathBuf,
@@ -43,13 +56,26 @@ pub struct LaunchSpec {
     pub cgroups: Vec<PathBuf>,
     /// silkd's stdout and stderr.
     pub log: PathBuf,
+    /// The host uid and gid that is root inside (owner of the jail's own tmpfs mounts).
+    pub root_id: u32,
     /// Extra silkd arguments (an image's default env, working directory and user).
     #[serde(default)]
     pub silkd_args: Vec<String>,
 }
 
+/// One read-only layer of the overlay.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Lower {
+    pub path: PathBuf,
+    /// For a layer whose files carry host ids (a template: root is host uid 0), an empty
+    /// directory where an id-mapped view of `path` is attached first, so root's files look
+    /// root-owned inside. `None` for layers already stored in the sandbox's id range (goldens).
+    pub idmapped_at: Option<PathBuf>,
+}
+
 /// Capabilities root keeps inside a sandbox (like a container's default set, minus `MKNOD`: no
-/// device cgroup guards device nodes here, so creating them is not allowed at all).
+/// device cgroup guards device nodes here, so creating them is not allowed at all). They are
+/// capabilities of the sandbox's user namespace, so none of them acts on the host.
 const KEEP_CAPS: &[u32] = &[
     0,  // CHOWN
     1,  // DAC_OVERRIDE
@@ -66,6 +92,22 @@ const KEEP_CAPS: &[u32] = &[
     31, // SETFCAP
 ];
 
+/// runc's default masked paths under /proc: a file gets /dev/null bound over it, a directory an
+/// empty read-only tmpfs. Paths this kernel lacks are skipped. (/sys is not mounted at all.)
+const MASKED: &[&str] = &[
+    "proc/acpi",
+    "proc/kcore",
+    "proc/keys",
+    "proc/latency_stats",
+    "proc/timer_list",
+    "proc/timer_stats",
+    "proc/sched_debug",
+    "proc/scsi",
+];
+
+/// runc's default read-only paths under /proc.
+const READ_ONLY: &[&str] = &["proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"];
+
 fn c(path: &Path) -> CString {
     CString::new(path.as_os_str().as_bytes()).expect("launch paths have no NUL bytes")
 }
@@ -74,26 +116,31 @@ fn cs(s: &str) -> CString {
     CString::new(s).expect("no NUL bytes")
 }
 
-/// A mount to perform inside the child, prepared before `fork`.
-struct Mount {
-    source: Option<CString>,
-    target: CString,
-    fstype: Option<CString>,
+/// A filesystem mounted at a path inside the root.
+struct FsMount {
+    at: CString,
+    fstype: CString,
     flags: libc::c_ulong,
-    data: Option<CString>,
+    data: CString,
 }
 
 /// Every string and table the child uses, allocated before `fork`.
 struct Plan {
     root: CString,
-    mounts: Vec<Mount>,
-    /// Bind targets to remount read-only after binding.
-    readonly: Vec<CString>,
+    /// (layer, where its id-mapped view goes).
+    idmapped: Vec<(CString, CString)>,
+    overlay: CString,
+    /// (host dir, path inside the root).
+    binds: Vec<(CString, CString)>,
+    dev: FsMount,
     dev_nodes: Vec<(CString, u32, u32)>,
     dev_links: Vec<(CString, CString)>,
-    dirs: Vec<(CString, u32)>,
-    silkd_target: CString,
+    /// After /dev: devpts and shm; then /proc, /tmp and /run.
+    mounts: Vec<FsMount>,
+    masked: Vec<CString>,
+    read_only: Vec<CString>,
     silkd_source: CString,
+    root_id: u32,
     machine_id: CString,
     hostname: CString,
     hostname_line: CString,
@@ -108,63 +155,37 @@ struct Plan {
 }
 
 fn plan(spec: &LaunchSpec) -> Plan {
-    let at = |rel: &str| c(&spec.root.join(rel));
-    let lowers = spec.lowers.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":");
+    let lowers = spec
+        .lowers
+        .iter()
+        .map(|l| l.idmapped_at.as_ref().unwrap_or(&l.path).display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
     let overlay = format!(
         "lowerdir={lowers},upperdir={},workdir={}",
         spec.upper.display(),
         spec.work.display()
     );
     let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
-    let mut mounts = vec![Mount {
-        source: Some(cs("overlay")),
-        target: c(&spec.root),
-        fstype: Some(cs("overlay")),
-        flags: 0,
-        data: Some(cs(&overlay)),
-    }];
-    let mut readonly = vec![];
-    for (host, inside) in &spec.binds {
-        let target = c(&spec.root.join(inside));
-        mounts.push(Mount {
-            source: Some(c(host)),
-            target: target.clone(),
-            fstype: None,
-            flags: libc::MS_BIND | libc::MS_REC,
-            data: None,
-        });
-        readonly.push(target);
-    }
-    let tmpfs = |rel: &str, opts: &str, flags: libc::c_ulong| Mount {
-        source: Some(cs("tmpfs")),
-        target: at(rel),
-        fstype: Some(cs("tmpfs")),
+    let owner = format!("uid={0},gid={0}", spec.root_id);
+    let fs = |at: &str, fstype: &str, flags: libc::c_ulong, data: &str| FsMount {
+        at: cs(at),
+        fstype: cs(fstype),
         flags,
-        data: Some(cs(opts)),
+        data: cs(data),
     };
-    mounts.push(Mount {
-        source: Some(cs("proc")),
-        target: at("proc"),
-        fstype: Some(cs("proc")),
-        flags: nosuid_nodev | libc::MS_NOEXEC,
-        data: None,
-    });
-    // /dev must allow device nodes: it holds the few the launcher makes (and no one else can).
-    mounts.push(tmpfs("dev", "mode=755,size=64k", libc::MS_NOSUID | libc::MS_NOEXEC));
-    mounts.push(tmpfs("tmp", "mode=1777", nosuid_nodev));
-    mounts.push(tmpfs("run", "mode=755", nosuid_nodev));
-    // After /dev exists: devpts and shm inside it (dirs made in between, see `child`).
-    let late_mounts = [
-        Mount {
-            source: Some(cs("devpts")),
-            target: at("dev/pts"),
-            fstype: Some(cs("devpts")),
-            flags: libc::MS_NOSUID | libc::MS_NOEXEC,
-            data: Some(cs("newinstance,ptmxmode=0666,mode=620")),
-        },
-        tmpfs("dev/shm", "mode=1777", nosuid_nodev | libc::MS_NOEXEC),
+    let mounts = vec![
+        fs(
+            "dev/pts",
+            "devpts",
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            "newinstance,ptmxmode=0666,mode=620",
+        ),
+        fs("dev/shm", "tmpfs", nosuid_nodev | libc::MS_NOEXEC, &format!("mode=1777,{owner}")),
+        fs("proc", "proc", nosuid_nodev | libc::MS_NOEXEC, ""),
+        fs("tmp", "tmpfs", nosuid_nodev, &format!("mode=1777,{owner}")),
+        fs("run", "tmpfs", nosuid_nodev, &format!("mode=755,{owner}")),
     ];
-    mounts.extend(late_mounts);
     let dev_nodes = [
         ("null", 1, 3),
         ("zero", 1, 5),
@@ -174,7 +195,7 @@ fn plan(spec: &LaunchSpec) -> Plan {
         ("tty", 5, 0),
     ]
     .iter()
-    .map(|(n, ma, mi)| (at(&format!("dev/{n}")), *ma, *mi))
+    .map(|(n, ma, mi)| (cs(n), *ma, *mi))
     .collect();
     let dev_links = [
         ("pts/ptmx", "ptmx"),
@@ -184,7 +205,7 @@ fn plan(spec: &LaunchSpec) -> Plan {
         ("/proc/self/fd/2", "stderr"),
     ]
     .iter()
-    .map(|(target, name)| (cs(target), at(&format!("dev/{name}"))))
+    .map(|(target, name)| (cs(target), cs(name)))
     .collect();
     let mut id = [0u8; 16];
     // SAFETY: getrandom fills the buffer it is given.
@@ -197,13 +218,26 @@ fn plan(spec: &LaunchSpec) -> Plan {
         .collect();
     Plan {
         root: c(&spec.root),
-        mounts,
-        readonly,
+        idmapped: spec
+            .lowers
+            .iter()
+            .filter_map(|l| Some((c(&l.path), c(l.idmapped_at.as_ref()?))))
+            .collect(),
+        overlay: cs(&overlay),
+        binds: spec.binds.iter().map(|(host, inside)| (c(host), c(inside))).collect(),
+        dev: fs(
+            "dev",
+            "tmpfs",
+            libc::MS_NOSUID | libc::MS_NOEXEC,
+            &format!("mode=755,size=64k,{owner}"),
+        ),
         dev_nodes,
         dev_links,
-        dirs: vec![(at("dev/pts"), 0o755), (at("dev/shm"), 0o1777)],
-        silkd_target: at("run/silkd"),
+        mounts,
+        masked: MASKED.iter().map(|p| cs(p)).collect(),
+        read_only: READ_ONLY.iter().map(|p| cs(p)).collect(),
         silkd_source: c(&spec.silkd),
+        root_id: spec.root_id,
         machine_id: cs(&machine_id),
         hostname: cs(&spec.hostname),
         hostname_line: cs(&format!("{}\n", spec.hostname)),
@@ -268,6 +302,119 @@ pub fn run(spec: &LaunchSpec) -> Result<u32, String> {
     }
 }
 
+/// `silk-jail --hold-userns`: enters a new user namespace and waits for stdin to close, so the
+/// engine can write its id maps and keep a handle on it (see `JailEngine::new`).
+pub fn hold_user_namespace() -> Result<(), String> {
+    // SAFETY: plain syscall in a single-threaded process.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != 0 {
+        return Err(format!("unshare(CLONE_NEWUSER): {}", std::io::Error::last_os_error()));
+    }
+    println!("ready");
+    let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut vec![]);
+    Ok(())
+}
+
+/// `/proc/self/fd/<fd>`, written into `buf` without allocating: mounting onto this path mounts
+/// onto exactly the file `fd` was opened on.
+fn fd_path(fd: i32, buf: &mut [u8; 32]) -> *const libc::c_char {
+    const PREFIX: &[u8] = b"/proc/self/fd/";
+    buf[..PREFIX.len()].copy_from_slice(PREFIX);
+    let mut digits = [0u8; 10];
+    let (mut n, mut len) = (fd as u32, 0);
+    loop {
+        digits[len] = b'0' + (n % 10) as u8;
+        len += 1;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    for i in 0..len {
+        buf[PREFIX.len() + i] = digits[len - 1 - i];
+    }
+    buf[PREFIX.len() + len] = 0;
+    buf.as_ptr().cast()
+}
+
+/// Opens `rel` inside the root as if the root were `/`: `..` stops at the root and a symlink
+/// (absolute or not) resolves inside it, never to a host path; `/proc` magic links are refused.
+unsafe fn open_in_root(root: i32, rel: &CStr, flags: i32) -> i32 {
+    /// `struct open_how` (libc's is non-exhaustive).
+    #[repr(C)]
+    struct OpenHow {
+        flags: u64,
+        mode: u64,
+        resolve: u64,
+    }
+    let how = OpenHow {
+        flags: (flags | libc::O_CLOEXEC) as u64,
+        mode: 0,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+    };
+    unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root,
+            rel.as_ptr(),
+            &how as *const OpenHow,
+            std::mem::size_of::<OpenHow>(),
+        ) as i32
+    }
+}
+
+/// A detached copy of the mount tree at `path` (relative to `dirfd`), with `attrs` set on it
+/// (and id-mapped through `userns` when given); -1 on failure.
+unsafe fn clone_tree(dirfd: i32, path: &CStr, empty: bool, attrs: u64, userns: Option<i32>) -> i32 {
+    unsafe {
+        let mut flags = libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC | libc::AT_RECURSIVE as u32;
+        if empty {
+            flags |= libc::AT_EMPTY_PATH as u32;
+        }
+        let tree = libc::syscall(libc::SYS_open_tree, dirfd, path.as_ptr(), flags) as i32;
+        if tree < 0 {
+            return tree;
+        }
+        let mut attr: libc::mount_attr = std::mem::zeroed();
+        attr.attr_set = attrs;
+        if let Some(ns) = userns {
+            attr.attr_set |= libc::MOUNT_ATTR_IDMAP;
+            attr.userns_fd = ns as u64;
+        }
+        let rc = libc::syscall(
+            libc::SYS_mount_setattr,
+            tree,
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_RECURSIVE,
+            &attr as *const libc::mount_attr,
+            std::mem::size_of::<libc::mount_attr>(),
+        );
+        if rc < 0 {
+            libc::close(tree);
+            return -1;
+        }
+        tree
+    }
+}
+
+/// Attaches the detached tree `tree` onto the file `target_fd` was opened on.
+unsafe fn attach(tree: i32, target_fd: i32) -> i32 {
+    unsafe {
+        let rc = libc::syscall(
+            libc::SYS_move_mount,
+            tree,
+            c"".as_ptr(),
+            target_fd,
+            c"".as_ptr(),
+            libc::MOVE_MOUNT_F_EMPTY_PATH | libc::MOVE_MOUNT_T_EMPTY_PATH,
+        ) as i32;
+        libc::close(tree);
+        rc
+    }
+}
+
+const RO_NOSUID_NODEV: u64 =
+    libc::MOUNT_ATTR_RDONLY | libc::MOUNT_ATTR_NOSUID | libc::MOUNT_ATTR_NODEV;
+
 /// The jail's PID 1 before `exec`. Returns only on failure: the step and its errno.
 ///
 /// # Safety
@@ -282,127 +429,197 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
     }
     let null: *const libc::c_char = std::ptr::null();
     let nodata: *const libc::c_void = std::ptr::null();
+    let mut buf = [0u8; 32];
+    let mut buf2 = [0u8; 32];
     unsafe {
+        // Modes below are meant exactly; silkd gets a conventional umask back before exec.
+        libc::umask(0);
         check!("setsid", libc::setsid());
         let log = libc::open(
             p.log.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOFOLLOW,
             0o600,
         );
         check!("open log", log);
-        let devnull = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY);
-        check!("open /dev/null", devnull);
-        check!("stdin", libc::dup2(devnull, 0));
         check!("stdout", libc::dup2(log, 1));
         check!("stderr", libc::dup2(log, 2));
+        libc::close(log);
         check!(
             "make / private",
             libc::mount(null, c"/".as_ptr(), null, libc::MS_REC | libc::MS_PRIVATE, nodata)
         );
-        for (i, m) in p.mounts.iter().enumerate() {
-            if i == p.mounts.len() - 2 {
-                // /dev is mounted: fill it before devpts and shm go in.
-                for (dir, mode) in &p.dirs {
-                    check!("mkdir in /dev", libc::mkdir(dir.as_ptr(), *mode));
-                }
-                for (node, major, minor) in &p.dev_nodes {
-                    check!(
-                        "mknod",
-                        libc::mknod(
-                            node.as_ptr(),
-                            libc::S_IFCHR | 0o666,
-                            libc::makedev(*major, *minor)
-                        )
-                    );
-                    check!("chmod dev", libc::chmod(node.as_ptr(), 0o666));
-                }
-                for (target, link) in &p.dev_links {
-                    check!("symlink in /dev", libc::symlink(target.as_ptr(), link.as_ptr()));
-                }
+        for (layer, at) in &p.idmapped {
+            let tree = clone_tree(libc::AT_FDCWD, layer, false, RO_NOSUID_NODEV, Some(USERNS_FD));
+            check!("id-map a template layer", tree);
+            let target =
+                libc::open(at.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC);
+            check!("open id-mapped layer mount point", target);
+            check!("attach id-mapped layer", attach(tree, target));
+            libc::close(target);
+        }
+        check!(
+            "mount overlay root",
+            libc::mount(
+                c"overlay".as_ptr(),
+                p.root.as_ptr(),
+                c"overlay".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                p.overlay.as_ptr().cast()
+            )
+        );
+        // From here on every path inside the root is the sandbox's and resolved inside it.
+        let root = libc::open(p.root.as_ptr(), libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC);
+        check!("open root", root);
+        for (host, inside) in &p.binds {
+            let tree = clone_tree(libc::AT_FDCWD, host, false, RO_NOSUID_NODEV, Some(USERNS_FD));
+            check!("id-map a host bind", tree);
+            let target = open_in_root(root, inside, libc::O_PATH | libc::O_DIRECTORY);
+            check!("open bind target", target);
+            check!("attach host bind", attach(tree, target));
+            libc::close(target);
+        }
+        let fs_mount = |m: &FsMount, buf: &mut [u8; 32]| -> i32 {
+            let target = open_in_root(root, &m.at, libc::O_PATH | libc::O_DIRECTORY);
+            if target < 0 {
+                return target;
             }
-            let opt = |s: &Option<CString>| s.as_ref().map_or(null, |s| s.as_ptr());
+            let rc = libc::mount(
+                m.fstype.as_ptr(),
+                fd_path(target, buf),
+                m.fstype.as_ptr(),
+                m.flags,
+                m.data.as_ptr().cast(),
+            );
+            libc::close(target);
+            rc
+        };
+        check!("mount /dev", fs_mount(&p.dev, &mut buf));
+        let dev = open_in_root(root, c"dev", libc::O_PATH | libc::O_DIRECTORY);
+        check!("open /dev", dev);
+        check!("mkdir /dev/pts", libc::mkdirat(dev, c"pts".as_ptr(), 0o755));
+        check!("mkdir /dev/shm", libc::mkdirat(dev, c"shm".as_ptr(), 0o1777));
+        for (node, major, minor) in &p.dev_nodes {
             check!(
-                "mount",
-                libc::mount(
-                    opt(&m.source),
-                    m.target.as_ptr(),
-                    opt(&m.fstype),
-                    m.flags,
-                    opt(&m.data).cast()
+                "mknod",
+                libc::mknodat(
+                    dev,
+                    node.as_ptr(),
+                    libc::S_IFCHR | 0o666,
+                    libc::makedev(*major, *minor)
                 )
             );
-            if p.readonly.iter().any(|t| t == &m.target) {
-                let ro = libc::MS_BIND
-                    | libc::MS_REMOUNT
-                    | libc::MS_RDONLY
-                    | libc::MS_NOSUID
-                    | libc::MS_NODEV;
-                check!(
-                    "remount bind read-only",
-                    libc::mount(null, m.target.as_ptr(), null, ro, nodata)
-                );
+            // Owned by the sandbox's root, like the rest of its /dev.
+            check!(
+                "chown a device node",
+                libc::fchownat(dev, node.as_ptr(), p.root_id, p.root_id, libc::AT_SYMLINK_NOFOLLOW)
+            );
+        }
+        for (target, link) in &p.dev_links {
+            check!("symlink in /dev", libc::symlinkat(target.as_ptr(), dev, link.as_ptr()));
+        }
+        // stdin is the jail's own /dev/null, not a host file.
+        let devnull = libc::openat(dev, c"null".as_ptr(), libc::O_RDONLY | libc::O_NOFOLLOW);
+        check!("open /dev/null", devnull);
+        check!("stdin", libc::dup2(devnull, 0));
+        libc::close(devnull);
+        libc::close(dev);
+        for m in &p.mounts {
+            check!("mount a jail filesystem", fs_mount(m, &mut buf));
+        }
+        let devnull = open_in_root(root, c"dev/null", libc::O_PATH);
+        check!("open /dev/null to mask with", devnull);
+        for path in &p.masked {
+            let target = open_in_root(root, path, libc::O_PATH | libc::O_NOFOLLOW);
+            if target < 0 {
+                continue; // this kernel has no such file
             }
+            let mut st: libc::stat = std::mem::zeroed();
+            check!("stat a masked path", libc::fstat(target, &mut st));
+            let rc = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
+                libc::mount(
+                    c"tmpfs".as_ptr(),
+                    fd_path(target, &mut buf),
+                    c"tmpfs".as_ptr(),
+                    libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"size=0,mode=555".as_ptr().cast(),
+                )
+            } else {
+                libc::mount(
+                    fd_path(devnull, &mut buf2),
+                    fd_path(target, &mut buf),
+                    null,
+                    libc::MS_BIND,
+                    nodata,
+                )
+            };
+            check!("mask a /proc path", rc);
+            libc::close(target);
+        }
+        libc::close(devnull);
+        for path in &p.read_only {
+            let target = open_in_root(root, path, libc::O_PATH | libc::O_NOFOLLOW);
+            if target < 0 {
+                continue;
+            }
+            let tree =
+                clone_tree(target, c"", true, RO_NOSUID_NODEV | libc::MOUNT_ATTR_NOEXEC, None);
+            check!("read-only copy of a /proc path", tree);
+            check!("make a /proc path read-only", attach(tree, target));
+            libc::close(target);
         }
         // silkd: an empty file on the fresh /run tmpfs, with the host binary bound over it.
-        let fd = libc::open(
-            p.silkd_target.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_CLOEXEC,
+        let run = open_in_root(root, c"run", libc::O_PATH | libc::O_DIRECTORY);
+        check!("open /run", run);
+        let fd = libc::openat(
+            run,
+            c"silkd".as_ptr(),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
             0o755,
         );
         check!("create /run/silkd", fd);
         libc::close(fd);
-        check!(
-            "bind silkd",
-            libc::mount(
-                p.silkd_source.as_ptr(),
-                p.silkd_target.as_ptr(),
-                null,
-                libc::MS_BIND,
-                nodata
-            )
-        );
-        check!(
-            "remount silkd",
-            libc::mount(
-                null,
-                p.silkd_target.as_ptr(),
-                null,
-                libc::MS_BIND
-                    | libc::MS_REMOUNT
-                    | libc::MS_RDONLY
-                    | libc::MS_NOSUID
-                    | libc::MS_NODEV,
-                nodata
-            )
-        );
+        let target =
+            libc::openat(run, c"silkd".as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC);
+        check!("open /run/silkd", target);
+        let tree = clone_tree(libc::AT_FDCWD, &p.silkd_source, false, RO_NOSUID_NODEV, None);
+        check!("clone silkd", tree);
+        check!("bind silkd", attach(tree, target));
+        libc::close(target);
+        libc::close(run);
+        libc::close(root);
         check!("sethostname", libc::sethostname(p.hostname.as_ptr(), p.hostname.as_bytes().len()));
         check!("loopback", loopback_up());
+        // The network namespace belongs to the host's user namespace, so the sandbox's root
+        // holds no CAP_NET_BIND_SERVICE over it: open every port to it, as Docker does.
+        let ports = libc::open(
+            c"/proc/sys/net/ipv4/ip_unprivileged_port_start".as_ptr(),
+            libc::O_WRONLY | libc::O_CLOEXEC,
+        );
+        check!("open ip_unprivileged_port_start", ports);
+        check!(
+            "set ip_unprivileged_port_start",
+            libc::write(ports, c"0".as_ptr().cast(), 1) as i32
+        );
+        libc::close(ports);
         check!("chdir root", libc::chdir(p.root.as_ptr()));
-        // /etc/hostname agrees with the hostname (the skeleton's says `sandbox`).
-        let hn = libc::open(
-            c"etc/hostname".as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-            0o644,
-        );
-        if hn >= 0 {
-            libc::write(hn, p.hostname_line.as_ptr().cast(), p.hostname_line.as_bytes().len());
-            libc::close(hn);
-        }
-        let mid = libc::open(
-            c"etc/machine-id".as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-            0o444,
-        );
-        if mid >= 0 {
-            libc::write(mid, p.machine_id.as_ptr().cast(), p.machine_id.as_bytes().len());
-            libc::close(mid);
-        }
         check!(
             "pivot_root",
             libc::syscall(libc::SYS_pivot_root, c".".as_ptr(), c".".as_ptr()) as i32
         );
         check!("detach old root", libc::umount2(c".".as_ptr(), libc::MNT_DETACH));
         check!("chdir /", libc::chdir(c"/".as_ptr()));
+        // Become the sandbox's root: an unprivileged id on the host, root only over what its
+        // user namespace owns (nothing but its mapped files: every namespace above belongs to
+        // the host's user namespace).
+        check!("enter the user namespace", libc::setns(USERNS_FD, libc::CLONE_NEWUSER));
+        libc::close(USERNS_FD);
+        check!("drop supplementary groups", libc::setgroups(0, std::ptr::null()));
+        check!("setresgid", libc::setresgid(0, 0, 0));
+        check!("setresuid", libc::setresuid(0, 0, 0));
+        // The sandbox's own files, written with the sandbox's own rights, never through a link.
+        write_file(c"/etc/hostname", p.hostname_line.as_bytes(), 0o644);
+        write_file(c"/etc/machine-id", p.machine_id.as_bytes(), 0o444);
+        libc::umask(0o022);
         check!("drop capabilities", drop_caps());
         check!("no_new_privs", libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
         let prog =
@@ -420,6 +637,24 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
         let envp = [p.envp[0].as_ptr(), p.envp[1].as_ptr(), null];
         libc::execve(p.exe.as_ptr(), p.argv_ptrs.as_ptr(), envp.as_ptr());
         ("exec silkd", *libc::__errno_location())
+    }
+}
+
+/// Replaces the file at `path` with `content`. A symlink there is removed, not followed. Best
+/// effort: an image without `/etc` still starts.
+unsafe fn write_file(path: &CStr, content: &[u8], mode: libc::mode_t) {
+    unsafe {
+        let flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let mut fd = libc::open(path.as_ptr(), flags, mode);
+        if fd < 0 && *libc::__errno_location() == libc::ELOOP {
+            libc::unlink(path.as_ptr());
+            fd = libc::open(path.as_ptr(), flags | libc::O_EXCL, mode);
+        }
+        if fd >= 0 {
+            libc::write(fd, content.as_ptr().cast(), content.len());
+            libc::close(fd);
+        }
     }
 }
 
@@ -478,5 +713,20 @@ unsafe fn drop_caps() -> i32 {
             Data { effective: hi, permitted: hi, inheritable: 0 },
         ];
         libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as i32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fd_paths_are_written_without_allocating() {
+        let mut buf = [0u8; 32];
+        for fd in [0, 7, 10, 1234, i32::MAX] {
+            // SAFETY: fd_path writes a NUL-terminated string into buf.
+            let s = unsafe { CStr::from_ptr(fd_path(fd, &mut buf)) };
+            assert_eq!(s.to_str().unwrap(), format!("/proc/self/fd/{fd}"));
+        }
     }
 }

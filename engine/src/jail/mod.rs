@@ -1,21 +1,42 @@
 //! The `jail` engine: each sandbox is a set of Linux namespaces around an overlayfs root, with
 //! silkd as PID 1, limits through cgroups, and a seccomp filter. Runs on any Linux host as root.
 //!
-//! On disk, under the data directory:
+//! On disk, under the data directory (every directory 0700, root's only):
 //! ```text
 //! templates/<kind>-<digest>/root     materialised templates (host skeletons, flattened images)
-//! goldens/<digest>/{layer,golden.json}   warmup results, read-only lower layers
-//! boxes/<id>/{box.json,launch.json,upper,work,root,agent.sock,agent.log}
+//! goldens/<digest>/{layer,golden.json,ids}   warmup results, read-only lower layers
+//! boxes/<id>/{box.json,launch.json,upper,work,root,lower,agent.sock,agent.log}
 //! ```
 //! `box.json` is the record [`Engine::list`] reads back after the node restarts; a sandbox is
 //! running when the pid it names is alive *and* has the start time recorded with it, so a reused
 //! pid is never mistaken for a jail.
+//!
+//! **Ids.** Every sandbox runs in the engine's one user namespace, whose root is host uid/gid
+//! `id_base` (65536 ids from there). Files a sandbox makes (its upper directory, goldens built by
+//! warmups) are stored with those host ids; layer tars carry the ids the sandbox sees
+//! ([`layer::Ids`]), so snapshots move between nodes with other ranges. Templates keep host ids
+//! and are mounted through id-mapped views, so their root-owned files look root-owned inside.
+//! One range for all sandboxes rather than one each: goldens and templates are shared read-only
+//! by every sandbox and would otherwise need an id-mapped view per range and layer; what keeps
+//! neighbours apart is that no sandbox can reach another's files or processes (mount and pid
+//! namespaces, 0700 box directories), not their uids.
+//!
+//! **Host code never follows a sandbox's paths.** Where the engine touches a sandbox's files:
+//! the launcher (see [`launch`]: mount targets through `openat2(RESOLVE_IN_ROOT)`, its two file
+//! writes as the sandbox's root after `pivot_root`); [`layer::capture`] of an upper directory
+//! or golden layer (`O_NOFOLLOW` per component, relative to directory descriptors, with the
+//! sandbox frozen or stopped); [`layer::apply`] into a fresh upper directory or staging
+//! directory no sandbox runs on yet (paths resolved inside the root; device nodes skipped);
+//! `chown` of a new upper directory; [`layer::shift_into`] of a stopped box (`lchown`, no
+//! link followed); `remove_dir_all` of a stopped box (which does not follow symlinks).
 
 mod cgroup;
 pub mod launch;
 pub mod seccomp;
 
-use std::os::fd::AsRawFd;
+use std::io::BufRead;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -24,14 +45,18 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::layer::{self, Whiteouts};
+use crate::layer::{self, ID_COUNT, Ids, Whiteouts};
 use crate::template::{self, TemplateDef};
 use crate::{
     AgentAddr, Base, BoxInfo, BoxSpec, Caps, Digest, Engine, EngineError, Golden, Lane, Result,
     SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
 };
 use cgroup::Cgroups;
-use launch::{LISTEN_FD, LaunchSpec};
+use launch::{LISTEN_FD, LaunchSpec, Lower, USERNS_FD};
+
+/// The default host uid/gid of a sandbox's root: inside systemd's range for containers
+/// (524288–1879048191), far from the ranges `useradd` hands out in /etc/subuid (100000 up).
+pub const DEFAULT_ID_BASE: u32 = 0x6000_0000;
 
 /// Where the engine keeps its files and finds its helpers.
 #[derive(Debug, Clone)]
@@ -45,6 +70,9 @@ pub struct JailConfig {
     pub ready_timeout: Duration,
     /// The cgroup filesystem mount.
     pub cgroup_root: PathBuf,
+    /// The host uid and gid that is root inside every sandbox; ids 0..65536 inside are
+    /// `id_base..id_base + 65536` on the host.
+    pub id_base: u32,
 }
 
 impl JailConfig {
@@ -59,6 +87,7 @@ impl JailConfig {
             launcher: launcher.into(),
             ready_timeout: Duration::from_secs(10),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
+            id_base: DEFAULT_ID_BASE,
         }
     }
 }
@@ -67,6 +96,9 @@ impl JailConfig {
 pub struct JailEngine {
     cfg: JailConfig,
     cgroups: Cgroups,
+    ids: Ids,
+    /// The user namespace every sandbox enters (its maps written once, here).
+    userns: OwnedFd,
 }
 
 /// What `boxes/<id>/box.json` holds.
@@ -75,6 +107,10 @@ struct Record {
     info: BoxInfo,
     /// `/proc/<pid>/stat` start time of the jail's init, to tell it from a reused pid.
     start_time: Option<u64>,
+    /// The host id range the upper directory's files are stored in (`None`: made before
+    /// sandboxes had a user namespace, stored with host ids 0..65536).
+    #[serde(default)]
+    id_base: Option<u32>,
 }
 
 impl JailEngine {
@@ -92,17 +128,45 @@ impl JailEngine {
                 return Err(EngineError::Host(format!("{} not found", tool.display())));
             }
         }
-        for dir in ["templates", "goldens", "boxes"] {
+        if cfg.id_base < ID_COUNT || cfg.id_base.checked_add(ID_COUNT).is_none() {
+            return Err(EngineError::Host(format!(
+                "id_base {} must be at least {ID_COUNT} and leave {ID_COUNT} ids below 2^32",
+                cfg.id_base
+            )));
+        }
+        // Sandboxes' files (setuid ones too) sit under these: nobody but root gets in.
+        for dir in ["", "templates", "goldens", "boxes"] {
             let d = cfg.data_dir.join(dir);
             std::fs::create_dir_all(&d)
+                .and_then(|()| std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)))
                 .map_err(EngineError::io(format!("mkdir {}", d.display())))?;
         }
         let instance = blake3::hash(cfg.data_dir.as_os_str().as_encoded_bytes()).to_hex();
         let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{}", &instance[..12]))?;
-        let engine = JailEngine { cfg, cgroups };
+        let ids = Ids { base: cfg.id_base };
+        let userns = user_namespace(&cfg.launcher, ids)?;
+        let engine = JailEngine { cfg, cgroups, ids, userns };
         engine.remove_incomplete()?;
         engine.thaw_all();
+        engine.shift_old_goldens()?;
         Ok(engine)
+    }
+
+    /// Goldens built before sandboxes had a user namespace hold host ids 0..65536: move them
+    /// into the range once (a marker file `ids` says a layer is in it).
+    fn shift_old_goldens(&self) -> Result<()> {
+        let Ok(entries) = std::fs::read_dir(self.cfg.data_dir.join("goldens")) else {
+            return Ok(());
+        };
+        for entry in entries.flatten() {
+            let dir = entry.path();
+            if dir.join("golden.json").is_file() && !dir.join("ids").is_file() {
+                tracing::info!("moving golden {} into the sandbox id range", dir.display());
+                layer::shift_into(&dir.join("layer"), self.ids)?;
+                mark_ids(&dir, self.ids)?;
+            }
+        }
+        Ok(())
     }
 
     /// A box directory without a readable `box.json` is a start that a crash interrupted (the
@@ -167,7 +231,7 @@ impl JailEngine {
             return Err(EngineError::Unsupported { what: "the egress lane", engine: "jail" });
         }
         let dir = self.box_dir(id);
-        match std::fs::create_dir(&dir) {
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(EngineError::Exists(id.to_string()));
@@ -191,13 +255,17 @@ impl JailEngine {
         dir: &Path,
     ) -> Result<BoxInfo> {
         let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
-        for d in [&upper, &work, &root] {
+        for d in [&upper, &work, &root, &dir.join("lower")] {
             std::fs::create_dir(d).map_err(EngineError::io(format!("mkdir {}", d.display())))?;
         }
+        // The overlay's root directory is the upper directory's: the sandbox's root owns it.
+        let root_id = Some(self.ids.base);
+        std::os::unix::fs::chown(&upper, root_id, root_id)
+            .map_err(EngineError::io("chown upper"))?;
         if let Some(tar) = layer {
             let file = std::fs::File::open(tar)
                 .map_err(EngineError::io(format!("open {}", tar.display())))?;
-            layer::apply(file, &upper, Whiteouts::Overlay)?;
+            layer::apply(file, &upper, Whiteouts::Overlay, self.ids)?;
         }
         self.launch_box(base, id, spec, dir)
     }
@@ -214,9 +282,14 @@ impl JailEngine {
         let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
         let mut lowers = vec![];
         if let Some(golden) = &base.golden {
-            lowers.push(golden.layer.clone());
+            lowers.push(Lower { path: golden.layer.clone(), idmapped_at: None });
         }
-        lowers.push(base.template.root.clone());
+        let template_at = dir.join("lower");
+        if !template_at.is_dir() {
+            // A box made before template layers were id-mapped.
+            std::fs::create_dir(&template_at).map_err(EngineError::io("mkdir lower"))?;
+        }
+        lowers.push(Lower { path: base.template.root.clone(), idmapped_at: Some(template_at) });
         let cgroups = self.cgroups.create(id, spec.limits())?;
 
         let socket = dir.join("agent.sock");
@@ -238,6 +311,7 @@ impl JailEngine {
             silkd: self.cfg.silkd.clone(),
             cgroups,
             log: dir.join("agent.log"),
+            root_id: self.ids.base,
             silkd_args: image_defaults(&base.template),
         };
         let launch_path = dir.join("launch.json");
@@ -256,7 +330,11 @@ impl JailEngine {
             running: true,
             created_ms: now_ms(),
         };
-        self.save(&Record { info: info.clone(), start_time: start_time(pid) })?;
+        self.save(&Record {
+            info: info.clone(),
+            start_time: start_time(pid),
+            id_base: Some(self.ids.base),
+        })?;
         if let Err(e) = probe::info(&socket, self.cfg.ready_timeout) {
             let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
             let _ = self.kill(id, Some(pid));
@@ -265,20 +343,27 @@ impl JailEngine {
         Ok(info)
     }
 
-    /// Runs `silk-jail` with the listening socket as fd 3; returns the jail's host pid.
+    /// Runs `silk-jail` with the listening socket as fd 3 and the user namespace as fd 4;
+    /// returns the jail's host pid.
     fn launch(&self, spec: &Path, listener: &UnixListener) -> Result<u32> {
-        let fd = listener.as_raw_fd();
+        let (listen, userns) = (listener.as_raw_fd(), self.userns.as_raw_fd());
         let mut cmd = std::process::Command::new(&self.cfg.launcher);
         cmd.arg(spec).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        // SAFETY: dup2/fcntl are async-signal-safe.
+        // SAFETY: fcntl/dup2 are async-signal-safe.
         unsafe {
             cmd.pre_exec(move || {
-                let rc = if fd == LISTEN_FD {
-                    libc::fcntl(fd, libc::F_SETFD, 0)
-                } else {
-                    libc::dup2(fd, LISTEN_FD)
-                };
-                if rc < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) }
+                // Copies above both targets first (close-on-exec, so they go at exec), so
+                // neither source is overwritten by the other's dup2.
+                let listen = libc::fcntl(listen, libc::F_DUPFD_CLOEXEC, 10);
+                let userns = libc::fcntl(userns, libc::F_DUPFD_CLOEXEC, 10);
+                if listen < 0
+                    || userns < 0
+                    || libc::dup2(listen, LISTEN_FD) < 0
+                    || libc::dup2(userns, USERNS_FD) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
             });
         }
         let out = cmd
@@ -333,7 +418,7 @@ impl Engine for JailEngine {
 
     fn golden_digest(&self, template: &Template, warmup: &Warmup) -> Digest {
         let mut hasher = blake3::Hasher::new();
-        hasher.update(b"silk-golden-v1").update(template.digest.0.as_bytes());
+        hasher.update(b"silk-golden-v1").update(template.digest.as_str().as_bytes());
         for arg in &warmup.argv {
             hasher.update(&(arg.len() as u64).to_le_bytes()).update(arg.as_bytes());
         }
@@ -349,7 +434,7 @@ impl Engine for JailEngine {
         let partial = partial_path(into);
         let file = std::fs::File::create(&partial).map_err(EngineError::io("create golden tar"))?;
         let mut out = std::io::BufWriter::new(file);
-        let written = layer::capture(&golden.layer, &mut out)
+        let written = layer::capture(&golden.layer, &mut out, self.ids)
             .and_then(|()| {
                 std::io::Write::flush(&mut out).map_err(EngineError::io("write golden tar"))
             })
@@ -377,7 +462,8 @@ impl Engine for JailEngine {
         template::build_atomically(&dir, |staging| {
             let file = std::fs::File::open(layer_tar)
                 .map_err(EngineError::io(format!("open {}", layer_tar.display())))?;
-            layer::apply(file, &staging.join("layer"), Whiteouts::Overlay)?;
+            layer::apply(file, &staging.join("layer"), Whiteouts::Overlay, self.ids)?;
+            mark_ids(staging, self.ids)?;
             let json =
                 serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
             std::fs::write(staging.join("golden.json"), json)
@@ -431,6 +517,7 @@ impl Engine for JailEngine {
             template::build_atomically(&dir, |staging| {
                 std::fs::rename(self.box_dir(&builder).join("upper"), staging.join("layer"))
                     .map_err(EngineError::io("move golden layer"))?;
+                mark_ids(staging, self.ids)?;
                 let json = serde_json::to_vec_pretty(&golden)
                     .map_err(|e| EngineError::Host(e.to_string()))?;
                 std::fs::write(staging.join("golden.json"), json)
@@ -464,7 +551,7 @@ impl Engine for JailEngine {
             let file =
                 std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
             let mut out = std::io::BufWriter::new(file);
-            layer::capture(&self.box_dir(id).join("upper"), &mut out)?;
+            layer::capture(&self.box_dir(id).join("upper"), &mut out, self.ids)?;
             let file =
                 out.into_inner().map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
             file.sync_all().map_err(EngineError::io("sync snapshot"))?;
@@ -514,9 +601,9 @@ impl Engine for JailEngine {
         }
         let base = &snapshot.base;
         let mut hasher = blake3::Hasher::new();
-        hasher.update(b"silk-golden-promoted-v1").update(base.template.digest.0.as_bytes());
+        hasher.update(b"silk-golden-promoted-v1").update(base.template.digest.as_str().as_bytes());
         if let Some(g) = &base.golden {
-            hasher.update(g.digest.0.as_bytes());
+            hasher.update(g.digest.as_str().as_bytes());
         }
         let mut tar = std::fs::File::open(&snapshot.layer_tar)
             .map_err(EngineError::io(format!("open {}", snapshot.layer_tar.display())))?;
@@ -540,14 +627,15 @@ impl Engine for JailEngine {
                 let below = staging.join("below.tar");
                 let file = std::fs::File::create(&below).map_err(EngineError::io("create"))?;
                 let mut out = std::io::BufWriter::new(file);
-                layer::capture(&g.layer, &mut out)?;
+                layer::capture(&g.layer, &mut out, self.ids)?;
                 std::io::Write::flush(&mut out).map_err(EngineError::io("write layer"))?;
                 let file = std::fs::File::open(&below).map_err(EngineError::io("open"))?;
-                layer::apply(file, &layer_dir, Whiteouts::Overlay)?;
+                layer::apply(file, &layer_dir, Whiteouts::Overlay, self.ids)?;
                 std::fs::remove_file(&below).map_err(EngineError::io("remove"))?;
             }
             let file = std::fs::File::open(&snapshot.layer_tar).map_err(EngineError::io("open"))?;
-            layer::apply(file, &layer_dir, Whiteouts::Overlay)?;
+            layer::apply(file, &layer_dir, Whiteouts::Overlay, self.ids)?;
+            mark_ids(staging, self.ids)?;
             let json =
                 serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
             std::fs::write(staging.join("golden.json"), json)
@@ -580,6 +668,10 @@ impl Engine for JailEngine {
         }
         // A jail that died by itself can leave its cgroups behind.
         self.cgroups.remove(id)?;
+        if record.id_base != Some(self.ids.base) {
+            // Made before sandboxes had a user namespace: its files carry host ids 0..65536.
+            layer::shift_into(&self.box_dir(id).join("upper"), self.ids)?;
+        }
         let info = record.info;
         let resumed = self.launch_box(info.base, id, &info.spec, &self.box_dir(id));
         if resumed.is_err() {
@@ -613,6 +705,56 @@ impl Engine for JailEngine {
     fn agent(&self, id: &SandboxId) -> Result<AgentAddr> {
         Ok(self.record(id)?.info.agent)
     }
+}
+
+/// Makes the user namespace every sandbox enters: `silk-jail --hold-userns` unshares one, the
+/// engine (root, so allowed to map any ids) maps 65536 ids from `ids.base` and keeps a
+/// descriptor of it, then lets the holder exit. The namespace lives as long as the descriptor
+/// and the jails in it.
+fn user_namespace(launcher: &Path, ids: Ids) -> Result<OwnedFd> {
+    let mut holder = std::process::Command::new(launcher)
+        .arg("--hold-userns")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(EngineError::io(format!("run {}", launcher.display())))?;
+    let made = (|| {
+        let mut line = String::new();
+        let stdout = holder.stdout.take().expect("piped");
+        std::io::BufReader::new(stdout).read_line(&mut line).map_err(EngineError::io("read"))?;
+        if line.trim() != "ready" {
+            return Err(EngineError::Host("could not create a user namespace".into()));
+        }
+        let proc = PathBuf::from(format!("/proc/{}", holder.id()));
+        let map = format!("0 {} {ID_COUNT}\n", ids.base);
+        for file in ["uid_map", "gid_map"] {
+            std::fs::write(proc.join(file), &map).map_err(EngineError::io(format!(
+                "write {file} of the sandboxes' user namespace"
+            )))?;
+        }
+        let ns =
+            std::fs::File::open(proc.join("ns/user")).map_err(EngineError::io("open userns"))?;
+        Ok(OwnedFd::from(ns))
+    })();
+    drop(holder.stdin.take());
+    let status = holder.wait().map_err(EngineError::io("wait for the userns holder"))?;
+    match made {
+        Err(e) if !status.success() => {
+            let mut why = String::new();
+            if let Some(mut err) = holder.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut err, &mut why);
+            }
+            Err(EngineError::Host(format!("{e}: {}", why.trim())))
+        }
+        made => made,
+    }
+}
+
+/// Marks a golden directory's layer as stored in the range `ids`.
+fn mark_ids(golden_dir: &Path, ids: Ids) -> Result<()> {
+    std::fs::write(golden_dir.join("ids"), ids.base.to_string())
+        .map_err(EngineError::io("write golden ids"))
 }
 
 /// silkd flags carrying an image template's config, so commands run as the image intends.

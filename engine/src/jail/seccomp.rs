@@ -1,7 +1,13 @@
-//! The sandbox's seccomp filter: an allow-by-default list that refuses the system calls that
-//! reach past the sandbox's namespaces — kernel modules, kexec, reboot, mounts (old and new API),
-//! keyrings, bpf, perf, swap, clock setting, io_uring, user namespaces — with `EPERM`.
-//! Built by hand as classic BPF (a few dozen instructions) rather than with a crate.
+//! The sandbox's seccomp filter: an allow-by-default list no looser than Docker's default
+//! profile for a container without `CAP_SYS_ADMIN`/`CAP_SYS_PTRACE` (moby/profiles seccomp
+//! v0.2.3; the comparison is a table in docs/engine.md). It refuses with `EPERM` the system calls
+//! that reach past the sandbox's namespaces — kernel modules, kexec, reboot, mounts (old and new
+//! API), keyrings, bpf, perf, swap, clock setting, io_uring, namespaces, NUMA placement,
+//! `pidfd_getfd`/`kcmp` — and filters arguments like Docker: `clone` with namespace flags,
+//! `socket(AF_VSOCK)` (vsock ignores network namespaces) and `AF_ALG`, `personality` beyond
+//! Docker's five values. Numbers newer than the filter answer `ENOSYS`. Other architectures'
+//! system calls kill the process. Built by hand as classic BPF (under 100 instructions) rather
+//! than with a crate.
 
 use libc::{sock_filter, sock_fprog};
 
@@ -10,14 +16,31 @@ const X32_SYSCALL_BIT: u32 = 0x4000_0000;
 const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
 const SECCOMP_RET_KILL_PROCESS: u32 = 0x8000_0000;
-const CLONE_NEWUSER: u32 = 0x1000_0000;
 /// `offsetof(struct seccomp_data, ...)`.
 const OFF_NR: u32 = 0;
 const OFF_ARCH: u32 = 4;
 const OFF_ARG0_LO: u32 = 16;
 
+const SYS_SOCKET: u32 = 41;
 const SYS_CLONE: u32 = 56;
+const SYS_PERSONALITY: u32 = 135;
 const SYS_CLONE3: u32 = 435;
+
+/// Highest x86_64 syscall number this filter was written against (467 = open_tree_attr).
+/// Anything above it answers ENOSYS, as runc does for numbers past the profile's last.
+const LAST_KNOWN_NR: u32 = 467;
+
+/// CLONE_NEWNS | NEWCGROUP | NEWUTS | NEWIPC | NEWUSER | NEWPID | NEWNET: Docker's clone mask.
+const CLONE_NS_FLAGS: u32 = 0x7e02_0000;
+
+/// socket(2) families refused (compared on the low 32 bits: the kernel takes an `int`).
+const AF_ALG: u32 = 38;
+const AF_VSOCK: u32 = 40;
+
+/// personality(2) values allowed (Docker's list): PER_LINUX, PER_LINUX32, UNAME26,
+/// PER_LINUX32|UNAME26, and 0xffffffff (query). Low 32 bits: the kernel takes `unsigned int`.
+const PERSONALITY_ALLOWED: &[u32] =
+    &[0x0000_0000, 0x0000_0008, 0x0002_0000, 0x0002_0008, 0xffff_ffff];
 
 /// Refused with EPERM (x86_64 numbers).
 const BLOCKED: &[u32] = &[
@@ -28,7 +51,7 @@ const BLOCKED: &[u32] = &[
     153, // vhangup
     155, // pivot_root
     156, // _sysctl
-    159, // adjtimex
+    159, // adjtimex            (Docker allows; we are stricter)
     163, // acct
     164, // settimeofday
     165, // mount
@@ -36,6 +59,8 @@ const BLOCKED: &[u32] = &[
     167, // swapon
     168, // swapoff
     169, // reboot
+    170, // sethostname         (new)
+    171, // setdomainname       (new)
     172, // iopl
     173, // ioperm
     174, // create_module
@@ -47,16 +72,23 @@ const BLOCKED: &[u32] = &[
     180, // nfsservctl
     212, // lookup_dcookie
     227, // clock_settime
+    237, // mbind               (new)
+    238, // set_mempolicy       (new)
+    239, // get_mempolicy       (new)
     246, // kexec_load
     248, // add_key
     249, // request_key
     250, // keyctl
+    256, // migrate_pages       (new)
     272, // unshare
+    279, // move_pages          (new)
     298, // perf_event_open
-    303, // name_to_handle_at
+    300, // fanotify_init       (new)
+    303, // name_to_handle_at   (Docker allows; we are stricter)
     304, // open_by_handle_at
-    305, // clock_adjtime
+    305, // clock_adjtime       (Docker allows; we are stricter)
     308, // setns
+    312, // kcmp                (new)
     313, // finit_module
     320, // kexec_file_load
     321, // bpf
@@ -70,65 +102,99 @@ const BLOCKED: &[u32] = &[
     431, // fsconfig
     432, // fsmount
     433, // fspick
+    438, // pidfd_getfd         (new)
+    440, // process_madvise     (new)
     442, // mount_setattr
+    443, // quotactl_fd         (new)
+    450, // set_mempolicy_home_node (new)
+    459, // lsm_get_self_attr   (new)
+    460, // lsm_set_self_attr   (new)
+    461, // lsm_list_modules    (new)
+    467, // open_tree_attr      (new)
 ];
-
-fn stmt(code: u32, k: u32) -> sock_filter {
-    sock_filter { code: code as u16, jt: 0, jf: 0, k }
-}
-
-fn jump(code: u32, k: u32, jt: u8, jf: u8) -> sock_filter {
-    sock_filter { code: code as u16, jt, jf, k }
-}
 
 const LD_W_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
 const JEQ_K: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+const JGT_K: u32 = libc::BPF_JMP | libc::BPF_JGT | libc::BPF_K;
 const JGE_K: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
 const JSET_K: u32 = libc::BPF_JMP | libc::BPF_JSET | libc::BPF_K;
 const RET_K: u32 = libc::BPF_RET | libc::BPF_K;
 
+/// Jump targets, resolved once the layout is known (classic BPF only jumps forward).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum To {
+    Next,
+    CloneCheck,
+    SocketCheck,
+    PersonalityCheck,
+    Allow,
+    Eperm,
+    Enosys,
+    Kill,
+}
+
 /// The filter program.
 pub fn program() -> Vec<sock_filter> {
-    let mut p = vec![
-        stmt(LD_W_ABS, OFF_ARCH),
-        jump(JEQ_K, AUDIT_ARCH_X86_64, 1, 0),
-        stmt(RET_K, SECCOMP_RET_KILL_PROCESS),
-        stmt(LD_W_ABS, OFF_NR),
-    ];
-    // Jump targets are patched once the tail's layout is known.
-    let x32 = p.len();
-    p.push(jump(JGE_K, X32_SYSCALL_BIT, 0, 0));
-    let clone = p.len();
-    p.push(jump(JEQ_K, SYS_CLONE, 0, 0));
-    let clone3 = p.len();
-    p.push(jump(JEQ_K, SYS_CLONE3, 0, 0));
-    let first_blocked = p.len();
-    for nr in BLOCKED {
-        p.push(jump(JEQ_K, *nr, 0, 0));
-    }
-    let allow = p.len();
-    p.push(stmt(RET_K, SECCOMP_RET_ALLOW));
-    let eperm = p.len();
-    p.push(stmt(RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32));
-    // clone3 passes flags in memory the filter cannot read: answer ENOSYS so libc uses clone.
-    let enosys = p.len();
-    p.push(stmt(RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32));
-    let clone_check = p.len();
-    p.push(stmt(LD_W_ABS, OFF_ARG0_LO));
-    p.push(jump(JSET_K, CLONE_NEWUSER, 0, 1));
-    p.push(stmt(RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32));
-    p.push(stmt(RET_K, SECCOMP_RET_ALLOW));
+    use To::*;
+    let mut ins: Vec<(u32, u32, To, To)> = Vec::new();
+    let mut at: Vec<(To, usize)> = Vec::new();
 
-    let offset = |from: usize, to: usize| -> u8 {
-        u8::try_from(to - from - 1).expect("filter jumps fit in u8")
-    };
-    p[x32].jt = offset(x32, eperm);
-    p[clone].jt = offset(clone, clone_check);
-    p[clone3].jt = offset(clone3, enosys);
-    for (i, ins) in p.iter_mut().enumerate().take(allow).skip(first_blocked) {
-        ins.jt = offset(i, eperm);
+    ins.push((LD_W_ABS, OFF_ARCH, Next, Next));
+    ins.push((JEQ_K, AUDIT_ARCH_X86_64, Next, Kill));
+    ins.push((LD_W_ABS, OFF_NR, Next, Next));
+    ins.push((JGE_K, X32_SYSCALL_BIT, Eperm, Next));
+    ins.push((JGT_K, LAST_KNOWN_NR, Enosys, Next));
+    ins.push((JEQ_K, SYS_CLONE, CloneCheck, Next));
+    // clone3 passes flags in memory the filter cannot read: answer ENOSYS so libc uses clone.
+    ins.push((JEQ_K, SYS_CLONE3, Enosys, Next));
+    ins.push((JEQ_K, SYS_SOCKET, SocketCheck, Next));
+    ins.push((JEQ_K, SYS_PERSONALITY, PersonalityCheck, Next));
+    for nr in BLOCKED {
+        ins.push((JEQ_K, *nr, Eperm, Next));
     }
-    p
+    ins.push((RET_K, SECCOMP_RET_ALLOW, Next, Next));
+
+    at.push((CloneCheck, ins.len()));
+    ins.push((LD_W_ABS, OFF_ARG0_LO, Next, Next));
+    ins.push((JSET_K, CLONE_NS_FLAGS, Eperm, Allow));
+
+    at.push((SocketCheck, ins.len()));
+    ins.push((LD_W_ABS, OFF_ARG0_LO, Next, Next));
+    ins.push((JEQ_K, AF_ALG, Eperm, Next));
+    ins.push((JEQ_K, AF_VSOCK, Eperm, Allow));
+
+    at.push((PersonalityCheck, ins.len()));
+    ins.push((LD_W_ABS, OFF_ARG0_LO, Next, Next));
+    for (i, v) in PERSONALITY_ALLOWED.iter().enumerate() {
+        let miss = if i + 1 == PERSONALITY_ALLOWED.len() { Eperm } else { Next };
+        ins.push((JEQ_K, *v, Allow, miss));
+    }
+
+    at.push((Allow, ins.len()));
+    ins.push((RET_K, SECCOMP_RET_ALLOW, Next, Next));
+    at.push((Eperm, ins.len()));
+    ins.push((RET_K, SECCOMP_RET_ERRNO | libc::EPERM as u32, Next, Next));
+    at.push((Enosys, ins.len()));
+    ins.push((RET_K, SECCOMP_RET_ERRNO | libc::ENOSYS as u32, Next, Next));
+    at.push((Kill, ins.len()));
+    ins.push((RET_K, SECCOMP_RET_KILL_PROCESS, Next, Next));
+
+    let offset = |from: usize, to: To| -> u8 {
+        if to == Next {
+            return 0;
+        }
+        let target = at.iter().find(|(l, _)| *l == to).expect("label placed").1;
+        u8::try_from(target - from - 1).expect("filter jumps are forward and fit in u8")
+    };
+    ins.iter()
+        .enumerate()
+        .map(|(i, &(code, k, jt, jf))| sock_filter {
+            code: code as u16,
+            jt: offset(i, jt),
+            jf: offset(i, jf),
+            k,
+        })
+        .collect()
 }
 
 /// Installs the filter on the calling thread (and what it execs). `no_new_privs` must be set.

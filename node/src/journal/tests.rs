@@ -286,3 +286,69 @@ fn acknowledged_commits_survive_kill_9() {
         assert!(live[&format!("hot-{k}")].seq >= newest, "hot-{k} went back in time");
     }
 }
+
+/// `Digest` became a checked string (`#[serde(try_from = "String", into = "String")]`) where it
+/// was a plain newtype. Postcard writes both as the bare string: journals written before read
+/// the same, and old builds could read what this one writes. A claim record with a hibernated
+/// snapshot (template and golden digests inside) goes through a real journal.
+#[tokio::test]
+async fn digests_keep_their_journal_encoding() {
+    use crate::claims::{ClaimRecord, Intent, OnExpire, Tier};
+    use silk_engine::{Base, BoxSpec, Digest, Golden, Lane, Size, Snapshot, Template};
+
+    #[derive(Serialize, Deserialize)]
+    struct OldDigest(String);
+    let hex = "0f".repeat(32);
+    let digest: Digest = hex.parse().expect("a digest");
+    let old = postcard::to_allocvec(&OldDigest(hex.clone())).expect("encode");
+    assert_eq!(postcard::to_allocvec(&digest).expect("encode"), old, "the same bytes");
+    assert_eq!(postcard::from_bytes::<Digest>(&old).expect("decode"), digest, "old bytes read");
+    let bad = postcard::to_allocvec(&OldDigest("../../x".into())).expect("encode");
+    assert!(postcard::from_bytes::<Digest>(&bad).is_err(), "a bad digest is refused");
+
+    let template = Template {
+        name: "host".into(),
+        digest: digest.clone(),
+        root: "/t".into(),
+        binds: vec![],
+        env: vec![],
+        cwd: None,
+        user: None,
+    };
+    let golden =
+        Golden { digest: "ab".repeat(32).parse().expect("a digest"), template, layer: "/g".into() };
+    let snap = Snapshot {
+        base: Base { template: golden.template.clone(), golden: Some(golden) },
+        spec: BoxSpec::new(Size::Small, Lane::None),
+        layer_tar: "/s.tar".into(),
+        bytes: 3,
+        memory: false,
+    };
+    let record = ClaimRecord {
+        id: "sb-1".into(),
+        token_hash: "h".into(),
+        template: "host".into(),
+        size: Size::Small,
+        lane: Lane::None,
+        tier: Tier::Warm,
+        state: crate::state::SandboxState::Hibernated,
+        created_ms: 1,
+        deadline_ms: 2,
+        on_expire: OnExpire::Archive,
+        metadata: BTreeMap::new(),
+        lease_seconds: 3,
+        idle_hibernate_seconds: None,
+        from_checkpoint: None,
+        forked_from: None,
+        state_since_ms: 4,
+        stopped: Some(snap.clone()),
+        archive: None,
+        intent: Some(Intent::Hibernate(Box::new(snap))),
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (journal, _) = Journal::<ClaimRecord>::open(dir.path(), false).expect("open");
+    journal.commit(vec![Change::Put("sb-1".into(), record.clone())]).await.expect("commit");
+    drop(journal);
+    let (_journal, live) = Journal::<ClaimRecord>::open(dir.path(), false).expect("reopen");
+    assert_eq!(live["sb-1"], record);
+}

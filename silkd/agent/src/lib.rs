@@ -11,6 +11,7 @@ mod files;
 mod forward;
 mod git;
 mod listen;
+pub mod log;
 mod process;
 mod procs;
 mod pty;

@@ -52,16 +52,28 @@ struct Args {
     /// Working directory that relative paths resolve against.
     #[arg(long)]
     workdir: Option<PathBuf>,
+    /// Most bytes silkd's own log (its stderr) may hold when it is a file: past this the file
+    /// starts over, so nothing a sandbox makes silkd log fills the host's disk.
+    #[arg(long, default_value_t = 4 << 20)]
+    log_max_bytes: u64,
 }
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if std::process::id() == 1 {
+        // As a sandbox's init: processes of the sandbox run with the same ids, so without this
+        // they could ptrace silkd, read its memory or reopen its descriptors (its log file on
+        // the host among them) through /proc/1/fd. Reset by exec: commands stay dumpable.
+        // SAFETY: plain prctl.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    }
+    let log = silkd::log::CappedStderr::new(args.log_max_bytes);
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("SILKD_LOG")
                 .unwrap_or_else(|_| "warn".into()),
         )
-        .with_writer(std::io::stderr)
+        .with_writer(move || log)
         .init();
 
     let addr = match (&args.unix, args.tcp, args.vsock) {

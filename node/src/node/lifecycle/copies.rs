@@ -191,7 +191,9 @@ impl Node {
             let (engine, snap) = (self.engine.clone(), snap.clone());
             let id = self.new_id()?;
             set.spawn(async move {
-                let spec = snap.spec.clone();
+                // Size and lane only: limits are this node's for them, whatever the snapshot
+                // says (a downloaded one comes from the shared store).
+                let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
                 blocking(move || engine.restore(&snap, &id, &spec)).await
             });
         }

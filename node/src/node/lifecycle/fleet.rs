@@ -111,16 +111,26 @@ impl Node {
             Err(StoreError::NotFound { .. }) => return Ok(false),
             Err(e) => return Err(e.into()),
         };
-        let rec: ClaimRecord = serde_json::from_slice(&bytes)
+        let mut rec: ClaimRecord = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::internal(format!("{key}: {e}")))?;
-        let own = token.is_some_and(|t| crate::claims::token_matches(t, &rec.token_hash));
-        if !own && !self.is_root(token) {
-            return Ok(false);
+        // Any node can write to the store: the record must be this sandbox's, archived through
+        // an archive of its own, before its token hash means anything (see `check_foreign`).
+        if rec.state != SandboxState::Archived {
+            return Err(ApiError::internal(format!(
+                "{key}: a published claim that is not archived"
+            )));
         }
         let archive = rec
             .archive
             .clone()
             .ok_or_else(|| ApiError::internal("an archived claim without its archive"))?;
+        let (default_ttl, max_ttl) = (self.cfg.default_ttl_seconds, self.cfg.max_ttl_seconds);
+        rec.check_foreign(id, &archive, default_ttl, max_ttl, now_ms())
+            .map_err(|e| ApiError::internal(format!("{key}: {}", e.message)))?;
+        let own = token.is_some_and(|t| crate::claims::token_matches(t, &rec.token_hash));
+        if !own && !self.is_root(token) {
+            return Ok(false);
+        }
         let woken = async {
             // Another node may have finished just before we took the lease.
             if self.still_archived(id).await != Some(true) {
@@ -194,7 +204,7 @@ impl Node {
             }
         };
         let (mut rec, snap) = self.stop_here(live).await?;
-        let archive = format!("{id}.{}", random_hex(8));
+        let archive = new_archive_name(id);
         let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
         rec.intent =
             Some(Intent::Move { archive: archive.clone(), target: target.id.name.clone() });
@@ -204,7 +214,8 @@ impl Node {
             self.upload(&name, &snap, &rec, BTreeMap::new()).await?;
             crash_point("move:uploaded");
             let mut theirs = rec.clone();
-            theirs.intent = None;
+            // The target downloads the archive: this node's paths are no business of its.
+            (theirs.intent, theirs.stopped) = (None, None);
             peers.adopt(&target, &theirs, &archive).await
         }
         .await;
@@ -251,8 +262,14 @@ impl Node {
     }
 
     /// The target's side of a move: start the sandbox from its archive under the same id, and
-    /// journal it (the switch). Idempotent.
+    /// journal it (the switch). Idempotent. The record comes from a peer or the store: it is
+    /// checked (and its lease bounded) as any foreign record.
     pub async fn adopt(&self, mut record: ClaimRecord, archive: &str) -> Result<(), ApiError> {
+        let id = record.id.clone();
+        let (default_ttl, max_ttl) = (self.cfg.default_ttl_seconds, self.cfg.max_ttl_seconds);
+        record
+            .check_foreign(&id, archive, default_ttl, max_ttl, now_ms())
+            .map_err(|e| ApiError::bad_request(format!("adopt: {}", e.message)))?;
         let _busy = self.busy(&record.id).await;
         if self.get(&record.id).is_some() {
             return Ok(());
@@ -262,7 +279,6 @@ impl Node {
             self.admit(&mut st, 1)?;
             st.adopting.insert(record.id.clone());
         }
-        let id = record.id.clone();
         let result = async {
             let name = SnapshotName::archive(archive).map_err(ApiError::from)?;
             let (snap, _) = self.download(&name).await?;
@@ -278,7 +294,7 @@ impl Node {
             crash_point("adopt:restored");
             if record.state == SandboxState::Archived {
                 // Woken from its archive: a fresh lease of its original length.
-                record.deadline_ms = now_ms() + record.lease_seconds * 1000;
+                record.deadline_ms = lease_end(now_ms(), record.lease_seconds);
             }
             // Woken from its archive: the store forgets it next (`finish_unpublish`), or at the
             // next start if this node dies first.
@@ -373,7 +389,7 @@ impl Node {
         template: &silk_engine::Template,
         digest: &silk_engine::Digest,
     ) -> Result<Option<Golden>, ApiError> {
-        let name = SnapshotName::golden(&template.name, &digest.0).map_err(ApiError::from)?;
+        let name = SnapshotName::golden(&template.name, digest.as_str()).map_err(ApiError::from)?;
         let path = self.scratch_tar("golden");
         let got = async {
             let mut file = tokio::fs::File::create(&path)
@@ -398,7 +414,7 @@ impl Node {
 
     /// Uploads a golden built here for other nodes, in the background.
     pub(in crate::node) fn share_golden(&self, golden: Golden) {
-        let Ok(name) = SnapshotName::golden(&golden.template.name, &golden.digest.0) else {
+        let Ok(name) = SnapshotName::golden(&golden.template.name, golden.digest.as_str()) else {
             return;
         };
         let (engine, store, path) =
@@ -412,7 +428,7 @@ impl Node {
                     Ok(file) => {
                         let meta = BTreeMap::from([
                             ("template".to_string(), golden.template.name.clone()),
-                            ("template_digest".to_string(), golden.template.digest.0.clone()),
+                            ("template_digest".to_string(), golden.template.digest.to_string()),
                         ]);
                         store
                             .put(&name, tokio::io::BufReader::with_capacity(1 << 20, file), meta)
@@ -433,35 +449,30 @@ impl Node {
         });
     }
 
-    /// A snapshot's base (made on any node) in this node's terms: its template resolved here
-    /// (same digest, or the snapshot cannot start here) and its golden found here or fetched
-    /// from the store.
-    pub(super) async fn local_base(
-        &self,
-        base: &silk_engine::Base,
-    ) -> Result<silk_engine::Base, ApiError> {
+    /// A snapshot's base (made on any node) in this node's terms: its template resolved here by
+    /// name (same digest, or the snapshot cannot start here) and its golden found here or
+    /// fetched from the store, by digest.
+    pub(super) async fn local_base(&self, stored: &StoredSnapshot) -> Result<Base, ApiError> {
         let mismatch = |m: String| ApiError::new(StatusCode::CONFLICT, "base_unavailable", m);
-        let template = self.template(&base.template.name).await.map_err(|e| {
-            mismatch(format!("template {:?} of the snapshot: {}", base.template.name, e.message))
-        })?;
-        if template.digest != base.template.digest {
+        let name = &stored.template;
+        let template = self
+            .template(name)
+            .await
+            .map_err(|e| mismatch(format!("template {name:?} of the snapshot: {}", e.message)))?;
+        if template.digest != stored.template_digest {
             return Err(mismatch(format!(
-                "template {:?} differs on this node from the snapshot's",
-                base.template.name
+                "template {name:?} differs on this node from the snapshot's"
             )));
         }
-        let golden = match &base.golden {
+        let golden = match &stored.golden {
             None => None,
-            Some(g) => match self.engine.find_golden(&g.digest) {
+            Some(digest) => match self.engine.find_golden(digest) {
                 Some(local) => Some(local),
-                None => Some(self.fetch_golden(&template, &g.digest).await?.ok_or_else(|| {
-                    mismatch(format!(
-                        "golden {} is neither here nor in the store",
-                        g.digest.short()
-                    ))
+                None => Some(self.fetch_golden(&template, digest).await?.ok_or_else(|| {
+                    mismatch(format!("golden {} is neither here nor in the store", digest.short()))
                 })?),
             },
         };
-        Ok(silk_engine::Base { template, golden })
+        Ok(Base { template, golden })
     }
 }
