@@ -9,9 +9,13 @@
 //! Uploads read the connection while they send, so a call silkd fails at its first frame (a
 //! missing parent, a path that is not a directory) stops the upload at once instead of sending
 //! the rest into the void.
+//!
+//! A pull's tar stream comes from inside the sandbox, so it is hostile input: it is unpacked by
+//! [`untar`], never by tar-rs's own `unpack`.
 
 use std::future::{Future, IntoFuture};
 use std::io::{Read, Write};
+use std::marker::PhantomData;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -24,6 +28,8 @@ use tokio::sync::mpsc;
 use crate::conn::{RelayConn, recv};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
+
+mod untar;
 
 /// Chunks in flight between the tar thread and the socket.
 const PIPELINE: usize = 4;
@@ -198,19 +204,33 @@ impl Sandbox {
     }
 
     /// Copies a remote directory's content into `local_dir` (created if missing), or a remote
-    /// file into `local_dir/<its name>`. Symlinks stay symlinks; entries that would land outside
-    /// `local_dir` are refused by the tar reader.
-    pub fn pull(&self, remote: &str, local_dir: impl AsRef<Path>) -> Transfer<'_> {
+    /// file into `local_dir/<its name>`. Symlinks stay symlinks; the stream is treated as hostile:
+    /// nothing is written outside `local_dir` or through a symlink, devices and FIFOs are skipped,
+    /// set-id bits are cleared, ownership is not applied. Resolves to a [`PullReport`] that counts
+    /// what was left out.
+    pub fn pull(&self, remote: &str, local_dir: impl AsRef<Path>) -> Transfer<'_, PullReport> {
         self.transfer(Kind::Pull, local_dir.as_ref(), remote)
     }
 
-    /// Copies one remote file to exactly `local_path` (mode kept).
-    pub fn pull_file(&self, remote_path: &str, local_path: impl AsRef<Path>) -> Transfer<'_> {
+    /// Copies one remote file to exactly `local_path` (mode kept, set-id bits cleared); an
+    /// existing file or symlink there is replaced, not written through.
+    pub fn pull_file(
+        &self,
+        remote_path: &str,
+        local_path: impl AsRef<Path>,
+    ) -> Transfer<'_, PullReport> {
         self.transfer(Kind::PullFile, local_path.as_ref(), remote_path)
     }
 
-    fn transfer(&self, kind: Kind, local: &Path, remote: &str) -> Transfer<'_> {
-        Transfer { sandbox: self, kind, local: local.into(), remote: remote.into(), progress: None }
+    fn transfer<T>(&self, kind: Kind, local: &Path, remote: &str) -> Transfer<'_, T> {
+        Transfer {
+            sandbox: self,
+            kind,
+            local: local.into(),
+            remote: remote.into(),
+            progress: None,
+            output: PhantomData,
+        }
     }
 
     /// Sends `request`, then the source as `Data` frames and `Eof`; expects `Done`.
@@ -280,17 +300,47 @@ enum Kind {
     PullFile,
 }
 
-/// A push or pull; `.await` it, optionally after [`progress`](Self::progress).
+/// A push or pull; `.await` it, optionally after [`progress`](Self::progress). A push resolves to
+/// the tar bytes sent (`T = u64`), a pull to a [`PullReport`].
 #[must_use = "a Transfer does nothing until awaited"]
-pub struct Transfer<'a> {
+pub struct Transfer<'a, T = u64> {
     sandbox: &'a Sandbox,
     kind: Kind,
     local: PathBuf,
     remote: String,
     progress: Progress<'a>,
+    output: PhantomData<fn() -> T>,
 }
 
-impl std::fmt::Debug for Transfer<'_> {
+/// What a [`Sandbox::pull`] or [`Sandbox::pull_file`] received, and what of the tar stream it left
+/// out or changed because a sandbox must not plant it on this machine (see `docs/sdk.md`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PullReport {
+    /// Tar bytes received.
+    pub bytes: u64,
+    /// Character and block device entries skipped.
+    pub skipped_devices: u64,
+    /// FIFO entries skipped.
+    pub skipped_fifos: u64,
+    /// Entries skipped because their path is absolute, has a `..` component, or goes through a
+    /// symlink or a non-directory.
+    pub skipped_unsafe_paths: u64,
+    /// Hard links skipped because their target is not a regular file this pull extracted inside
+    /// the destination, and symlinks with an empty target.
+    pub skipped_links: u64,
+    /// Entries extracted with their set-uid or set-gid bit cleared.
+    pub cleared_setid: u64,
+}
+
+impl PullReport {
+    /// The entries left out, of every kind.
+    pub fn skipped(&self) -> u64 {
+        self.skipped_devices + self.skipped_fifos + self.skipped_unsafe_paths + self.skipped_links
+    }
+}
+
+impl<T> std::fmt::Debug for Transfer<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Transfer")
             .field("kind", &self.kind)
@@ -300,13 +350,15 @@ impl std::fmt::Debug for Transfer<'_> {
     }
 }
 
-impl<'a> Transfer<'a> {
+impl<'a, T> Transfer<'a, T> {
     /// Called with the tar bytes moved so far, after each chunk.
     pub fn progress(mut self, f: impl FnMut(u64) + Send + 'a) -> Self {
         self.progress = Some(Box::new(f));
         self
     }
+}
 
+impl Transfer<'_> {
     async fn run(mut self) -> Result<u64> {
         match self.kind {
             Kind::PushFile => {
@@ -329,11 +381,13 @@ impl<'a> Transfer<'a> {
                 let req = Frame::Push { path: self.remote.clone() };
                 self.sandbox.upload(req, Source::Tar(rx), &mut self.progress).await
             }
-            Kind::Pull | Kind::PullFile => self.download().await,
+            Kind::Pull | Kind::PullFile => unreachable!("a pull is a Transfer<PullReport>"),
         }
     }
+}
 
-    async fn download(mut self) -> Result<u64> {
+impl Transfer<'_, PullReport> {
+    async fn download(mut self) -> Result<PullReport> {
         let (tx, rx) = mpsc::channel::<Bytes>(PIPELINE);
         let target = self.local.clone();
         let single = self.kind == Kind::PullFile;
@@ -371,7 +425,7 @@ impl<'a> Transfer<'a> {
             .await
             .map_err(|e| Error::Local(std::io::Error::other(format!("tar thread: {e}"))))?;
         match outcome {
-            Ok(()) => extracted.map(|()| got),
+            Ok(()) => extracted.map(|report| PullReport { bytes: got, ..report }),
             Err(Some(e)) => Err(e),
             Err(None) => extracted.and(Err(Error::closed())),
         }
@@ -384,6 +438,15 @@ impl<'a> IntoFuture for Transfer<'a> {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(self.run())
+    }
+}
+
+impl<'a> IntoFuture for Transfer<'a, PullReport> {
+    type Output = Result<PullReport>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<PullReport>> + Send + 'a>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.download())
     }
 }
 
@@ -414,35 +477,18 @@ fn build_tar(local: PathBuf, is_dir: bool) -> mpsc::Receiver<std::io::Result<Byt
 }
 
 /// Unpacks the tar stream from `rx` into the directory `target`, or with `single`, writes its one
-/// regular-file entry to the path `target`.
-fn extract_tar(rx: mpsc::Receiver<Bytes>, target: &Path, single: bool) -> Result<()> {
+/// regular-file entry to the path `target`. The stream is hostile input: see [`untar`]. The
+/// report's `bytes` is left to the caller.
+fn extract_tar(rx: mpsc::Receiver<Bytes>, target: &Path, single: bool) -> Result<PullReport> {
     let mut reader = ChannelReader { rx, cur: Bytes::new() };
-    let mut archive = tar::Archive::new(&mut reader);
-    archive.set_preserve_permissions(true);
-    archive.set_preserve_mtime(true);
-    archive.set_overwrite(true);
-    if single {
-        let mut entries = archive.entries().map_err(Error::Local)?;
-        let mut entry = match entries.next() {
-            Some(e) => e.map_err(Error::Local)?,
-            None => return Err(Error::Protocol("pull sent an empty archive".into())),
-        };
-        if entry.header().entry_type() != tar::EntryType::Regular {
-            return Err(Error::Invalid(
-                "the remote path is not a regular file; pull the tree".into(),
-            ));
-        }
-        entry.unpack(target).map_err(Error::Local)?;
-        if entries.next().is_some() {
-            return Err(Error::Protocol("pull of a file sent more than one entry".into()));
-        }
+    let report = if single {
+        untar::unpack_file(&mut reader, target)?
     } else {
-        std::fs::create_dir_all(target).map_err(Error::Local)?;
-        archive.unpack(target).map_err(Error::Local)?;
-    }
+        untar::unpack_tree(&mut reader, target)?
+    };
     // Read to the channel's end so the sender never blocks on a full channel.
     std::io::copy(&mut reader, &mut std::io::sink()).map_err(Error::Local)?;
-    Ok(())
+    Ok(report)
 }
 
 /// `Write` end of the push pipeline: fills `DATA_CHUNK` buffers for the socket.
@@ -514,7 +560,8 @@ mod tests {
             tx.send(chunk.unwrap()).await.unwrap();
         }
         drop(tx);
-        extract.await.unwrap().unwrap();
+        let report = extract.await.unwrap().unwrap();
+        assert_eq!(report.skipped() + report.cleared_setid, 0);
         assert_eq!(std::fs::read(target.join("d/e/f.txt")).unwrap().len(), 3 * DATA_CHUNK + 5);
         assert_eq!(std::fs::read_link(target.join("d/link")).unwrap(), Path::new("e/f.txt"));
     }

@@ -48,7 +48,7 @@ pub use client::{
 };
 pub use conn::ConnStats;
 pub use error::{Error, Result};
-pub use files::{Transfer, WriteOptions};
+pub use files::{PullReport, Transfer, WriteOptions};
 pub use forward::PortForward;
 pub use lifecycle::{Checkpoint, TemplateInfo};
 pub use process::{Attach, Chunk, Exec, ExecBuilder, ExecStdin, Logs, Output};

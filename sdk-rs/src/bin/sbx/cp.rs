@@ -3,13 +3,15 @@
 //! directory lands inside it (under its own name); otherwise the destination becomes the copy.
 //! Directories travel as tar streams (push/pull); a single file is pulled as a one-entry tar
 //! stream and pushed as a streamed atomic write, its mode kept either way. A large copy prints one progress line on stderr when stderr is a terminal.
+//! A pull that left entries out (devices, FIFOs, unsafe paths or links) or cleared set-id bits
+//! says so in one warning line on stderr.
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use silkmesh::{Client, ErrorKind, FileKind, Sandbox};
+use silkmesh::{Client, ErrorKind, FileKind, PullReport, Sandbox};
 
 /// One side of a copy.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +35,32 @@ impl Side {
         }
         Side::Local(PathBuf::from(s))
     }
+}
+
+/// What a pull left out or changed, if anything: the sandbox sent entries a pull refuses to
+/// create as they are.
+fn pull_warning(r: &PullReport) -> Option<String> {
+    let counts = [
+        (r.skipped_devices, "device"),
+        (r.skipped_fifos, "FIFO"),
+        (r.skipped_unsafe_paths, "unsafe path"),
+        (r.skipped_links, "unsafe link"),
+    ];
+    let skipped: Vec<String> = counts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}{}", if *n == 1 { "" } else { "s" }))
+        .collect();
+    let mut parts = vec![];
+    if !skipped.is_empty() {
+        parts.push(format!("skipped {}", skipped.join(", ")));
+    }
+    if r.cleared_setid > 0 {
+        let n = r.cleared_setid;
+        let entries = if n == 1 { "entry" } else { "entries" };
+        parts.push(format!("cleared set-uid/set-gid on {n} {entries}"));
+    }
+    (!parts.is_empty()).then(|| format!("the pulled tar was not taken as is: {}", parts.join("; ")))
 }
 
 fn remote_name(path: &str) -> Option<&str> {
@@ -88,7 +116,12 @@ pub async fn run(
                 (false, true, _) => sandbox.pull(&path, &to),
                 (false, false, _) => sandbox.pull_file(&path, &to),
             };
-            transfer.progress(|n| progress.update(n)).await?
+            let report = transfer.progress(|n| progress.update(n)).await?;
+            progress.finish();
+            if let Some(warning) = pull_warning(&report) {
+                eprintln!("sbx: warning: {warning}");
+            }
+            report.bytes
         }
         (Side::Local(_), Side::Local(_)) => bail!("neither side is in a sandbox (write ID:/path)"),
         (Side::Remote { .. }, Side::Remote { .. }) => {
@@ -127,8 +160,9 @@ impl ProgressLine {
         let _ = err.flush();
     }
 
-    fn finish(&self) {
+    fn finish(&mut self) {
         if self.shown {
+            self.shown = false;
             eprintln!();
         }
     }
@@ -151,5 +185,19 @@ mod tests {
         assert_eq!(remote_name("/a/b/"), Some("b"));
         assert_eq!(remote_name("/"), None);
         assert_eq!(join_remote("/a/", "b"), "/a/b");
+    }
+
+    #[test]
+    fn a_pull_warns_only_when_something_was_left_out() {
+        let mut r = PullReport::default();
+        assert_eq!(pull_warning(&r), None);
+        r.skipped_devices = 2;
+        r.skipped_unsafe_paths = 1;
+        r.cleared_setid = 1;
+        assert_eq!(
+            pull_warning(&r).unwrap(),
+            "the pulled tar was not taken as is: skipped 2 devices, 1 unsafe path; \
+             cleared set-uid/set-gid on 1 entry"
+        );
     }
 }
