@@ -40,7 +40,7 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
 }
 
 fn sections(args: &EngineArgs, launcher: PathBuf, data: &std::path::Path) -> anyhow::Result<()> {
-    let engine = JailEngine::new(JailConfig::new(data, &args.silkd, launcher))?;
+    let engine = JailEngine::new(JailConfig::new(data, &args.silkd, &launcher))?;
     let template = engine.template(&TemplateDef::host())?;
     let golden = engine.prepare(&template, &Warmup::default())?;
     let spec = BoxSpec::new(Size::Small, Lane::None);
@@ -110,7 +110,74 @@ fn sections(args: &EngineArgs, launcher: PathBuf, data: &std::path::Path) -> any
     if bwrap.is_none() {
         println!("\n(no peer arm: bubblewrap is not installed)");
     }
+    isolation_steps(args, &launcher, data, &template.root)
+}
+
+/// What each isolation step of the launcher costs: the floor again, then the floor plus one
+/// step at a time (an id-mapped template layer under the overlay; entering the sandboxes' user
+/// namespace; `/proc` with its masked and read-only paths), each timed to `/bin/true`'s exit.
+fn isolation_steps(
+    args: &EngineArgs,
+    launcher: &std::path::Path,
+    data: &std::path::Path,
+    lower: &std::path::Path,
+) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let userns = silk_engine::jail::user_namespace(
+        launcher,
+        silk_engine::layer::Ids { base: silk_engine::jail::DEFAULT_ID_BASE },
+    )?;
+    let ns = userns.as_raw_fd();
+    let scratch = data.join("steps");
+    let names = [
+        "floor: unshare 6 namespaces + overlay mount + exec /bin/true",
+        "+ the template id-mapped under the overlay",
+        "+ entering the sandboxes' user namespace",
+        "+ /proc with 8 masked and 5 read-only paths",
+    ];
+    let mut samples: Vec<Samples> = names.iter().map(|_| Samples::default()).collect();
+    for i in 0..args.iters + 5 {
+        let order = if i % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+        for arm in order {
+            let steps = Steps {
+                idmap: (arm == 1).then_some(ns),
+                userns: (arm == 2).then_some(ns),
+                proc: arm == 3,
+            };
+            let d = floor_with(&scratch.join(format!("{i}-{arm}")), lower, steps)?;
+            if i >= 5 {
+                samples[arm].push(d);
+            }
+        }
+    }
+    let floor = samples[0].pct(0.5);
+    let rows: Vec<Vec<String>> = names
+        .iter()
+        .zip(&samples)
+        .map(|(name, s)| {
+            vec![
+                name.to_string(),
+                us(s.pct(0.5)),
+                us(s.pct(0.9)),
+                format!("{:+.0} µs", (s.pct(0.5).as_secs_f64() - floor.as_secs_f64()) * 1e6),
+            ]
+        })
+        .collect();
+    table(
+        &format!("what each isolation step adds (n = {} per arm)", samples[0].len()),
+        &["arm", "p50", "p90", "p50 − floor"],
+        &rows,
+    );
     Ok(())
+}
+
+/// Steps added to the floor in [`floor_with`]: user namespace descriptors to id-map the lower
+/// layer through and to enter, and whether to mount /proc with its masks.
+#[derive(Clone, Copy)]
+struct Steps {
+    idmap: Option<i32>,
+    userns: Option<i32>,
+    proc: bool,
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
@@ -147,15 +214,43 @@ pub(crate) fn floor_once(
     dir: &std::path::Path,
     lower: &std::path::Path,
 ) -> anyhow::Result<Duration> {
-    let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
-    for d in [&upper, &work, &root] {
+    floor_with(dir, lower, Steps { idmap: None, userns: None, proc: false })
+}
+
+fn floor_with(
+    dir: &std::path::Path,
+    lower: &std::path::Path,
+    steps: Steps,
+) -> anyhow::Result<Duration> {
+    let (upper, work, root, mapped) =
+        (dir.join("upper"), dir.join("work"), dir.join("root"), dir.join("lower"));
+    for d in [&upper, &work, &root, &mapped] {
         std::fs::create_dir_all(d)?;
     }
     let cstr = |p: &std::path::Path| CString::new(p.as_os_str().as_bytes()).context("path");
     let target = cstr(&root)?;
+    let (lower_c, mapped_c) = (cstr(lower)?, cstr(&mapped)?);
+    let proc_dir = cstr(&root.join("proc"))?;
+    let masks: Vec<(CString, bool)> = [
+        ("acpi", true),
+        ("kcore", false),
+        ("keys", false),
+        ("latency_stats", false),
+        ("timer_list", false),
+        ("timer_stats", false),
+        ("sched_debug", false),
+        ("scsi", true),
+    ]
+    .iter()
+    .map(|(p, dir)| (cstr(&root.join("proc").join(p)).expect("path"), *dir))
+    .collect();
+    let read_only: Vec<CString> = ["bus", "fs", "irq", "sys", "sysrq-trigger"]
+        .iter()
+        .map(|p| cstr(&root.join("proc").join(p)).expect("path"))
+        .collect();
     let opts = CString::new(format!(
         "lowerdir={},upperdir={},workdir={}",
-        lower.display(),
+        if steps.idmap.is_some() { mapped.display() } else { lower.display() },
         upper.display(),
         work.display()
     ))?;
@@ -170,6 +265,7 @@ pub(crate) fn floor_once(
                 | libc::CLONE_NEWNET
                 | libc::CLONE_NEWCGROUP;
             let null: *const libc::c_char = std::ptr::null();
+            let fail = || Err(std::io::Error::last_os_error());
             if libc::unshare(flags) != 0
                 || libc::mount(
                     null,
@@ -178,15 +274,106 @@ pub(crate) fn floor_once(
                     libc::MS_REC | libc::MS_PRIVATE,
                     std::ptr::null(),
                 ) != 0
-                || libc::mount(
-                    c"overlay".as_ptr(),
-                    target.as_ptr(),
-                    c"overlay".as_ptr(),
-                    0,
-                    opts.as_ptr().cast(),
-                ) != 0
             {
-                return Err(std::io::Error::last_os_error());
+                return fail();
+            }
+            if let Some(ns) = steps.idmap {
+                let tree = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    lower_c.as_ptr(),
+                    libc::OPEN_TREE_CLONE | libc::OPEN_TREE_CLOEXEC,
+                ) as i32;
+                let mut attr: libc::mount_attr = std::mem::zeroed();
+                attr.attr_set = libc::MOUNT_ATTR_IDMAP | libc::MOUNT_ATTR_RDONLY;
+                attr.userns_fd = ns as u64;
+                if tree < 0
+                    || libc::syscall(
+                        libc::SYS_mount_setattr,
+                        tree,
+                        c"".as_ptr(),
+                        libc::AT_EMPTY_PATH,
+                        &attr as *const libc::mount_attr,
+                        std::mem::size_of::<libc::mount_attr>(),
+                    ) != 0
+                    || libc::syscall(
+                        libc::SYS_move_mount,
+                        tree,
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        mapped_c.as_ptr(),
+                        libc::MOVE_MOUNT_F_EMPTY_PATH,
+                    ) != 0
+                {
+                    return fail();
+                }
+            }
+            if libc::mount(
+                c"overlay".as_ptr(),
+                target.as_ptr(),
+                c"overlay".as_ptr(),
+                0,
+                opts.as_ptr().cast(),
+            ) != 0
+            {
+                return fail();
+            }
+            if steps.proc {
+                let ro = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+                if libc::mount(
+                    c"proc".as_ptr(),
+                    proc_dir.as_ptr(),
+                    c"proc".as_ptr(),
+                    0,
+                    std::ptr::null(),
+                ) != 0
+                {
+                    return fail();
+                }
+                for (path, dir) in &masks {
+                    let rc = if *dir {
+                        libc::mount(
+                            c"tmpfs".as_ptr(),
+                            path.as_ptr(),
+                            c"tmpfs".as_ptr(),
+                            libc::MS_RDONLY,
+                            c"size=0".as_ptr().cast(),
+                        )
+                    } else {
+                        libc::mount(
+                            c"/dev/null".as_ptr(),
+                            path.as_ptr(),
+                            null,
+                            libc::MS_BIND,
+                            std::ptr::null(),
+                        )
+                    };
+                    let missing = *libc::__errno_location() == libc::ENOENT;
+                    if rc != 0 && !missing {
+                        return fail();
+                    }
+                }
+                for path in &read_only {
+                    if libc::mount(
+                        path.as_ptr(),
+                        path.as_ptr(),
+                        null,
+                        libc::MS_BIND | libc::MS_REC,
+                        std::ptr::null(),
+                    ) == 0
+                        && libc::mount(null, path.as_ptr(), null, ro, std::ptr::null()) != 0
+                    {
+                        return fail();
+                    }
+                }
+            }
+            if let Some(ns) = steps.userns
+                && (libc::setns(ns, libc::CLONE_NEWUSER) != 0
+                    || libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(0, 0, 0) != 0
+                    || libc::setresuid(0, 0, 0) != 0)
+            {
+                return fail();
             }
             Ok(())
         });

@@ -26,8 +26,14 @@ pub struct Config {
     pub silkd: Option<PathBuf>,
     /// The `silk-jail` launcher; default: next to the `sandboxd` binary.
     pub launcher: Option<PathBuf>,
+    /// The host uid and gid that is root inside every sandbox (65536 ids from there are the
+    /// sandboxes'; see docs/engine.md).
+    pub sandbox_id_base: u32,
     /// Live claims this node accepts before answering 429.
     pub max_claims: usize,
+    /// Free space (MiB) the data directory's filesystem keeps: below it the node refuses new
+    /// sandboxes and checkpoints with 507, so the journal and running sandboxes keep room.
+    pub min_free_mib: u64,
     /// Largest request body, in bytes (413 beyond).
     pub max_body_bytes: usize,
     /// Lease when a claim names none, and the cap on any lease.
@@ -179,7 +185,9 @@ impl Default for Config {
             engine: "jail".into(),
             silkd: None,
             launcher: None,
+            sandbox_id_base: silk_engine::jail::DEFAULT_ID_BASE,
             max_claims: 1000,
+            min_free_mib: 1024,
             max_body_bytes: 1 << 20,
             default_ttl_seconds: 300,
             max_ttl_seconds: 86_400,

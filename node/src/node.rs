@@ -167,8 +167,15 @@ impl Node {
         let exe_dir = std::env::current_exe()?.parent().map(PathBuf::from).unwrap_or_default();
         let silkd = cfg.silkd.clone().unwrap_or_else(|| exe_dir.join("silkd"));
         let launcher = cfg.launcher.clone().unwrap_or_else(|| exe_dir.join("silk-jail"));
-        let engine =
-            JailEngine::new(JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher))?;
+        // Sandboxes' files, checkpoints and the journal live here: root's only.
+        std::fs::create_dir_all(&cfg.data_dir)?;
+        std::fs::set_permissions(
+            &cfg.data_dir,
+            std::os::unix::fs::PermissionsExt::from_mode(0o700),
+        )?;
+        let mut jail = JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher);
+        jail.id_base = cfg.sandbox_id_base;
+        let engine = JailEngine::new(jail)?;
         let (journal, records) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
         let store = lifecycle::open_store(&cfg).await?;
         let pools = load_pools(&cfg)?;
@@ -380,6 +387,7 @@ impl Node {
             ));
         }
         self.template_def(&spec.template)?;
+        self.disk_reserve()?;
         let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
         let (warm, idle) = {
             let mut st = self.lock();
@@ -403,6 +411,23 @@ impl Node {
             });
         }
         result
+    }
+
+    /// Answers 507 while the data directory's filesystem has less than `min_free_mib` free.
+    pub(crate) fn disk_reserve(&self) -> Result<(), ApiError> {
+        let min = self.cfg.min_free_mib.saturating_mul(1 << 20);
+        match free_bytes(&self.cfg.data_dir) {
+            Some(free) if free < min => Err(ApiError::new(
+                axum::http::StatusCode::INSUFFICIENT_STORAGE,
+                "insufficient_storage",
+                format!(
+                    "the node's disk has {} MiB free, less than its reserve of {} MiB",
+                    free >> 20,
+                    self.cfg.min_free_mib
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Counts `n` claims in flight, or answers 429 when the node is full.
@@ -861,6 +886,7 @@ impl Node {
     }
 
     async fn start_warm(&self, key: &PoolKey) -> Result<BoxInfo, ApiError> {
+        self.disk_reserve()?;
         let golden = self.golden(&key.template).await?;
         let _permit =
             self.background.acquire().await.map_err(|e| ApiError::internal(e.to_string()))?;
@@ -996,5 +1022,15 @@ async fn reap_loop(node: Arc<Node>) {
     loop {
         tokio::time::sleep(REAP_TICK).await;
         node.reap().await;
+    }
+}
+
+/// Bytes an unprivileged writer may still use on the filesystem holding `dir`.
+fn free_bytes(dir: &std::path::Path) -> Option<u64> {
+    let path = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()).ok()?;
+    // SAFETY: statvfs fills `st` on success.
+    unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(path.as_ptr(), &mut st) == 0).then(|| st.f_bavail * st.f_frsize)
     }
 }

@@ -381,10 +381,19 @@ fn a_sandbox_moves_with_its_files_id_and_token_and_any_node_reaches_it() {
     let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
     exec_via(&a, id, token, TREE);
     let before = exec_via(&a, id, token, HASH);
+    // An attack on the target's launcher: files it writes, replaced by links to host paths.
+    let host = tempfile::tempdir().unwrap();
+    let plant = format!(
+        "ln -sf {0}/hostname /etc/hostname && ln -sf {0}/machine-id /etc/machine-id",
+        host.path().display()
+    );
+    exec_via(&a, id, token, &plant);
 
     let (status, v) =
         a.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(r#"{"to": "b"}"#));
     assert_eq!(status, 200, "{v}");
+    assert_eq!(exec_via(&b, id, token, "cat /etc/hostname"), id);
+    assert_eq!(std::fs::read_dir(host.path()).unwrap().count(), 0, "a host file was written");
     assert_eq!((v["node"].as_str(), v["id"].as_str()), (Some("b"), Some(id)));
     assert!(!a.data().join("engine/boxes").join(id).exists(), "gone from the source");
     assert!(b.data().join("engine/boxes").join(id).exists(), "running on the target");

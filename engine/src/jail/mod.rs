@@ -31,10 +31,11 @@
 //! link followed); `remove_dir_all` of a stopped box (which does not follow symlinks).
 
 mod cgroup;
+mod goldens;
+mod ids;
 pub mod launch;
 pub mod seccomp;
 
-use std::io::BufRead;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
@@ -52,6 +53,7 @@ use crate::{
     SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
 };
 use cgroup::Cgroups;
+pub use ids::user_namespace;
 use launch::{LISTEN_FD, LaunchSpec, Lower, USERNS_FD};
 
 /// The default host uid/gid of a sandbox's root: inside systemd's range for containers
@@ -150,23 +152,6 @@ impl JailEngine {
         engine.thaw_all();
         engine.shift_old_goldens()?;
         Ok(engine)
-    }
-
-    /// Goldens built before sandboxes had a user namespace hold host ids 0..65536: move them
-    /// into the range once (a marker file `ids` says a layer is in it).
-    fn shift_old_goldens(&self) -> Result<()> {
-        let Ok(entries) = std::fs::read_dir(self.cfg.data_dir.join("goldens")) else {
-            return Ok(());
-        };
-        for entry in entries.flatten() {
-            let dir = entry.path();
-            if dir.join("golden.json").is_file() && !dir.join("ids").is_file() {
-                tracing::info!("moving golden {} into the sandbox id range", dir.display());
-                layer::shift_into(&dir.join("layer"), self.ids)?;
-                mark_ids(&dir, self.ids)?;
-            }
-        }
-        Ok(())
     }
 
     /// A box directory without a readable `box.json` is a start that a crash interrupted (the
@@ -431,20 +416,7 @@ impl Engine for JailEngine {
     }
 
     fn export_golden(&self, golden: &Golden, into: &Path) -> Result<()> {
-        let partial = partial_path(into);
-        let file = std::fs::File::create(&partial).map_err(EngineError::io("create golden tar"))?;
-        let mut out = std::io::BufWriter::new(file);
-        let written = layer::capture(&golden.layer, &mut out, self.ids)
-            .and_then(|()| {
-                std::io::Write::flush(&mut out).map_err(EngineError::io("write golden tar"))
-            })
-            .and_then(|()| {
-                std::fs::rename(&partial, into).map_err(EngineError::io("commit golden tar"))
-            });
-        if written.is_err() {
-            let _ = std::fs::remove_file(&partial);
-        }
-        written
+        self.write_golden_tar(golden, into)
     }
 
     fn import_golden(
@@ -453,80 +425,11 @@ impl Engine for JailEngine {
         digest: &Digest,
         layer_tar: &Path,
     ) -> Result<Golden> {
-        if let Some(g) = self.find_golden(digest) {
-            return Ok(g);
-        }
-        let dir = self.golden_dir(digest);
-        let golden =
-            Golden { digest: digest.clone(), template: template.clone(), layer: dir.join("layer") };
-        template::build_atomically(&dir, |staging| {
-            let file = std::fs::File::open(layer_tar)
-                .map_err(EngineError::io(format!("open {}", layer_tar.display())))?;
-            layer::apply(file, &staging.join("layer"), Whiteouts::Overlay, self.ids)?;
-            mark_ids(staging, self.ids)?;
-            let json =
-                serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
-            std::fs::write(staging.join("golden.json"), json)
-                .map_err(EngineError::io("write golden.json"))
-        })?;
-        Ok(golden)
+        self.install_golden(template, digest, layer_tar)
     }
 
     fn prepare(&self, template: &Template, warmup: &Warmup) -> Result<Golden> {
-        let digest = self.golden_digest(template, warmup);
-        let dir = self.golden_dir(&digest);
-        if let Some(golden) = self.find_golden(&digest) {
-            return Ok(golden);
-        }
-        let builder: SandboxId = format!("golden-{}", digest.short()).parse()?;
-        // A builder left by a crashed attempt is stale.
-        if self.record(&builder).is_ok() {
-            self.destroy(&builder)?;
-        }
-        let base = Base { template: template.clone(), golden: None };
-        let info =
-            self.create(base, &builder, &BoxSpec::new(crate::Size::Medium, Lane::None), None)?;
-        let built = (|| {
-            if !warmup.argv.is_empty() {
-                let AgentAddr::Unix(socket) = &info.agent else {
-                    unreachable!("jails listen on unix sockets")
-                };
-                let (status, tail) =
-                    probe::exec(socket, &warmup.argv, &template.env, warmup.timeout)?;
-                if status.timed_out {
-                    return Err(EngineError::WarmupFailed(format!(
-                        "timed out after {:?}: {tail}",
-                        warmup.timeout
-                    )));
-                }
-                if status.code != 0 {
-                    return Err(EngineError::WarmupFailed(format!(
-                        "exit {}: {}",
-                        status.code,
-                        tail.trim()
-                    )));
-                }
-            }
-            // Stop everything before taking the upper directory as the golden layer.
-            self.kill(&builder, info.pid)?;
-            let golden = Golden {
-                digest: digest.clone(),
-                template: template.clone(),
-                layer: dir.join("layer"),
-            };
-            template::build_atomically(&dir, |staging| {
-                std::fs::rename(self.box_dir(&builder).join("upper"), staging.join("layer"))
-                    .map_err(EngineError::io("move golden layer"))?;
-                mark_ids(staging, self.ids)?;
-                let json = serde_json::to_vec_pretty(&golden)
-                    .map_err(|e| EngineError::Host(e.to_string()))?;
-                std::fs::write(staging.join("golden.json"), json)
-                    .map_err(EngineError::io("write golden.json"))
-            })?;
-            Ok(golden)
-        })();
-        self.destroy(&builder)?;
-        built
+        self.build_golden(template, warmup)
     }
 
     fn clone_golden(&self, golden: &Golden, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
@@ -593,55 +496,7 @@ impl Engine for JailEngine {
     }
 
     fn golden_from_snapshot(&self, snapshot: &Snapshot) -> Result<Golden> {
-        if snapshot.memory {
-            return Err(EngineError::Unsupported {
-                what: "promoting process memory",
-                engine: "jail",
-            });
-        }
-        let base = &snapshot.base;
-        let mut hasher = blake3::Hasher::new();
-        hasher.update(b"silk-golden-promoted-v1").update(base.template.digest.as_str().as_bytes());
-        if let Some(g) = &base.golden {
-            hasher.update(g.digest.as_str().as_bytes());
-        }
-        let mut tar = std::fs::File::open(&snapshot.layer_tar)
-            .map_err(EngineError::io(format!("open {}", snapshot.layer_tar.display())))?;
-        hasher.update_reader(&mut tar).map_err(EngineError::io("hash snapshot"))?;
-        let digest = Digest::of(&hasher);
-        let dir = self.golden_dir(&digest);
-        let golden = Golden {
-            digest: digest.clone(),
-            template: base.template.clone(),
-            layer: dir.join("layer"),
-        };
-        if dir.join("golden.json").is_file() {
-            return Ok(golden);
-        }
-        template::build_atomically(&dir, |staging| {
-            let layer_dir = staging.join("layer");
-            std::fs::create_dir(&layer_dir).map_err(EngineError::io("mkdir golden layer"))?;
-            if let Some(g) = &base.golden {
-                // The old golden's layer first (as a layer tar, so its whiteouts carry over),
-                // then the snapshot's changes on top.
-                let below = staging.join("below.tar");
-                let file = std::fs::File::create(&below).map_err(EngineError::io("create"))?;
-                let mut out = std::io::BufWriter::new(file);
-                layer::capture(&g.layer, &mut out, self.ids)?;
-                std::io::Write::flush(&mut out).map_err(EngineError::io("write layer"))?;
-                let file = std::fs::File::open(&below).map_err(EngineError::io("open"))?;
-                layer::apply(file, &layer_dir, Whiteouts::Overlay, self.ids)?;
-                std::fs::remove_file(&below).map_err(EngineError::io("remove"))?;
-            }
-            let file = std::fs::File::open(&snapshot.layer_tar).map_err(EngineError::io("open"))?;
-            layer::apply(file, &layer_dir, Whiteouts::Overlay, self.ids)?;
-            mark_ids(staging, self.ids)?;
-            let json =
-                serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
-            std::fs::write(staging.join("golden.json"), json)
-                .map_err(EngineError::io("write golden.json"))
-        })?;
-        Ok(golden)
+        self.merge_golden(snapshot)
     }
 
     fn restore(&self, snapshot: &Snapshot, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
@@ -705,56 +560,6 @@ impl Engine for JailEngine {
     fn agent(&self, id: &SandboxId) -> Result<AgentAddr> {
         Ok(self.record(id)?.info.agent)
     }
-}
-
-/// Makes the user namespace every sandbox enters: `silk-jail --hold-userns` unshares one, the
-/// engine (root, so allowed to map any ids) maps 65536 ids from `ids.base` and keeps a
-/// descriptor of it, then lets the holder exit. The namespace lives as long as the descriptor
-/// and the jails in it.
-fn user_namespace(launcher: &Path, ids: Ids) -> Result<OwnedFd> {
-    let mut holder = std::process::Command::new(launcher)
-        .arg("--hold-userns")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(EngineError::io(format!("run {}", launcher.display())))?;
-    let made = (|| {
-        let mut line = String::new();
-        let stdout = holder.stdout.take().expect("piped");
-        std::io::BufReader::new(stdout).read_line(&mut line).map_err(EngineError::io("read"))?;
-        if line.trim() != "ready" {
-            return Err(EngineError::Host("could not create a user namespace".into()));
-        }
-        let proc = PathBuf::from(format!("/proc/{}", holder.id()));
-        let map = format!("0 {} {ID_COUNT}\n", ids.base);
-        for file in ["uid_map", "gid_map"] {
-            std::fs::write(proc.join(file), &map).map_err(EngineError::io(format!(
-                "write {file} of the sandboxes' user namespace"
-            )))?;
-        }
-        let ns =
-            std::fs::File::open(proc.join("ns/user")).map_err(EngineError::io("open userns"))?;
-        Ok(OwnedFd::from(ns))
-    })();
-    drop(holder.stdin.take());
-    let status = holder.wait().map_err(EngineError::io("wait for the userns holder"))?;
-    match made {
-        Err(e) if !status.success() => {
-            let mut why = String::new();
-            if let Some(mut err) = holder.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut err, &mut why);
-            }
-            Err(EngineError::Host(format!("{e}: {}", why.trim())))
-        }
-        made => made,
-    }
-}
-
-/// Marks a golden directory's layer as stored in the range `ids`.
-fn mark_ids(golden_dir: &Path, ids: Ids) -> Result<()> {
-    std::fs::write(golden_dir.join("ids"), ids.base.to_string())
-        .map_err(EngineError::io("write golden ids"))
 }
 
 /// silkd flags carrying an image template's config, so commands run as the image intends.

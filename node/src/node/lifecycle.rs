@@ -21,9 +21,7 @@ use std::sync::atomic::Ordering;
 
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
-use silk_engine::{
-    Base, BoxInfo, BoxSpec, Digest, Golden, Lane, SandboxId, Size, Snapshot, SnapshotMode,
-};
+use silk_engine::{Base, BoxInfo, BoxSpec, Golden, SandboxId, Snapshot, SnapshotMode};
 use silk_store::{ObjectStore, SnapshotName, SnapshotStore, StoreError};
 use tokio::net::UnixStream;
 use tokio::task::JoinSet;
@@ -39,6 +37,9 @@ use crate::state::SandboxState;
 
 mod copies;
 mod fleet;
+mod stored;
+
+use stored::StoredSnapshot;
 
 pub const MAX_FORK: usize = 16;
 /// How long a wake may hold an archive's lease before others treat its holder as dead: far
@@ -72,65 +73,6 @@ pub struct CheckpointInfo {
     pub uploaded_bytes: Option<u64>,
     #[serde(skip)]
     token_hash: String,
-}
-
-/// What a snapshot's manifest says about it, under the metadata key `snapshot`: names, digests,
-/// size and lane, nothing else. The store is shared by every node (and whoever else can write
-/// to it), so nothing read from it may name a path on this node or set a sandbox's limits: a
-/// download builds the engine's [`Snapshot`] here from these fields ([`StoredSnapshot::local`]),
-/// the template and golden resolved on this node by name and digest (`local_base`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct StoredSnapshot {
-    template: String,
-    template_digest: Digest,
-    golden: Option<Digest>,
-    size: Size,
-    lane: Lane,
-}
-
-impl StoredSnapshot {
-    fn of(snap: &Snapshot) -> StoredSnapshot {
-        StoredSnapshot {
-            template: snap.base.template.name.clone(),
-            template_digest: snap.base.template.digest.clone(),
-            golden: snap.base.golden.as_ref().map(|g| g.digest.clone()),
-            size: snap.spec.size,
-            lane: snap.spec.lane,
-        }
-    }
-
-    /// Parses the metadata. Manifests written before this type held the engine's whole
-    /// `Snapshot` as JSON: from those only the same five fields are taken (never a path, the
-    /// limits or the memory flag), so their checkpoints and archives still restore.
-    fn parse(json: &str) -> Result<StoredSnapshot, String> {
-        let err = match serde_json::from_str::<StoredSnapshot>(json) {
-            Ok(s) => return Ok(s),
-            Err(e) => e.to_string(),
-        };
-        let v: serde_json::Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
-        let old = || -> Option<StoredSnapshot> {
-            let at = |p: &str| v.pointer(p).cloned();
-            let golden = match v.pointer("/base/golden")? {
-                serde_json::Value::Null => None,
-                g => Some(serde_json::from_value(g.get("digest")?.clone()).ok()?),
-            };
-            Some(StoredSnapshot {
-                template: v.pointer("/base/template/name")?.as_str()?.to_string(),
-                template_digest: serde_json::from_value(at("/base/template/digest")?).ok()?,
-                golden,
-                size: serde_json::from_value(at("/spec/size")?).ok()?,
-                lane: serde_json::from_value(at("/spec/lane")?).ok()?,
-            })
-        };
-        old().ok_or(err)
-    }
-
-    /// The engine's snapshot of these files on this node: `base` resolved here, the tar at
-    /// `layer_tar`, a spec of size and lane only (the node's own limits for them), no memory.
-    fn local(&self, base: Base, layer_tar: PathBuf, bytes: u64) -> Snapshot {
-        Snapshot { base, spec: BoxSpec::new(self.size, self.lane), layer_tar, bytes, memory: false }
-    }
 }
 
 /// Opens the configured object store: `[store.s3]`, `[store.fs]`, or `<data_dir>/store`.
@@ -763,75 +705,5 @@ impl Node {
         let agent = found.map(super::agent_path).unwrap_or_default();
         let activity = super::Activity::new();
         Some((Live { record: rec, agent, base, activity }, changed))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn digest(c: char) -> Digest {
-        c.to_string().repeat(64).parse().unwrap()
-    }
-
-    fn template(root: &str) -> silk_engine::Template {
-        silk_engine::Template {
-            name: "host".into(),
-            digest: digest('a'),
-            root: root.into(),
-            binds: vec![(root.into(), "/x".into())],
-            env: vec![],
-            cwd: None,
-            user: None,
-        }
-    }
-
-    /// A snapshot as another node (or whoever writes to the store) might describe it.
-    fn foreign_snapshot() -> Snapshot {
-        let golden =
-            Golden { digest: digest('b'), template: template("/etc"), layer: "/root".into() };
-        let limits = silk_engine::Limits { cpu_millis: u32::MAX, memory_bytes: u64::MAX, pids: 0 };
-        Snapshot {
-            base: Base { template: template("/etc"), golden: Some(golden) },
-            spec: BoxSpec { size: Size::Large, lane: Lane::Egress, limits: Some(limits) },
-            layer_tar: "/etc/shadow".into(),
-            bytes: 1,
-            memory: true,
-        }
-    }
-
-    #[test]
-    fn stored_snapshots_carry_names_and_digests_only() {
-        let snap = foreign_snapshot();
-        let want = StoredSnapshot {
-            template: "host".into(),
-            template_digest: digest('a'),
-            golden: Some(digest('b')),
-            size: Size::Large,
-            lane: Lane::Egress,
-        };
-        let json = serde_json::to_string(&StoredSnapshot::of(&snap)).unwrap();
-        assert!(!json.contains('/'), "no path is written to the store: {json}");
-        assert_eq!(StoredSnapshot::parse(&json).unwrap(), want);
-        // A manifest written before: the whole engine snapshot. Only the same fields are used.
-        let old = serde_json::to_string(&snap).unwrap();
-        assert_eq!(StoredSnapshot::parse(&old).unwrap(), want);
-        // The snapshot restored here: this node's base and tar, no limits, no memory.
-        let here = Base { template: template("/data/templates/host-1/root"), golden: None };
-        let local = want.local(here.clone(), "/data/scratch/download-1.tar".into(), 7);
-        assert_eq!(local.base, here);
-        assert_eq!(local.spec, BoxSpec::new(Size::Large, Lane::Egress));
-        assert_eq!(local.layer_tar, PathBuf::from("/data/scratch/download-1.tar"));
-        assert_eq!(local.bytes, 7);
-        assert!(!local.memory);
-        // Anything more, or a digest that is not one, is refused.
-        let extra = json.replacen('{', r#"{"layer_tar":"/etc/shadow","#, 1);
-        assert!(StoredSnapshot::parse(&extra).is_err(), "{extra}");
-        for bad in [&json, &old] {
-            let bad = bad.replace(digest('b').as_str(), "../../../../etc");
-            assert!(StoredSnapshot::parse(&bad).is_err(), "{bad}");
-        }
-        assert!(StoredSnapshot::parse("{}").is_err());
-        assert!(StoredSnapshot::parse("not json").is_err());
     }
 }

@@ -14,6 +14,7 @@ impl Node {
         if name.as_ref().is_some_and(|n| n.is_empty() || n.len() > 128) {
             return Err(ApiError::bad_request("a checkpoint name is 1-128 bytes"));
         }
+        self.disk_reserve()?;
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
         let (snap, scratch) = self.current_files(&live, "checkpoint").await?;
@@ -109,6 +110,7 @@ impl Node {
     pub async fn branch(&self, id: &str, spec: ClaimSpec) -> Result<Claimed, ApiError> {
         let t0 = std::time::Instant::now();
         let name = checkpoint_name(id)?;
+        self.disk_reserve()?;
         {
             let mut st = self.lock();
             self.admit(&mut st, 1)?;
@@ -144,6 +146,7 @@ impl Node {
             return Err(ApiError::bad_request(format!("count must be 1-{MAX_FORK}")));
         }
         let t0 = std::time::Instant::now();
+        self.disk_reserve()?;
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
         {

@@ -1,0 +1,166 @@
+//! Goldens of the jail engine: built from a warmup, exported to and installed from layer tars
+//! (other nodes' goldens), and merged from a snapshot (promote). Every golden layer is stored in
+//! the sandboxes' id range, with an `ids` marker beside it.
+
+use std::path::Path;
+
+use super::ids::mark_ids;
+use super::{JailEngine, partial_path};
+use crate::layer::{self, Whiteouts};
+use crate::{
+    AgentAddr, Base, BoxSpec, Digest, Engine, EngineError, Golden, Lane, Result, SandboxId,
+    Snapshot, Template, Warmup, probe, template,
+};
+
+impl JailEngine {
+    pub(super) fn write_golden_tar(&self, golden: &Golden, into: &Path) -> Result<()> {
+        let partial = partial_path(into);
+        let file = std::fs::File::create(&partial).map_err(EngineError::io("create golden tar"))?;
+        let mut out = std::io::BufWriter::new(file);
+        let written = layer::capture(&golden.layer, &mut out, self.ids)
+            .and_then(|()| {
+                std::io::Write::flush(&mut out).map_err(EngineError::io("write golden tar"))
+            })
+            .and_then(|()| {
+                std::fs::rename(&partial, into).map_err(EngineError::io("commit golden tar"))
+            });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&partial);
+        }
+        written
+    }
+
+    pub(super) fn install_golden(
+        &self,
+        template: &Template,
+        digest: &Digest,
+        layer_tar: &Path,
+    ) -> Result<Golden> {
+        if let Some(g) = self.find_golden(digest) {
+            return Ok(g);
+        }
+        let dir = self.golden_dir(digest);
+        let golden =
+            Golden { digest: digest.clone(), template: template.clone(), layer: dir.join("layer") };
+        template::build_atomically(&dir, |staging| {
+            let file = std::fs::File::open(layer_tar)
+                .map_err(EngineError::io(format!("open {}", layer_tar.display())))?;
+            layer::apply(file, &staging.join("layer"), Whiteouts::Overlay, self.ids)?;
+            mark_ids(staging, self.ids)?;
+            let json =
+                serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
+            std::fs::write(staging.join("golden.json"), json)
+                .map_err(EngineError::io("write golden.json"))
+        })?;
+        Ok(golden)
+    }
+
+    pub(super) fn build_golden(&self, template: &Template, warmup: &Warmup) -> Result<Golden> {
+        let digest = self.golden_digest(template, warmup);
+        let dir = self.golden_dir(&digest);
+        if let Some(golden) = self.find_golden(&digest) {
+            return Ok(golden);
+        }
+        let builder: SandboxId = format!("golden-{}", digest.short()).parse()?;
+        // A builder left by a crashed attempt is stale.
+        if self.record(&builder).is_ok() {
+            self.destroy(&builder)?;
+        }
+        let base = Base { template: template.clone(), golden: None };
+        let info =
+            self.create(base, &builder, &BoxSpec::new(crate::Size::Medium, Lane::None), None)?;
+        let built = (|| {
+            if !warmup.argv.is_empty() {
+                let AgentAddr::Unix(socket) = &info.agent else {
+                    unreachable!("jails listen on unix sockets")
+                };
+                let (status, tail) =
+                    probe::exec(socket, &warmup.argv, &template.env, warmup.timeout)?;
+                if status.timed_out {
+                    return Err(EngineError::WarmupFailed(format!(
+                        "timed out after {:?}: {tail}",
+                        warmup.timeout
+                    )));
+                }
+                if status.code != 0 {
+                    return Err(EngineError::WarmupFailed(format!(
+                        "exit {}: {}",
+                        status.code,
+                        tail.trim()
+                    )));
+                }
+            }
+            // Stop everything before taking the upper directory as the golden layer.
+            self.kill(&builder, info.pid)?;
+            let golden = Golden {
+                digest: digest.clone(),
+                template: template.clone(),
+                layer: dir.join("layer"),
+            };
+            template::build_atomically(&dir, |staging| {
+                std::fs::rename(self.box_dir(&builder).join("upper"), staging.join("layer"))
+                    .map_err(EngineError::io("move golden layer"))?;
+                mark_ids(staging, self.ids)?;
+                let json = serde_json::to_vec_pretty(&golden)
+                    .map_err(|e| EngineError::Host(e.to_string()))?;
+                std::fs::write(staging.join("golden.json"), json)
+                    .map_err(EngineError::io("write golden.json"))
+            })?;
+            Ok(golden)
+        })();
+        self.destroy(&builder)?;
+        built
+    }
+
+    pub(super) fn merge_golden(&self, snapshot: &Snapshot) -> Result<Golden> {
+        if snapshot.memory {
+            return Err(EngineError::Unsupported {
+                what: "promoting process memory",
+                engine: "jail",
+            });
+        }
+        let base = &snapshot.base;
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"silk-golden-promoted-v1").update(base.template.digest.as_str().as_bytes());
+        if let Some(g) = &base.golden {
+            hasher.update(g.digest.as_str().as_bytes());
+        }
+        let mut tar = std::fs::File::open(&snapshot.layer_tar)
+            .map_err(EngineError::io(format!("open {}", snapshot.layer_tar.display())))?;
+        hasher.update_reader(&mut tar).map_err(EngineError::io("hash snapshot"))?;
+        let digest = Digest::of(&hasher);
+        let dir = self.golden_dir(&digest);
+        let golden = Golden {
+            digest: digest.clone(),
+            template: base.template.clone(),
+            layer: dir.join("layer"),
+        };
+        if dir.join("golden.json").is_file() {
+            return Ok(golden);
+        }
+        template::build_atomically(&dir, |staging| {
+            let layer_dir = staging.join("layer");
+            std::fs::create_dir(&layer_dir).map_err(EngineError::io("mkdir golden layer"))?;
+            if let Some(g) = &base.golden {
+                // The old golden's layer first (as a layer tar, so its whiteouts carry over),
+                // then the snapshot's changes on top.
+                let below = staging.join("below.tar");
+                let file = std::fs::File::create(&below).map_err(EngineError::io("create"))?;
+                let mut out = std::io::BufWriter::new(file);
+                layer::capture(&g.layer, &mut out, self.ids)?;
+                std::io::Write::flush(&mut out).map_err(EngineError::io("write layer"))?;
+                let file = std::fs::File::open(&below).map_err(EngineError::io("open"))?;
+                layer::apply(file, &layer_dir, Whiteouts::Overlay, self.ids)?;
+                std::fs::remove_file(&below).map_err(EngineError::io("remove"))?;
+            }
+            let file = std::fs::File::open(&snapshot.layer_tar).map_err(EngineError::io("open"))?;
+            layer::apply(file, &layer_dir, Whiteouts::Overlay, self.ids)?;
+            mark_ids(staging, self.ids)?;
+            let json =
+                serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
+            std::fs::write(staging.join("golden.json"), json)
+                .map_err(EngineError::io("write golden.json"))
+        })?;
+        Ok(golden)
+    }
+}

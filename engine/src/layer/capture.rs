@@ -1,0 +1,264 @@
+//! [`capture`]: an overlay upper directory (or a golden's layer) written as a layer tar,
+//! read as the hostile tree it is.
+
+use super::*;
+
+/// Writes `upper` (an overlay upper directory, or a golden's layer) as an OCI-style layer tar,
+/// with owners translated from the host range `ids` to the ids the sandbox sees.
+///
+/// The tree belongs to a sandbox, so it is read as hostile: every directory is opened with
+/// `O_NOFOLLOW` relative to its parent's descriptor and every file the same way (and checked to
+/// be the inode just listed), so no symlink or rename leads the capture out of the tree. Files
+/// keep their size on the wire: holes are written as GNU sparse entries (`SEEK_DATA`/`SEEK_HOLE`)
+/// and a file with several links is written once, then as hard links. A name starting with
+/// `.wh.` is refused: it would turn into a deletion when the tar is applied.
+pub fn capture(upper: &Path, out: impl std::io::Write, ids: Ids) -> Result<()> {
+    let mut capture = Capture { tar: tar::Builder::new(out), ids, links: HashMap::new() };
+    let root = open_dir(libc::AT_FDCWD, &cpath(upper)?)
+        .map_err(EngineError::io(format!("open {}", upper.display())))?;
+    capture.dir(&root, Path::new(""))?;
+    capture.tar.into_inner().map_err(EngineError::io("finish layer"))?;
+    Ok(())
+}
+
+struct Capture<W: std::io::Write> {
+    tar: tar::Builder<W>,
+    ids: Ids,
+    /// (dev, inode) of files with several links, and the path they were first written under.
+    links: HashMap<(u64, u64), PathBuf>,
+}
+
+impl<W: std::io::Write> Capture<W> {
+    fn dir(&mut self, dir: &OwnedFd, rel: &Path) -> Result<()> {
+        let listing = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let mut names: Vec<_> = std::fs::read_dir(&listing)
+            .map_err(EngineError::io(format!("read {}", rel.display())))?
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        names.sort();
+        for name in names {
+            let path = rel.join(&name);
+            let cname = cpath(Path::new(&name))?;
+            let st = fstatat(dir.as_raw_fd(), &cname)
+                .map_err(EngineError::io(format!("stat {}", path.display())))?;
+            let kind = st.st_mode & libc::S_IFMT;
+            if kind == libc::S_IFCHR && st.st_rdev == 0 {
+                let wh = rel.join(format!("{WHITEOUT}{}", name.to_string_lossy()));
+                append_empty(&mut self.tar, &wh)?;
+                continue;
+            }
+            if name.as_bytes().starts_with(WHITEOUT.as_bytes()) {
+                return Err(EngineError::BadRequest(format!(
+                    "/{} cannot be captured: names starting with {WHITEOUT} are reserved for \
+                     deletions in layers (rename it)",
+                    path.display()
+                )));
+            }
+            let mut header = tar::Header::new_gnu();
+            header.set_mode(st.st_mode & 0o7777);
+            header.set_uid(self.ids.from_host(st.st_uid).into());
+            header.set_gid(self.ids.from_host(st.st_gid).into());
+            header.set_mtime(st.st_mtime.max(0) as u64);
+            header.set_size(0);
+            let wrote = match kind {
+                libc::S_IFDIR => {
+                    header.set_entry_type(EntryType::Directory);
+                    self.tar
+                        .append_data(&mut header, &path, std::io::empty())
+                        .map_err(EngineError::io(format!("archive {}", path.display())))?;
+                    let sub = open_dir(dir.as_raw_fd(), &cname)
+                        .map_err(EngineError::io(format!("open {}", path.display())))?;
+                    if fget_xattr(sub.as_raw_fd(), OPAQUE_XATTR).as_deref() == Some(b"y") {
+                        append_empty(&mut self.tar, &path.join(OPAQUE))?;
+                    }
+                    self.dir(&sub, &path)?;
+                    continue;
+                }
+                libc::S_IFLNK => {
+                    let target = readlinkat(dir.as_raw_fd(), &cname)
+                        .map_err(EngineError::io(format!("readlink {}", path.display())))?;
+                    header.set_entry_type(EntryType::Symlink);
+                    self.tar.append_link(&mut header, &path, target)
+                }
+                libc::S_IFREG => self.file(dir, &cname, &st, header, &path),
+                libc::S_IFIFO => {
+                    header.set_entry_type(EntryType::Fifo);
+                    self.tar.append_data(&mut header, &path, std::io::empty())
+                }
+                // Sockets, and device nodes no sandbox can make: nothing to keep.
+                _ => Ok(()),
+            };
+            wrote.map_err(EngineError::io(format!("archive {}", path.display())))?;
+        }
+        Ok(())
+    }
+
+    fn file(
+        &mut self,
+        dir: &OwnedFd,
+        name: &CStr,
+        st: &libc::stat,
+        mut header: tar::Header,
+        path: &Path,
+    ) -> std::io::Result<()> {
+        if st.st_nlink > 1 {
+            let key = (st.st_dev, st.st_ino);
+            if let Some(first) = self.links.get(&key) {
+                header.set_entry_type(EntryType::Link);
+                return self.tar.append_link(&mut header, path, first);
+            }
+            self.links.insert(key, path.to_path_buf());
+        }
+        // SAFETY: plain syscalls on a valid C string and a descriptor we own.
+        let file = unsafe {
+            let fd = libc::openat(
+                dir.as_raw_fd(),
+                name.as_ptr(),
+                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY,
+            );
+            if fd < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            std::fs::File::from_raw_fd(fd)
+        };
+        let meta = file.metadata()?;
+        if meta.ino() != st.st_ino || meta.dev() != st.st_dev {
+            return Err(std::io::Error::other("the file changed while it was captured"));
+        }
+        let size = meta.len();
+        let segments =
+            if meta.blocks() * 512 < size { data_segments(&file, size)? } else { vec![] };
+        let stored: u64 = segments.iter().map(|s| s.1).sum();
+        if segments.is_empty() || stored >= size {
+            header.set_entry_type(EntryType::Regular);
+            header.set_size(size);
+            return self.tar.append_data(&mut header, path, (&file).take(size));
+        }
+        // A GNU sparse entry: the map (4 entries in the header, 21 per extension block that
+        // follows it), then only the data segments.
+        let mut map = segments.clone();
+        if map.last().is_none_or(|&(off, len)| off + len < size) {
+            map.push((size, 0)); // the file ends in a hole
+        }
+        header.set_entry_type(EntryType::GNUSparse);
+        header.set_size(stored);
+        let gnu = header.as_gnu_mut().expect("a GNU header");
+        gnu.set_real_size(size);
+        let (head, rest) = map.split_at(map.len().min(4));
+        for (slot, &(off, len)) in gnu.sparse.iter_mut().zip(head) {
+            slot.set_offset(off);
+            slot.set_length(len);
+        }
+        gnu.set_is_extended(!rest.is_empty());
+        let mut blocks = vec![];
+        let chunks: Vec<_> = rest.chunks(21).collect();
+        for (i, chunk) in chunks.iter().enumerate() {
+            let mut ext = tar::GnuExtSparseHeader::new();
+            for (slot, &(off, len)) in ext.sparse_mut().iter_mut().zip(chunk.iter()) {
+                slot.set_offset(off);
+                slot.set_length(len);
+            }
+            ext.set_is_extended(i + 1 < chunks.len());
+            blocks.extend_from_slice(ext.as_bytes());
+        }
+        let data = SegmentReader { file: &file, segments, at: 0 };
+        self.tar.append_data(&mut header, path, std::io::Cursor::new(blocks).chain(data))
+    }
+}
+
+/// The data segments of a sparse file as (offset, length), widened to 512-byte boundaries (tar's
+/// sparse format needs every segment but the last to end on one).
+fn data_segments(file: &std::fs::File, size: u64) -> std::io::Result<Vec<(u64, u64)>> {
+    let fd = file.as_raw_fd();
+    let mut segments: Vec<(u64, u64)> = vec![];
+    let mut pos = 0u64;
+    while pos < size {
+        // SAFETY: plain syscalls on an open descriptor.
+        let data = unsafe { libc::lseek(fd, pos as i64, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break; // only a hole is left
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let start = data as u64 & !511;
+        let end = ((hole as u64 + 511) & !511).min(size);
+        match segments.last_mut() {
+            Some((off, len)) if *off + *len >= start => *len = end - *off,
+            _ => segments.push((start, end - start)),
+        }
+        pos = hole as u64;
+    }
+    Ok(segments)
+}
+
+/// Reads the given segments of a file back to back.
+struct SegmentReader<'a> {
+    file: &'a std::fs::File,
+    segments: Vec<(u64, u64)>,
+    at: usize,
+}
+
+impl Read for SegmentReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use std::os::unix::fs::FileExt;
+        while let Some(&(off, len)) = self.segments.get(self.at) {
+            if len == 0 {
+                self.at += 1;
+                continue;
+            }
+            let want = buf.len().min(len as usize);
+            let n = self.file.read_at(&mut buf[..want], off)?;
+            if n == 0 {
+                return Err(std::io::Error::other("the file shrank while it was captured"));
+            }
+            self.segments[self.at] = (off + n as u64, len - n as u64);
+            return Ok(n);
+        }
+        Ok(0)
+    }
+}
+
+/// Opens the directory `name` under `dirfd` without following a symlink.
+fn open_dir(dirfd: i32, name: &CStr) -> std::io::Result<OwnedFd> {
+    // SAFETY: plain syscall on a valid C string; the result is a fresh descriptor we own.
+    unsafe {
+        let fd = libc::openat(
+            dirfd,
+            name.as_ptr(),
+            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        );
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+fn fstatat(dirfd: i32, name: &CStr) -> std::io::Result<libc::stat> {
+    // SAFETY: `st` is written by the kernel on success.
+    unsafe {
+        let mut st: libc::stat = std::mem::zeroed();
+        if libc::fstatat(dirfd, name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(st)
+    }
+}
+
+fn readlinkat(dirfd: i32, name: &CStr) -> std::io::Result<PathBuf> {
+    let mut buf = vec![0u8; libc::PATH_MAX as usize];
+    // SAFETY: the buffer is as long as we say.
+    let n = unsafe { libc::readlinkat(dirfd, name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    buf.truncate(n as usize);
+    Ok(PathBuf::from(std::ffi::OsString::from_vec(buf)))
+}

@@ -1,0 +1,320 @@
+//! Filesystem layers as OCI-style tar streams, in both directions.
+//!
+//! - [`apply`] unpacks a layer into a directory. Whiteouts (`.wh.<name>`, and `.wh..wh..opq` for
+//!   an opaque directory) either delete what they hide ([`Whiteouts::Delete`], flattening image
+//!   layers) or become overlayfs whiteouts ([`Whiteouts::Overlay`]: a 0/0 character device, and
+//!   the `trusted.overlay.opaque` xattr), rebuilding an overlay upper directory.
+//! - [`capture`] does the reverse for an overlay upper directory.
+//!
+//! Every path in a layer is resolved inside the target root: `..` components are rejected and
+//! symlinks met on the way are followed as if the root were `/`, so no entry can write outside
+//! the root. Device nodes from layers are skipped: an image must not smuggle a host device into
+//! a sandbox.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::io::Read;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+
+use tar::EntryType;
+
+mod capture;
+pub use capture::capture;
+
+use crate::{EngineError, Result};
+
+const WHITEOUT: &str = ".wh.";
+const OPAQUE: &str = ".wh..wh..opq";
+const OPAQUE_XATTR: &str = "trusted.overlay.opaque";
+
+/// How many ids a sandbox has: 0..65536 inside, `base..base + 65536` on the host.
+pub const ID_COUNT: u32 = 65536;
+/// Where ids outside the range land (`nobody`).
+const OVERFLOW_ID: u32 = 65534;
+
+/// The host id range a sandbox's ids live in. Layer tars carry the ids the sandbox sees (0 is
+/// its root), so they move between nodes with other ranges; on disk a sandbox's files carry
+/// host ids `base + id`. `Ids::HOST` (base 0) keeps ids as they are: templates, which are
+/// stored with host ids and id-mapped when mounted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ids {
+    pub base: u32,
+}
+
+impl Ids {
+    pub const HOST: Ids = Ids { base: 0 };
+
+    /// The host id for an id from a layer.
+    pub fn to_host(self, id: u64) -> u32 {
+        if self.base == 0 {
+            return u32::try_from(id).unwrap_or(OVERFLOW_ID);
+        }
+        self.base + u32::try_from(id).ok().filter(|&id| id < ID_COUNT).unwrap_or(OVERFLOW_ID)
+    }
+
+    /// The id a layer records for a host id (one outside the range, which no sandbox can
+    /// make, becomes `nobody`).
+    pub fn from_host(self, id: u32) -> u32 {
+        match id.checked_sub(self.base) {
+            _ if self.base == 0 => id,
+            Some(inside) if inside < ID_COUNT => inside,
+            _ => OVERFLOW_ID,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whiteouts {
+    Delete,
+    Overlay,
+}
+
+fn bad(msg: impl Into<String>) -> EngineError {
+    EngineError::BadTemplate(msg.into())
+}
+
+/// Unpacks the layer tar read from `input` (plain or gzip) into `root`, owners translated into
+/// the host range `ids`. Device nodes are skipped; setuid bits are kept (the files are only ever
+/// used under `nosuid` mounts, in 0700 directories, by owners in the sandbox's range).
+pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> Result<()> {
+    let mut input = std::io::BufReader::new(input);
+    let head = std::io::BufRead::fill_buf(&mut input).map_err(EngineError::io("read layer"))?;
+    let gzip = head.starts_with(&[0x1f, 0x8b]);
+    let reader: Box<dyn Read> =
+        if gzip { Box::new(flate2::read::GzDecoder::new(input)) } else { Box::new(input) };
+    let mut archive = tar::Archive::new(reader);
+    // Owners are set below, translated into `ids`.
+    archive.set_preserve_ownerships(false);
+    archive.set_preserve_permissions(true);
+    archive.set_preserve_mtime(true);
+    std::fs::create_dir_all(root).map_err(EngineError::io("mkdir layer root"))?;
+    for entry in archive.entries().map_err(|e| bad(format!("layer: {e}")))? {
+        let mut entry = entry.map_err(|e| bad(format!("layer entry: {e}")))?;
+        let rel = clean(&entry.path().map_err(|e| bad(format!("entry path: {e}")))?)?;
+        let Some(name) = rel.file_name().map(|n| n.to_string_lossy().into_owned()) else {
+            continue; // the root itself
+        };
+        let parent = resolve(root, rel.parent().unwrap_or(Path::new("")))?;
+        if name == OPAQUE {
+            match whiteouts {
+                Whiteouts::Delete => clear_dir(&parent)?,
+                Whiteouts::Overlay => {
+                    std::fs::create_dir_all(&parent).map_err(EngineError::io("mkdir"))?;
+                    // The marker follows its directory's entry and precedes its children, so
+                    // this clears only what an earlier layer put there (a merge, see
+                    // `golden_from_snapshot`); in a fresh upper directory it is a no-op.
+                    clear_dir(&parent)?;
+                    set_xattr(&parent, OPAQUE_XATTR, b"y")?;
+                }
+            }
+            continue;
+        }
+        if let Some(hidden) = name.strip_prefix(WHITEOUT) {
+            if matches!(hidden, "" | "." | "..") {
+                return Err(bad(format!("whiteout {} names no entry", rel.display())));
+            }
+            let target = parent.join(hidden);
+            remove_any(&target)?;
+            if whiteouts == Whiteouts::Overlay {
+                std::fs::create_dir_all(&parent).map_err(EngineError::io("mkdir"))?;
+                mknod_whiteout(&target)?;
+            }
+            continue;
+        }
+        std::fs::create_dir_all(&parent).map_err(EngineError::io("mkdir"))?;
+        let dst = parent.join(&name);
+        let kind = entry.header().entry_type();
+        match kind {
+            EntryType::Char | EntryType::Block => {
+                tracing::warn!("skipping device node {} from a layer", rel.display());
+                continue;
+            }
+            EntryType::Directory => {
+                if std::fs::symlink_metadata(&dst).is_ok_and(|m| !m.is_dir()) {
+                    remove_any(&dst)?;
+                }
+            }
+            EntryType::Link => {
+                let link = entry.link_name().map_err(|e| bad(format!("link: {e}")))?;
+                let link = link.ok_or_else(|| bad("hard link without a target"))?;
+                let src = resolve(root, &clean(&link)?)?;
+                remove_any(&dst)?;
+                std::fs::hard_link(&src, &dst).map_err(|e| {
+                    bad(format!("hard link {} -> {}: {e}", rel.display(), link.display()))
+                })?;
+                continue;
+            }
+            _ => remove_any(&dst)?,
+        }
+        entry.unpack(&dst).map_err(|e| bad(format!("unpack {}: {e}", rel.display())))?;
+        let header = entry.header();
+        let (uid, gid) = (header.uid().unwrap_or(0), header.gid().unwrap_or(0));
+        set_owner(&dst, ids.to_host(uid), ids.to_host(gid), header.mode().unwrap_or(0), kind)?;
+    }
+    Ok(())
+}
+
+/// `lchown`, then the setuid/setgid bits back (chown clears them on files).
+fn set_owner(path: &Path, uid: u32, gid: u32, mode: u32, kind: EntryType) -> Result<()> {
+    std::os::unix::fs::lchown(path, Some(uid), Some(gid))
+        .map_err(EngineError::io(format!("chown {}", path.display())))?;
+    if mode & 0o6000 != 0 && kind == EntryType::Regular {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777))
+            .map_err(EngineError::io(format!("chmod {}", path.display())))?;
+    }
+    Ok(())
+}
+
+/// Moves a tree stored with host ids 0..65536 (made before sandboxes had a user namespace)
+/// into the range `ids`; ids already in the range are left alone, so running it twice is
+/// harmless. Symlinks are changed, never followed.
+pub fn shift_into(root: &Path, ids: Ids) -> Result<()> {
+    let meta = std::fs::symlink_metadata(root).map_err(EngineError::io("stat"))?;
+    let shift = |id: u32| if id < ID_COUNT { ids.to_host(id.into()) } else { id };
+    if meta.uid() < ID_COUNT || meta.gid() < ID_COUNT {
+        let kind = if meta.is_file() { EntryType::Regular } else { EntryType::Directory };
+        set_owner(root, shift(meta.uid()), shift(meta.gid()), meta.mode(), kind)?;
+    }
+    if meta.is_dir() {
+        for entry in std::fs::read_dir(root).map_err(EngineError::io("read dir"))? {
+            shift_into(&entry.map_err(EngineError::io("read dir"))?.path(), ids)?;
+        }
+    }
+    Ok(())
+}
+
+fn append_empty<W: std::io::Write>(tar: &mut tar::Builder<W>, path: &Path) -> Result<()> {
+    let mut header = tar::Header::new_gnu();
+    header.set_size(0);
+    header.set_mode(0o644);
+    header.set_uid(0);
+    header.set_gid(0);
+    header.set_mtime(0);
+    header.set_entry_type(EntryType::Regular);
+    tar.append_data(&mut header, path, std::io::empty())
+        .map_err(EngineError::io("archive whiteout"))
+}
+
+#[cfg(test)]
+fn is_overlay_whiteout(meta: &std::fs::Metadata) -> bool {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    meta.file_type().is_char_device() && meta.rdev() == 0
+}
+
+/// A layer path made relative, with `.` dropped; `..` or a prefix is an escape attempt.
+fn clean(path: &Path) -> Result<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => out.push(p),
+            Component::CurDir | Component::RootDir => {}
+            Component::ParentDir | Component::Prefix(_) => {
+                return Err(bad(format!("layer path {} escapes the root", path.display())));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Resolves `rel` under `root`, following symlinks as if `root` were `/`.
+pub(crate) fn resolve(root: &Path, rel: &Path) -> Result<PathBuf> {
+    let mut resolved = root.to_path_buf();
+    let mut pending: Vec<PathBuf> =
+        rel.components().rev().map(|c| PathBuf::from(c.as_os_str())).collect();
+    let mut hops = 0;
+    while let Some(part) = pending.pop() {
+        match part.to_str() {
+            Some("/") | Some(".") | Some("") => continue,
+            Some("..") => {
+                if resolved != root {
+                    resolved.pop();
+                }
+                continue;
+            }
+            _ => {}
+        }
+        let next = resolved.join(&part);
+        match std::fs::symlink_metadata(&next) {
+            Ok(m) if m.file_type().is_symlink() => {
+                hops += 1;
+                if hops > 40 {
+                    return Err(bad(format!("too many symlinks under {}", rel.display())));
+                }
+                let target = std::fs::read_link(&next).map_err(EngineError::io("readlink"))?;
+                if target.is_absolute() {
+                    resolved = root.to_path_buf();
+                }
+                pending.extend(target.components().rev().map(|c| PathBuf::from(c.as_os_str())));
+            }
+            _ => resolved = next,
+        }
+    }
+    Ok(resolved)
+}
+
+fn remove_any(path: &Path) -> Result<()> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => std::fs::remove_dir_all(path),
+        Ok(_) => std::fs::remove_file(path),
+        Err(_) => Ok(()),
+    }
+    .map_err(EngineError::io(format!("remove {}", path.display())))
+}
+
+fn clear_dir(dir: &Path) -> Result<()> {
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries.flatten() {
+            remove_any(&entry.path())?;
+        }
+    }
+    Ok(())
+}
+
+fn cpath(path: &Path) -> Result<CString> {
+    CString::new(path.as_os_str().as_bytes()).map_err(|_| bad("path with a NUL byte"))
+}
+
+fn mknod_whiteout(path: &Path) -> Result<()> {
+    let c = cpath(path)?;
+    // SAFETY: plain syscall with a valid C string.
+    if unsafe { libc::mknod(c.as_ptr(), libc::S_IFCHR, 0) } != 0 {
+        return Err(EngineError::io("mknod whiteout")(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8]) -> Result<()> {
+    let (c, n) = (cpath(path)?, CString::new(name).map_err(|_| bad("xattr name"))?);
+    // SAFETY: valid C strings and a buffer of the given length.
+    let rc =
+        unsafe { libc::lsetxattr(c.as_ptr(), n.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if rc != 0 {
+        return Err(EngineError::io("set opaque xattr")(std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn fget_xattr(fd: i32, name: &str) -> Option<Vec<u8>> {
+    let n = CString::new(name).ok()?;
+    let mut buf = [0u8; 16];
+    // SAFETY: a valid C string and a buffer of the given length.
+    let len = unsafe { libc::fgetxattr(fd, n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| buf[..len as usize].to_vec())
+}
+
+#[cfg(test)]
+fn get_xattr(path: &Path, name: &str) -> Option<Vec<u8>> {
+    let (c, n) = (cpath(path).ok()?, CString::new(name).ok()?);
+    let mut buf = [0u8; 16];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let len =
+        unsafe { libc::lgetxattr(c.as_ptr(), n.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+    (len >= 0).then(|| buf[..len as usize].to_vec())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,193 @@
+//! Layer round trips, escapes and ids.
+
+use super::*;
+
+fn header() -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_mode(0o644);
+    h.set_uid(0);
+    h.set_gid(0);
+    h.set_mtime(0);
+    h
+}
+
+fn layer(entries: &[(&str, &[u8])]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (path, data) in entries {
+        let mut h = header();
+        h.set_size(data.len() as u64);
+        // `set_path` refuses `..`; write the name bytes directly as a hostile tool would.
+        h.as_old_mut().name[..path.len()].copy_from_slice(path.as_bytes());
+        h.set_cksum();
+        b.append(&h, *data).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+#[test]
+fn whiteouts_delete_and_opaque_dirs_clear() {
+    let root = tempfile::tempdir().unwrap();
+    apply(
+        &layer(&[("a/keep", b"1"), ("a/gone", b"2"), ("d/x", b"3")])[..],
+        root.path(),
+        Whiteouts::Delete,
+        Ids::HOST,
+    )
+    .unwrap();
+    apply(
+        &layer(&[("a/.wh.gone", b""), ("d/.wh..wh..opq", b""), ("d/y", b"4")])[..],
+        root.path(),
+        Whiteouts::Delete,
+        Ids::HOST,
+    )
+    .unwrap();
+    assert!(root.path().join("a/keep").exists());
+    assert!(!root.path().join("a/gone").exists());
+    assert!(!root.path().join("d/x").exists());
+    assert_eq!(std::fs::read(root.path().join("d/y")).unwrap(), b"4");
+}
+
+#[test]
+fn escaping_paths_are_rejected_and_symlinks_stay_inside() {
+    let root = tempfile::tempdir().unwrap();
+    let err = apply(&layer(&[("../evil", b"x")])[..], root.path(), Whiteouts::Delete, Ids::HOST)
+        .unwrap_err();
+    assert!(matches!(err, EngineError::BadTemplate(_)), "{err}");
+
+    // A symlink to an absolute host path, then a file "through" it: lands inside the root.
+    let outside = tempfile::tempdir().unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = header();
+    h.set_entry_type(EntryType::Symlink);
+    h.set_size(0);
+    b.append_link(&mut h, "link", outside.path()).unwrap();
+    let mut h = header();
+    h.set_size(1);
+    b.append_data(&mut h, "link/pwned", &b"x"[..]).unwrap();
+    apply(&b.into_inner().unwrap()[..], root.path(), Whiteouts::Delete, Ids::HOST).unwrap();
+    assert!(!outside.path().join("pwned").exists(), "wrote outside the root");
+    let inside = resolve(root.path(), Path::new("link/pwned")).unwrap();
+    assert!(inside.starts_with(root.path()) && inside.exists());
+}
+
+#[test]
+fn capture_then_apply_keeps_overlay_whiteouts_and_opaque_dirs() {
+    let upper = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(upper.path().join("etc/opaque")).unwrap();
+    std::fs::write(upper.path().join("etc/file"), b"data").unwrap();
+    mknod_whiteout(&upper.path().join("etc/removed")).unwrap();
+    set_xattr(&upper.path().join("etc/opaque"), OPAQUE_XATTR, b"y").unwrap();
+    let mut tar = vec![];
+    capture(upper.path(), &mut tar, Ids::HOST).unwrap();
+
+    let restored = tempfile::tempdir().unwrap();
+    apply(&tar[..], restored.path(), Whiteouts::Overlay, Ids::HOST).unwrap();
+    assert_eq!(std::fs::read(restored.path().join("etc/file")).unwrap(), b"data");
+    let wh = std::fs::symlink_metadata(restored.path().join("etc/removed")).unwrap();
+    assert!(is_overlay_whiteout(&wh));
+    assert_eq!(
+        get_xattr(&restored.path().join("etc/opaque"), OPAQUE_XATTR).as_deref(),
+        Some(&b"y"[..])
+    );
+}
+
+#[test]
+fn captures_keep_holes_and_links_and_the_size_of_the_data() {
+    use std::os::unix::fs::PermissionsExt;
+    let upper = tempfile::tempdir().unwrap();
+    let u = upper.path();
+    // 1 GiB apparent, 3 small data islands (one past the 4 slots of a GNU header's map
+    // when combined with the many-holes file below), ending in a hole.
+    let sparse = std::fs::File::create(u.join("sparse")).unwrap();
+    use std::os::unix::fs::FileExt;
+    sparse.write_at(b"head", 0).unwrap();
+    sparse.write_at(b"middle", 300 << 20).unwrap();
+    sparse.write_at(b"late", 700 << 20).unwrap();
+    sparse.set_len(1 << 30).unwrap();
+    // 30 islands: the map needs extension blocks.
+    let many = std::fs::File::create(u.join("many")).unwrap();
+    for i in 0..30u64 {
+        many.write_at(&[i as u8 + 1; 100], i << 20).unwrap();
+    }
+    std::fs::write(u.join("big"), vec![7u8; 1 << 20]).unwrap();
+    for i in 0..50 {
+        std::fs::hard_link(u.join("big"), u.join(format!("link{i}"))).unwrap();
+    }
+    std::fs::set_permissions(u.join("big"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+
+    let mut tar = vec![];
+    capture(u, &mut tar, Ids::HOST).unwrap();
+    assert!(tar.len() < 3 << 20, "the capture is {} bytes", tar.len());
+
+    let restored = tempfile::tempdir().unwrap();
+    let r = restored.path();
+    apply(&tar[..], r, Whiteouts::Overlay, Ids::HOST).unwrap();
+    for name in ["sparse", "many", "big"] {
+        let (a, b) = (std::fs::read(u.join(name)).unwrap(), std::fs::read(r.join(name)).unwrap());
+        assert!(a == b, "{name} differs after a round trip");
+    }
+    let meta = std::fs::metadata(r.join("sparse")).unwrap();
+    assert_eq!(meta.len(), 1 << 30);
+    assert!(meta.blocks() * 512 < 1 << 20, "holes came back as data");
+    let big = std::fs::metadata(r.join("big")).unwrap();
+    assert_eq!(big.nlink(), 51, "hard links came back as copies");
+    assert_eq!(big.mode() & 0o7777, 0o4755);
+    assert_eq!(std::fs::metadata(r.join("link7")).unwrap().ino(), big.ino());
+}
+
+#[test]
+fn captures_refuse_names_that_would_become_deletions() {
+    let upper = tempfile::tempdir().unwrap();
+    std::fs::create_dir(upper.path().join("etc")).unwrap();
+    std::fs::write(upper.path().join("etc/.wh.passwd"), b"").unwrap();
+    let err = capture(upper.path(), &mut vec![], Ids::HOST).unwrap_err();
+    assert!(matches!(err, EngineError::BadRequest(_)), "{err}");
+    assert!(err.to_string().contains("/etc/.wh.passwd"), "{err}");
+}
+
+#[test]
+fn captures_never_follow_symlinks_out_of_the_tree() {
+    let outside = tempfile::tempdir().unwrap();
+    std::fs::write(outside.path().join("secret"), b"host secret").unwrap();
+    let upper = tempfile::tempdir().unwrap();
+    std::os::unix::fs::symlink(outside.path(), upper.path().join("dir")).unwrap();
+    std::os::unix::fs::symlink(outside.path().join("secret"), upper.path().join("file")).unwrap();
+    let mut tar = vec![];
+    capture(upper.path(), &mut tar, Ids::HOST).unwrap();
+    assert!(!tar.windows(11).any(|w| w == b"host secret"), "a symlink was followed");
+    let mut archive = tar::Archive::new(&tar[..]);
+    for entry in archive.entries().unwrap() {
+        assert_eq!(entry.unwrap().header().entry_type(), EntryType::Symlink);
+    }
+}
+
+#[test]
+fn layers_carry_the_ids_the_sandbox_sees_and_disks_the_host_range() {
+    let ids = Ids { base: 1 << 20 };
+    assert_eq!(ids.to_host(0), 1 << 20);
+    assert_eq!(ids.to_host(1000), (1 << 20) + 1000);
+    assert_eq!(ids.to_host(1 << 40), (1 << 20) + OVERFLOW_ID);
+    assert_eq!(ids.from_host((1 << 20) + 5), 5);
+    assert_eq!(ids.from_host(0), OVERFLOW_ID, "host root is nobody inside");
+    assert_eq!(Ids::HOST.to_host(100_000), 100_000);
+
+    let upper = tempfile::tempdir().unwrap();
+    std::fs::write(upper.path().join("f"), b"x").unwrap();
+    std::os::unix::fs::lchown(upper.path().join("f"), Some((1 << 20) + 1000), Some(1 << 20))
+        .unwrap();
+    let mut tar = vec![];
+    capture(upper.path(), &mut tar, ids).unwrap();
+    let mut archive = tar::Archive::new(&tar[..]);
+    let entry = archive.entries().unwrap().next().unwrap().unwrap();
+    assert_eq!((entry.header().uid().unwrap(), entry.header().gid().unwrap()), (1000, 0));
+
+    let other = Ids { base: 2 << 20 };
+    let restored = tempfile::tempdir().unwrap();
+    apply(&tar[..], restored.path(), Whiteouts::Overlay, other).unwrap();
+    let meta = std::fs::metadata(restored.path().join("f")).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), ((2 << 20) + 1000, 2 << 20));
+
+    shift_into(restored.path(), other).unwrap();
+    let meta = std::fs::metadata(restored.path().join("f")).unwrap();
+    assert_eq!(meta.uid(), (2 << 20) + 1000, "ids already in the range stay");
+}
