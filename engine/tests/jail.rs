@@ -154,3 +154,19 @@ fn a_sandbox_frozen_by_a_crash_mid_snapshot_is_thawed_at_start() {
     assert_eq!(ok(&again, "echo thawed"), "thawed");
     restarted.destroy(&a.id).unwrap();
 }
+
+#[test]
+fn a_golden_whose_digest_only_shares_a_prefix_never_passes_for_another() {
+    // Golden directories are named by a digest's first 16 digits; a digest named by a hostile
+    // store can share them with a real golden's.
+    let h = Harness::new();
+    let real = h.golden(&["sh", "-c", "echo real > /root/which"]);
+    let tar = h.data.path().join("real.tar");
+    h.engine.export_golden(&real, &tar).unwrap();
+    let lookalike: Digest = format!("{}{}", real.digest.short(), "0".repeat(48)).parse().unwrap();
+    assert_ne!(lookalike, real.digest);
+    assert!(h.engine.find_golden(&lookalike).is_none());
+    let err = h.engine.import_golden(&real.template, &lookalike, &tar).unwrap_err();
+    assert!(err.to_string().contains("holds another golden"), "{err}");
+    assert_eq!(h.engine.find_golden(&real.digest), Some(real));
+}

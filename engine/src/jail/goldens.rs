@@ -52,7 +52,7 @@ impl JailEngine {
             std::fs::write(staging.join("golden.json"), json)
                 .map_err(EngineError::io("write golden.json"))
         })?;
-        Ok(golden)
+        self.installed(&golden)
     }
 
     pub(super) fn build_golden(&self, template: &Template, warmup: &Warmup) -> Result<Golden> {
@@ -106,7 +106,7 @@ impl JailEngine {
                 std::fs::write(staging.join("golden.json"), json)
                     .map_err(EngineError::io("write golden.json"))
             })?;
-            Ok(golden)
+            self.installed(&golden)
         })();
         self.destroy(&builder)?;
         built
@@ -135,7 +135,7 @@ impl JailEngine {
             template: base.template.clone(),
             layer: dir.join("layer"),
         };
-        if dir.join("golden.json").is_file() {
+        if let Some(golden) = self.find_golden(&digest) {
             return Ok(golden);
         }
         template::build_atomically(&dir, |staging| {
@@ -161,6 +161,19 @@ impl JailEngine {
             std::fs::write(staging.join("golden.json"), json)
                 .map_err(EngineError::io("write golden.json"))
         })?;
-        Ok(golden)
+        self.installed(&golden)
+    }
+
+    /// The golden a build just put in place, checked: `build_atomically` keeps a directory
+    /// that was already there, and directories are named by a digest's first 16 digits, so a
+    /// golden whose digest merely shares them (one named by a hostile store) must not pass for
+    /// this one.
+    fn installed(&self, golden: &Golden) -> Result<Golden> {
+        self.find_golden(&golden.digest).ok_or_else(|| {
+            EngineError::Host(format!(
+                "goldens/{} holds another golden (its digest shares the first 16 digits)",
+                golden.digest.short()
+            ))
+        })
     }
 }
