@@ -372,3 +372,41 @@ fn seccomp_is_no_looser_than_dockers_default() {
     ok(&a, "sh -c 'echo child' && perl -MSocket -e 'socket(S, AF_UNIX, SOCK_STREAM, 0) or die'");
     h.engine.destroy(&a.id).unwrap();
 }
+
+#[test]
+fn a_sandbox_cannot_use_up_host_roots_inotify_instances() {
+    // The kernel charges a user namespace's inotify instances to its creator too: with host
+    // root as the creator, one sandbox could leave root's daemons without inotify.
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("iso-inotify"), &small()).unwrap();
+    let limit: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let holder = a.clone();
+    let script = format!(
+        "perl -e 'for (1..{}) {{ $r = syscall(294, 0); push @k, $r if $r >= 0 }} \
+         open F, \">/tmp/held\"; print F scalar(@k); close F; sleep 5'",
+        limit + 16
+    );
+    let holding = std::thread::spawn(move || sh(&holder, &script));
+    let mut held = String::new();
+    for _ in 0..200 {
+        held = ok(&a, "cat /tmp/held 2>/dev/null || true");
+        if !held.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!held.is_empty(), "the sandbox never reported");
+    // While the sandbox holds all it could get, host root still gets one.
+    // SAFETY: plain syscalls.
+    let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC) };
+    let err = std::io::Error::last_os_error();
+    assert!(fd >= 0, "host root has no inotify instance left ({err}) while a sandbox holds {held}");
+    unsafe { libc::close(fd) };
+    holding.join().unwrap();
+    h.engine.destroy(&a.id).unwrap();
+}

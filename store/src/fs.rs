@@ -209,6 +209,13 @@ impl ObjectStore for FsStore {
         let (root, k) = (self.root.clone(), key.clone());
         blocking(move || {
             let (mut file, md) = open_checked(&root, &k, "get", false)?;
+            if md.len() > crate::object::MAX_IN_MEMORY {
+                return Err(StoreError::Refused {
+                    op: "get",
+                    key: k.to_string(),
+                    reason: format!("{} bytes is too large to read into memory", md.len()),
+                });
+            }
             let mut buf = Vec::with_capacity(md.len() as usize);
             file.read_to_end(&mut buf).map_err(StoreError::io(format!("reading {k}")))?;
             Ok(Bytes::from(buf))

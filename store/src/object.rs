@@ -165,10 +165,21 @@ impl fmt::Debug for GetObject {
     }
 }
 
+/// The largest object read whole into memory (records, manifests, leases): the store is shared
+/// and may be hostile, and a huge object must not take the node's memory with it.
+pub const MAX_IN_MEMORY: u64 = 64 << 20;
+
 impl GetObject {
     /// Reads the whole body into memory, checking it carried exactly `len` bytes.
     pub async fn bytes(self) -> Result<Bytes> {
         let key = self.meta.key.to_string();
+        if self.len > MAX_IN_MEMORY {
+            return Err(StoreError::Refused {
+                op: "get",
+                key,
+                reason: format!("{} bytes is too large to read into memory", self.len),
+            });
+        }
         let parts: Vec<Bytes> = self.body.try_collect().await?;
         let total: usize = parts.iter().map(Bytes::len).sum();
         if total as u64 != self.len {

@@ -1,13 +1,18 @@
 //! `silk-jail SPEC.json`: starts one jail from a launch spec (see `silk_engine::jail::launch`),
 //! with silkd's listening socket as fd 3. Prints the jail's host pid on success; on failure
-//! prints why on stderr and exits 1. `silk-jail --hold-userns` holds a new user namespace open
+//! prints why on stderr and exits 1. `silk-jail --hold-userns BASE` holds a new user namespace open
 //! until stdin closes (the engine makes its sandboxes' user namespace this way). Run by the jail
 //! engine, not by people.
 
 fn main() {
     let arg = std::env::args_os().nth(1);
     if arg.as_deref() == Some(std::ffi::OsStr::new("--hold-userns")) {
-        if let Err(e) = silk_engine::jail::launch::hold_user_namespace() {
+        let base = std::env::args().nth(2).and_then(|b| b.parse().ok());
+        let Some(base) = base else {
+            eprintln!("usage: silk-jail --hold-userns BASE_ID");
+            std::process::exit(2);
+        };
+        if let Err(e) = silk_engine::jail::launch::hold_user_namespace(base) {
             eprintln!("silk-jail: {e}");
             std::process::exit(1);
         }

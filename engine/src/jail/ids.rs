@@ -11,17 +11,25 @@ use crate::layer::{self, ID_COUNT, Ids};
 use crate::{EngineError, Result};
 
 impl JailEngine {
-    /// Goldens built before sandboxes had a user namespace hold host ids 0..65536: move them
-    /// into the range once (a marker file `ids` says a layer is in it).
+    /// Goldens stored in another id range (none: built before sandboxes had a user namespace)
+    /// move into this one (a marker file `ids` says which range a layer is in).
     pub(super) fn shift_old_goldens(&self) -> Result<()> {
         let Ok(entries) = std::fs::read_dir(self.cfg.data_dir.join("goldens")) else {
             return Ok(());
         };
         for entry in entries.flatten() {
             let dir = entry.path();
-            if dir.join("golden.json").is_file() && !dir.join("ids").is_file() {
+            if !dir.join("golden.json").is_file() {
+                continue;
+            }
+            // No marker: built before sandboxes had a user namespace, with host ids.
+            let stored = std::fs::read_to_string(dir.join("ids"))
+                .ok()
+                .and_then(|s| s.trim().parse::<u32>().ok())
+                .unwrap_or(0);
+            if stored != self.ids.base {
                 tracing::info!("moving golden {} into the sandbox id range", dir.display());
-                layer::shift_into(&dir.join("layer"), self.ids)?;
+                layer::shift_ids(&dir.join("layer"), stored, self.ids)?;
                 mark_ids(&dir, self.ids)?;
             }
         }
@@ -36,6 +44,7 @@ impl JailEngine {
 pub fn user_namespace(launcher: &Path, ids: Ids) -> Result<OwnedFd> {
     let mut holder = std::process::Command::new(launcher)
         .arg("--hold-userns")
+        .arg(ids.base.to_string())
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

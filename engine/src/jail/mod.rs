@@ -27,8 +27,9 @@
 //! or golden layer (`O_NOFOLLOW` per component, relative to directory descriptors, with the
 //! sandbox frozen or stopped); [`layer::apply`] into a fresh upper directory or staging
 //! directory no sandbox runs on yet (paths resolved inside the root; device nodes skipped);
-//! `chown` of a new upper directory; [`layer::shift_into`] of a stopped box (`lchown`, no
-//! link followed); `remove_dir_all` of a stopped box (which does not follow symlinks).
+//! `chown` of a new upper directory; [`layer::shift_ids`] of a stopped box (`lchown`, no
+//! link followed); removal of a stopped box (`remove_dir_all`, which does not follow symlinks,
+//! on a thread with a stack for any depth a sandbox can nest directories to).
 
 mod cgroup;
 mod goldens;
@@ -150,6 +151,7 @@ impl JailEngine {
         let engine = JailEngine { cfg, cgroups, ids, userns };
         engine.remove_incomplete()?;
         engine.thaw_all();
+        engine.stop_unconfined();
         engine.shift_old_goldens()?;
         Ok(engine)
     }
@@ -165,11 +167,22 @@ impl JailEngine {
             if self.record(&id).is_err() {
                 tracing::warn!(sandbox = %id, "removing a sandbox whose start was interrupted");
                 self.cgroups.remove(&id)?;
-                std::fs::remove_dir_all(entry.path())
-                    .map_err(EngineError::io(format!("remove {id}")))?;
+                remove_tree(&entry.path()).map_err(EngineError::io(format!("remove {id}")))?;
             }
         }
         Ok(())
+    }
+
+    /// Jails started before sandboxes had a user namespace run as host root: stop them, so the
+    /// next access starts them again (from their files) inside one.
+    fn stop_unconfined(&self) {
+        let Ok(boxes) = self.list() else { return };
+        for info in boxes.into_iter().filter(|b| b.running) {
+            if self.record(&info.id).is_ok_and(|r| r.id_base.is_none()) {
+                tracing::warn!(sandbox = %info.id, "stopping a jail that runs without a user namespace");
+                let _ = self.kill(&info.id, info.pid);
+            }
+        }
     }
 
     /// A sandbox is frozen only inside `snapshot`; one still frozen now was caught there by a
@@ -226,7 +239,7 @@ impl JailEngine {
         let started = self.start(base, id, spec, layer, &dir);
         if started.is_err() {
             let _ = self.cgroups.remove(id);
-            let _ = std::fs::remove_dir_all(&dir);
+            let _ = remove_tree(&dir);
         }
         started
     }
@@ -321,7 +334,7 @@ impl JailEngine {
             id_base: Some(self.ids.base),
         })?;
         if let Err(e) = probe::info(&socket, self.cfg.ready_timeout) {
-            let log = std::fs::read_to_string(dir.join("agent.log")).unwrap_or_default();
+            let log = log_tail(&dir.join("agent.log"));
             let _ = self.kill(id, Some(pid));
             return Err(EngineError::NotReady(format!("{e}; agent log: {}", log.trim())));
         }
@@ -446,6 +459,8 @@ impl Engine for JailEngine {
         // A jail whose silkd died (or that a host reboot ended) still has its files: capturing
         // them is how it comes back. Only a live one needs freezing for a consistent capture.
         let live = self.live_pid(&record).is_some();
+        // The ids its files are stored with (a box from before the user namespace: host ids).
+        let ids = Ids { base: record.id_base.unwrap_or(0) };
         let partial = partial_path(into);
         if live {
             self.cgroups.freeze(id, true)?;
@@ -454,7 +469,7 @@ impl Engine for JailEngine {
             let file =
                 std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
             let mut out = std::io::BufWriter::new(file);
-            layer::capture(&self.box_dir(id).join("upper"), &mut out, self.ids)?;
+            layer::capture(&self.box_dir(id).join("upper"), &mut out, ids)?;
             let file =
                 out.into_inner().map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
             file.sync_all().map_err(EngineError::io("sync snapshot"))?;
@@ -524,8 +539,13 @@ impl Engine for JailEngine {
         // A jail that died by itself can leave its cgroups behind.
         self.cgroups.remove(id)?;
         if record.id_base != Some(self.ids.base) {
-            // Made before sandboxes had a user namespace: its files carry host ids 0..65536.
-            layer::shift_into(&self.box_dir(id).join("upper"), self.ids)?;
+            // Made with another range (none: before sandboxes had a user namespace, host ids
+            // 0..65536): its files move into this one.
+            layer::shift_ids(
+                &self.box_dir(id).join("upper"),
+                record.id_base.unwrap_or(0),
+                self.ids,
+            )?;
         }
         let info = record.info;
         let resumed = self.launch_box(info.base, id, &info.spec, &self.box_dir(id));
@@ -539,8 +559,7 @@ impl Engine for JailEngine {
     fn destroy(&self, id: &SandboxId) -> Result<()> {
         let record = self.record(id)?;
         self.kill(id, self.live_pid(&record))?;
-        std::fs::remove_dir_all(self.box_dir(id))
-            .map_err(EngineError::io(format!("remove sandbox {id}")))
+        remove_tree(&self.box_dir(id)).map_err(EngineError::io(format!("remove sandbox {id}")))
     }
 
     fn list(&self) -> Result<Vec<BoxInfo>> {
@@ -576,6 +595,28 @@ fn image_defaults(t: &Template) -> Vec<String> {
         args.extend(["--default-user".to_string(), user.to_string()]);
     }
     args
+}
+
+/// Removes a box directory. `remove_dir_all` recurses once per level and a sandbox can nest
+/// directories far deeper than a blocking thread's 2 MiB stack: it runs on a thread whose stack
+/// (reserved, not committed) takes a million levels.
+fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    let path = dir.to_path_buf();
+    std::thread::Builder::new()
+        .stack_size(1 << 30)
+        .spawn(move || std::fs::remove_dir_all(&path))?
+        .join()
+        .map_err(|_| std::io::Error::other("the remover panicked"))?
+}
+
+/// The last 4 KiB of a jail's log (the file is the sandbox's to grow).
+fn log_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else { return String::new() };
+    let _ = file.seek(SeekFrom::End(-4096)).or_else(|_| file.seek(SeekFrom::Start(0)));
+    let mut tail = vec![];
+    let _ = file.take(4096).read_to_end(&mut tail);
+    String::from_utf8_lossy(&tail).into_owned()
 }
 
 /// Where a snapshot is written before it is complete.

@@ -16,10 +16,44 @@ pub fn capture(upper: &Path, out: impl std::io::Write, ids: Ids) -> Result<()> {
     let mut capture = Capture { tar: tar::Builder::new(out), ids, links: HashMap::new() };
     let root = open_dir(libc::AT_FDCWD, &cpath(upper)?)
         .map_err(EngineError::io(format!("open {}", upper.display())))?;
-    capture.dir(&root, Path::new(""))?;
+    // Depth first with a stack of open directories rather than recursion: a sandbox can nest
+    // directories deeper than any thread's stack would take.
+    let mut stack = vec![Frame::open(root, PathBuf::new())?];
+    while let Some(top) = stack.last_mut() {
+        let Some(name) = top.names.next() else {
+            stack.pop();
+            continue;
+        };
+        let (dir, rel) = (top.dir.as_raw_fd(), top.rel.clone());
+        if let Some(sub) = capture.entry(dir, &rel, name)? {
+            stack.push(sub);
+        }
+    }
     capture.tar.into_inner().map_err(EngineError::io("finish layer"))?;
     Ok(())
 }
+
+/// A directory being captured: its descriptor, its path in the layer, the names left in it.
+struct Frame {
+    dir: OwnedFd,
+    rel: PathBuf,
+    names: std::vec::IntoIter<std::ffi::OsString>,
+}
+
+impl Frame {
+    fn open(dir: OwnedFd, rel: PathBuf) -> Result<Frame> {
+        let listing = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let mut names: Vec<_> = std::fs::read_dir(&listing)
+            .map_err(EngineError::io(format!("read {}", rel.display())))?
+            .filter_map(|e| e.ok().map(|e| e.file_name()))
+            .collect();
+        names.sort();
+        Ok(Frame { dir, rel, names: names.into_iter() })
+    }
+}
+
+/// Longest path a capture takes: a restore could not make a longer one.
+const MAX_PATH: usize = libc::PATH_MAX as usize - 1;
 
 struct Capture<W: std::io::Write> {
     tar: tar::Builder<W>,
@@ -29,73 +63,72 @@ struct Capture<W: std::io::Write> {
 }
 
 impl<W: std::io::Write> Capture<W> {
-    fn dir(&mut self, dir: &OwnedFd, rel: &Path) -> Result<()> {
-        let listing = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let mut names: Vec<_> = std::fs::read_dir(&listing)
-            .map_err(EngineError::io(format!("read {}", rel.display())))?
-            .filter_map(|e| e.ok().map(|e| e.file_name()))
-            .collect();
-        names.sort();
-        for name in names {
-            let path = rel.join(&name);
-            let cname = cpath(Path::new(&name))?;
-            let st = fstatat(dir.as_raw_fd(), &cname)
-                .map_err(EngineError::io(format!("stat {}", path.display())))?;
-            let kind = st.st_mode & libc::S_IFMT;
-            if kind == libc::S_IFCHR && st.st_rdev == 0 {
-                let wh = rel.join(format!("{WHITEOUT}{}", name.to_string_lossy()));
-                append_empty(&mut self.tar, &wh)?;
-                continue;
-            }
-            if name.as_bytes().starts_with(WHITEOUT.as_bytes()) {
-                return Err(EngineError::BadRequest(format!(
-                    "/{} cannot be captured: names starting with {WHITEOUT} are reserved for \
-                     deletions in layers (rename it)",
-                    path.display()
-                )));
-            }
-            let mut header = tar::Header::new_gnu();
-            header.set_mode(st.st_mode & 0o7777);
-            header.set_uid(self.ids.from_host(st.st_uid).into());
-            header.set_gid(self.ids.from_host(st.st_gid).into());
-            header.set_mtime(st.st_mtime.max(0) as u64);
-            header.set_size(0);
-            let wrote = match kind {
-                libc::S_IFDIR => {
-                    header.set_entry_type(EntryType::Directory);
-                    self.tar
-                        .append_data(&mut header, &path, std::io::empty())
-                        .map_err(EngineError::io(format!("archive {}", path.display())))?;
-                    let sub = open_dir(dir.as_raw_fd(), &cname)
-                        .map_err(EngineError::io(format!("open {}", path.display())))?;
-                    if fget_xattr(sub.as_raw_fd(), OPAQUE_XATTR).as_deref() == Some(b"y") {
-                        append_empty(&mut self.tar, &path.join(OPAQUE))?;
-                    }
-                    self.dir(&sub, &path)?;
-                    continue;
-                }
-                libc::S_IFLNK => {
-                    let target = readlinkat(dir.as_raw_fd(), &cname)
-                        .map_err(EngineError::io(format!("readlink {}", path.display())))?;
-                    header.set_entry_type(EntryType::Symlink);
-                    self.tar.append_link(&mut header, &path, target)
-                }
-                libc::S_IFREG => self.file(dir, &cname, &st, header, &path),
-                libc::S_IFIFO => {
-                    header.set_entry_type(EntryType::Fifo);
-                    self.tar.append_data(&mut header, &path, std::io::empty())
-                }
-                // Sockets, and device nodes no sandbox can make: nothing to keep.
-                _ => Ok(()),
-            };
-            wrote.map_err(EngineError::io(format!("archive {}", path.display())))?;
+    /// Writes the entry `name` of the directory `dir` (at `rel` in the layer); a directory is
+    /// returned to be walked next.
+    fn entry(&mut self, dir: i32, rel: &Path, name: std::ffi::OsString) -> Result<Option<Frame>> {
+        let path = rel.join(&name);
+        if path.as_os_str().len() > MAX_PATH {
+            return Err(EngineError::BadRequest(format!(
+                "/{}... cannot be captured: its path is longer than {MAX_PATH} bytes",
+                String::from_utf8_lossy(&path.as_os_str().as_bytes()[..64])
+            )));
         }
-        Ok(())
+        let cname = cpath(Path::new(&name))?;
+        let st =
+            fstatat(dir, &cname).map_err(EngineError::io(format!("stat {}", path.display())))?;
+        let kind = st.st_mode & libc::S_IFMT;
+        if kind == libc::S_IFCHR && st.st_rdev == 0 {
+            let wh = rel.join(format!("{WHITEOUT}{}", name.to_string_lossy()));
+            append_empty(&mut self.tar, &wh)?;
+            return Ok(None);
+        }
+        if name.as_bytes().starts_with(WHITEOUT.as_bytes()) {
+            return Err(EngineError::BadRequest(format!(
+                "/{} cannot be captured: names starting with {WHITEOUT} are reserved for \
+                 deletions in layers (rename it)",
+                path.display()
+            )));
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_mode(st.st_mode & 0o7777);
+        header.set_uid(self.ids.from_host(st.st_uid).into());
+        header.set_gid(self.ids.from_host(st.st_gid).into());
+        header.set_mtime(st.st_mtime.max(0) as u64);
+        header.set_size(0);
+        let wrote = match kind {
+            libc::S_IFDIR => {
+                header.set_entry_type(EntryType::Directory);
+                self.tar
+                    .append_data(&mut header, &path, std::io::empty())
+                    .map_err(EngineError::io(format!("archive {}", path.display())))?;
+                let sub = open_dir(dir, &cname)
+                    .map_err(EngineError::io(format!("open {}", path.display())))?;
+                if fget_xattr(sub.as_raw_fd(), OPAQUE_XATTR).as_deref() == Some(b"y") {
+                    append_empty(&mut self.tar, &path.join(OPAQUE))?;
+                }
+                return Frame::open(sub, path).map(Some);
+            }
+            libc::S_IFLNK => {
+                let target = readlinkat(dir, &cname)
+                    .map_err(EngineError::io(format!("readlink {}", path.display())))?;
+                header.set_entry_type(EntryType::Symlink);
+                self.tar.append_link(&mut header, &path, target)
+            }
+            libc::S_IFREG => self.file(dir, &cname, &st, header, &path),
+            libc::S_IFIFO => {
+                header.set_entry_type(EntryType::Fifo);
+                self.tar.append_data(&mut header, &path, std::io::empty())
+            }
+            // Sockets, and device nodes no sandbox can make: nothing to keep.
+            _ => Ok(()),
+        };
+        wrote.map_err(EngineError::io(format!("archive {}", path.display())))?;
+        Ok(None)
     }
 
     fn file(
         &mut self,
-        dir: &OwnedFd,
+        dir: i32,
         name: &CStr,
         st: &libc::stat,
         mut header: tar::Header,
@@ -112,7 +145,7 @@ impl<W: std::io::Write> Capture<W> {
         // SAFETY: plain syscalls on a valid C string and a descriptor we own.
         let file = unsafe {
             let fd = libc::openat(
-                dir.as_raw_fd(),
+                dir,
                 name.as_ptr(),
                 libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY,
             );
@@ -126,13 +159,15 @@ impl<W: std::io::Write> Capture<W> {
             return Err(std::io::Error::other("the file changed while it was captured"));
         }
         let size = meta.len();
-        let segments =
-            if meta.blocks() * 512 < size { data_segments(&file, size)? } else { vec![] };
+        // Fewer blocks than bytes: holes (a file of nothing but a hole has no segments at all).
+        let sparse = meta.blocks() * 512 < size;
+        let segments = if sparse { data_segments(&file, size)? } else { vec![] };
         let stored: u64 = segments.iter().map(|s| s.1).sum();
-        if segments.is_empty() || stored >= size {
+        if !sparse || stored >= size {
             header.set_entry_type(EntryType::Regular);
             header.set_size(size);
-            return self.tar.append_data(&mut header, path, (&file).take(size));
+            let exact = Exact { inner: (&file).take(size), left: size };
+            return self.tar.append_data(&mut header, path, exact);
         }
         // A GNU sparse entry: the map (4 entries in the header, 21 per extension block that
         // follows it), then only the data segments.
@@ -196,6 +231,25 @@ fn data_segments(file: &std::fs::File, size: u64) -> std::io::Result<Vec<(u64, u
         pos = hole as u64;
     }
     Ok(segments)
+}
+
+/// A reader that fails if its source ends before `left` bytes: a file that shrank while it was
+/// captured must not leave the tar shorter than its header says (the sandbox's bytes would be
+/// read as the next entries).
+struct Exact<R> {
+    inner: R,
+    left: u64,
+}
+
+impl<R: Read> Read for Exact<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        if n == 0 && self.left > 0 {
+            return Err(std::io::Error::other("the file shrank while it was captured"));
+        }
+        self.left -= n as u64;
+        Ok(n)
+    }
 }
 
 /// Reads the given segments of a file back to back.

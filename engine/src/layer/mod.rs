@@ -150,6 +150,9 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> R
             _ => remove_any(&dst)?,
         }
         entry.unpack(&dst).map_err(|e| bad(format!("unpack {}: {e}", rel.display())))?;
+        if std::fs::symlink_metadata(&dst).is_err() {
+            continue; // an entry type tar-rs does not create (a pax global header, ...)
+        }
         let header = entry.header();
         let (uid, gid) = (header.uid().unwrap_or(0), header.gid().unwrap_or(0));
         set_owner(&dst, ids.to_host(uid), ids.to_host(gid), header.mode().unwrap_or(0), kind)?;
@@ -169,19 +172,26 @@ fn set_owner(path: &Path, uid: u32, gid: u32, mode: u32, kind: EntryType) -> Res
     Ok(())
 }
 
-/// Moves a tree stored with host ids 0..65536 (made before sandboxes had a user namespace)
-/// into the range `ids`; ids already in the range are left alone, so running it twice is
-/// harmless. Symlinks are changed, never followed.
-pub fn shift_into(root: &Path, ids: Ids) -> Result<()> {
-    let meta = std::fs::symlink_metadata(root).map_err(EngineError::io("stat"))?;
-    let shift = |id: u32| if id < ID_COUNT { ids.to_host(id.into()) } else { id };
-    if meta.uid() < ID_COUNT || meta.gid() < ID_COUNT {
-        let kind = if meta.is_file() { EntryType::Regular } else { EntryType::Directory };
-        set_owner(root, shift(meta.uid()), shift(meta.gid()), meta.mode(), kind)?;
-    }
-    if meta.is_dir() {
-        for entry in std::fs::read_dir(root).map_err(EngineError::io("read dir"))? {
-            shift_into(&entry.map_err(EngineError::io("read dir"))?.path(), ids)?;
+/// Moves a tree stored in the host range starting at `from` (0: made before sandboxes had a
+/// user namespace) into the range `to`; ids outside `from`'s range are left alone, so running
+/// it twice is harmless. Symlinks are changed, never followed; the walk keeps its own stack.
+pub fn shift_ids(root: &Path, from: u32, to: Ids) -> Result<()> {
+    let mut pending = vec![root.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        let meta = std::fs::symlink_metadata(&path).map_err(EngineError::io("stat"))?;
+        let shift = |id: u32| match id.checked_sub(from) {
+            Some(inside) if inside < ID_COUNT => to.to_host(inside.into()),
+            _ => id,
+        };
+        let (uid, gid) = (shift(meta.uid()), shift(meta.gid()));
+        if (uid, gid) != (meta.uid(), meta.gid()) {
+            let kind = if meta.is_file() { EntryType::Regular } else { EntryType::Directory };
+            set_owner(&path, uid, gid, meta.mode(), kind)?;
+        }
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path).map_err(EngineError::io("read dir"))? {
+                pending.push(entry.map_err(EngineError::io("read dir"))?.path());
+            }
         }
     }
     Ok(())

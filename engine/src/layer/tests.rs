@@ -187,7 +187,43 @@ fn layers_carry_the_ids_the_sandbox_sees_and_disks_the_host_range() {
     let meta = std::fs::metadata(restored.path().join("f")).unwrap();
     assert_eq!((meta.uid(), meta.gid()), ((2 << 20) + 1000, 2 << 20));
 
-    shift_into(restored.path(), other).unwrap();
+    shift_ids(restored.path(), 0, other).unwrap();
     let meta = std::fs::metadata(restored.path().join("f")).unwrap();
     assert_eq!(meta.uid(), (2 << 20) + 1000, "ids already in the range stay");
+}
+
+#[test]
+fn trees_deeper_than_a_stack_are_captured_or_refused_without_a_crash() {
+    let upper = tempfile::tempdir().unwrap();
+    // 2000 levels of "d/": within PATH_MAX, deeper than recursion on a small stack would go.
+    let deep: PathBuf = std::iter::repeat_n("d", 2000).collect();
+    std::fs::create_dir_all(upper.path().join(&deep)).unwrap();
+    let small_stack = std::thread::Builder::new().stack_size(256 << 10);
+    let path = upper.path().to_path_buf();
+    let captured = small_stack
+        .spawn(move || {
+            let mut tar = vec![];
+            capture(&path, &mut tar, Ids::HOST).map(|()| tar.len())
+        })
+        .unwrap()
+        .join()
+        .expect("no stack overflow");
+    assert!(captured.unwrap() > 2000 * 512);
+    // Past PATH_MAX: refused with a clear error.
+    let deeper: PathBuf = std::iter::repeat_n("dd", 1500).collect();
+    let dir = tempfile::tempdir().unwrap();
+    let mut at = std::fs::File::open(dir.path()).unwrap();
+    for part in deeper.iter() {
+        use std::os::fd::AsRawFd;
+        let name = CString::new(part.as_bytes()).unwrap();
+        // SAFETY: plain syscalls on valid descriptors and strings.
+        let fd = unsafe {
+            libc::mkdirat(at.as_raw_fd(), name.as_ptr(), 0o755);
+            libc::openat(at.as_raw_fd(), name.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY)
+        };
+        assert!(fd >= 0);
+        at = unsafe { std::fs::File::from_raw_fd(fd) };
+    }
+    let err = capture(dir.path(), &mut vec![], Ids::HOST).unwrap_err();
+    assert!(matches!(err, EngineError::BadRequest(_)), "{err}");
 }

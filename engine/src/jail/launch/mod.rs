@@ -164,8 +164,10 @@ fn plan(spec: &LaunchSpec) -> Plan {
         .map(|l| l.idmapped_at.as_ref().unwrap_or(&l.path).display().to_string())
         .collect::<Vec<_>>()
         .join(":");
+    // Overlay features captures do not understand (redirects, metacopy) stay off, whatever
+    // this kernel's defaults.
     let overlay = format!(
-        "lowerdir={lowers},upperdir={},workdir={}",
+        "lowerdir={lowers},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off",
         spec.upper.display(),
         spec.work.display()
     );
@@ -294,6 +296,13 @@ pub fn run(spec: &LaunchSpec) -> Result<u32, String> {
                 libc::close(pipe[1]);
                 let mut buf = [0u8; 512];
                 let n = libc::read(pipe[0], buf.as_mut_ptr().cast(), buf.len());
+                if n < 0 {
+                    libc::kill(pid, libc::SIGKILL);
+                    return Err(format!(
+                        "read the child's report: {}",
+                        std::io::Error::last_os_error()
+                    ));
+                }
                 if n > 0 {
                     let mut status = 0;
                     libc::waitpid(pid, &mut status, 0);
@@ -305,12 +314,25 @@ pub fn run(spec: &LaunchSpec) -> Result<u32, String> {
     }
 }
 
-/// `silk-jail --hold-userns`: enters a new user namespace and waits for stdin to close, so the
-/// engine can write its id maps and keep a handle on it (see `JailEngine::new`).
-pub fn hold_user_namespace() -> Result<(), String> {
-    // SAFETY: plain syscall in a single-threaded process.
-    if unsafe { libc::unshare(libc::CLONE_NEWUSER) } != 0 {
-        return Err(format!("unshare(CLONE_NEWUSER): {}", std::io::Error::last_os_error()));
+/// `silk-jail --hold-userns BASE`: enters a new user namespace and waits for stdin to close, so
+/// the engine can write its id maps and keep a handle on it (see `JailEngine::new`). It first
+/// becomes host uid/gid `BASE` (the sandboxes' root): the kernel charges what processes in a
+/// user namespace hold (inotify instances and watches, pending signals, message queues) to its
+/// creator as well, and that must be the sandboxes' own id, not host root's — or one sandbox
+/// could use up root's inotify instances and break the host's daemons.
+pub fn hold_user_namespace(base: u32) -> Result<(), String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    // SAFETY: plain syscalls in a single-threaded process.
+    unsafe {
+        if libc::setgroups(0, std::ptr::null()) != 0 {
+            return Err(os("setgroups"));
+        }
+        if libc::setresgid(base, base, base) != 0 || libc::setresuid(base, base, base) != 0 {
+            return Err(os("become the sandboxes' root id"));
+        }
+        if libc::unshare(libc::CLONE_NEWUSER) != 0 {
+            return Err(os("unshare(CLONE_NEWUSER)"));
+        }
     }
     println!("ready");
     let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut vec![]);
@@ -432,9 +454,10 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
         check!("open /dev/null to mask with", devnull);
         for path in &p.masked {
             let target = open_in_root(root, path, libc::O_PATH | libc::O_NOFOLLOW);
-            if target < 0 {
+            if target < 0 && *libc::__errno_location() == libc::ENOENT {
                 continue; // this kernel has no such file
             }
+            check!("open a masked path", target);
             let mut st: libc::stat = std::mem::zeroed();
             check!("stat a masked path", libc::fstat(target, &mut st));
             let rc = if st.st_mode & libc::S_IFMT == libc::S_IFDIR {
@@ -460,9 +483,10 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
         libc::close(devnull);
         for path in &p.read_only {
             let target = open_in_root(root, path, libc::O_PATH | libc::O_NOFOLLOW);
-            if target < 0 {
+            if target < 0 && *libc::__errno_location() == libc::ENOENT {
                 continue;
             }
+            check!("open a read-only path", target);
             let tree =
                 clone_tree(target, c"", true, RO_NOSUID_NODEV | libc::MOUNT_ATTR_NOEXEC, None);
             check!("read-only copy of a /proc path", tree);
@@ -533,6 +557,11 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
                 libc::SECCOMP_MODE_FILTER,
                 &prog as *const libc::sock_fprog
             )
+        );
+        // Nothing of the host's but the listening socket reaches silkd (and its commands).
+        check!(
+            "close inherited fds",
+            libc::syscall(libc::SYS_close_range, LISTEN_FD + 1, u32::MAX, 0) as i32
         );
         // The listening socket must survive exec.
         check!("keep listen fd", libc::fcntl(LISTEN_FD, libc::F_SETFD, 0));

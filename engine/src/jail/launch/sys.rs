@@ -27,8 +27,11 @@ pub(super) fn fd_path(fd: i32, buf: &mut [u8; 32]) -> *const libc::c_char {
     buf.as_ptr().cast()
 }
 
-/// Opens `rel` inside the root as if the root were `/`: `..` stops at the root and a symlink
-/// (absolute or not) resolves inside it, never to a host path; `/proc` magic links are refused.
+/// Opens `rel` inside the root, refusing any symlink on the way (and `/proc` magic links):
+/// runc's rule for mount points. A link would at best resolve inside the root
+/// (`RESOLVE_IN_ROOT` keeps that too), but it could still move `/proc` somewhere a later mount
+/// hides, leaving its masks to resolve nowhere; a rootfs with a symlinked `/proc` or `/tmp` does
+/// not start.
 pub(super) unsafe fn open_in_root(root: i32, rel: &CStr, flags: i32) -> i32 {
     /// `struct open_how` (libc's is non-exhaustive).
     #[repr(C)]
@@ -40,7 +43,7 @@ pub(super) unsafe fn open_in_root(root: i32, rel: &CStr, flags: i32) -> i32 {
     let how = OpenHow {
         flags: (flags | libc::O_CLOEXEC) as u64,
         mode: 0,
-        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS,
+        resolve: libc::RESOLVE_IN_ROOT | libc::RESOLVE_NO_MAGICLINKS | libc::RESOLVE_NO_SYMLINKS,
     };
     unsafe {
         libc::syscall(
@@ -116,10 +119,22 @@ pub(super) const RO_NOSUID_NODEV: u64 =
 /// effort: an image without `/etc` still starts.
 pub(super) unsafe fn write_file(path: &CStr, content: &[u8], mode: libc::mode_t) {
     unsafe {
-        let flags =
-            libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        // O_NONBLOCK: a FIFO there must not hang the launcher (nothing reads it yet).
+        let flags = libc::O_WRONLY
+            | libc::O_CREAT
+            | libc::O_TRUNC
+            | libc::O_NOFOLLOW
+            | libc::O_NONBLOCK
+            | libc::O_CLOEXEC;
         let mut fd = libc::open(path.as_ptr(), flags, mode);
-        if fd < 0 && *libc::__errno_location() == libc::ELOOP {
+        let mut st: libc::stat = std::mem::zeroed();
+        if fd >= 0 && (libc::fstat(fd, &mut st) != 0 || st.st_mode & libc::S_IFMT != libc::S_IFREG)
+        {
+            libc::close(fd);
+            fd = -1;
+        }
+        if fd < 0 {
+            // A symlink, FIFO or other non-file there: replaced, never written through.
             libc::unlink(path.as_ptr());
             fd = libc::open(path.as_ptr(), flags | libc::O_EXCL, mode);
         }
