@@ -149,7 +149,17 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> R
             }
             _ => remove_any(&dst)?,
         }
-        entry.unpack(&dst).map_err(|e| bad(format!("unpack {}: {e}", rel.display())))?;
+        if kind == EntryType::Fifo {
+            // tar-rs would make a regular file of it.
+            let c = cpath(&dst)?;
+            let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
+            // SAFETY: plain syscall with a valid C string.
+            if unsafe { libc::mknod(c.as_ptr(), libc::S_IFIFO | mode, 0) } != 0 {
+                return Err(EngineError::io("mkfifo")(std::io::Error::last_os_error()));
+            }
+        } else {
+            entry.unpack(&dst).map_err(|e| bad(format!("unpack {}: {e}", rel.display())))?;
+        }
         if std::fs::symlink_metadata(&dst).is_err() {
             continue; // an entry type tar-rs does not create (a pax global header, ...)
         }

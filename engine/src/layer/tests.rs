@@ -227,3 +227,19 @@ fn trees_deeper_than_a_stack_are_captured_or_refused_without_a_crash() {
     let err = capture(dir.path(), &mut vec![], Ids::HOST).unwrap_err();
     assert!(matches!(err, EngineError::BadRequest(_)), "{err}");
 }
+
+#[test]
+fn fifos_come_back_as_fifos() {
+    use std::os::unix::fs::FileTypeExt;
+    let upper = tempfile::tempdir().unwrap();
+    let fifo = CString::new(upper.path().join("pipe").as_os_str().as_bytes()).unwrap();
+    // SAFETY: plain syscall with a valid C string.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
+    let mut tar = vec![];
+    capture(upper.path(), &mut tar, Ids::HOST).unwrap();
+    let restored = tempfile::tempdir().unwrap();
+    apply(&tar[..], restored.path(), Whiteouts::Overlay, Ids::HOST).unwrap();
+    let meta = std::fs::symlink_metadata(restored.path().join("pipe")).unwrap();
+    assert!(meta.file_type().is_fifo(), "{:?}", meta.file_type());
+    assert_eq!(meta.mode() & 0o777, 0o640);
+}

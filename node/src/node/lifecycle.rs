@@ -591,6 +591,8 @@ impl Node {
         &self,
         name: &SnapshotName,
     ) -> Result<(Snapshot, silk_store::Manifest), ApiError> {
+        // Every download becomes files on this disk (a branch, a wake from an archive, a move).
+        self.disk_reserve()?;
         let path = self.scratch_tar("download");
         let fetched = async {
             let mut file = tokio::fs::File::create(&path)
