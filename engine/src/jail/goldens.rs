@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::ids::mark_ids;
 use super::{JailEngine, partial_path};
+use crate::layer::Ids;
 use crate::layer::{self, Whiteouts};
 use crate::{
     AgentAddr, Base, BoxSpec, Digest, Engine, EngineError, Golden, Lane, Result, SandboxId,
@@ -46,11 +47,7 @@ impl JailEngine {
             let file = std::fs::File::open(layer_tar)
                 .map_err(EngineError::io(format!("open {}", layer_tar.display())))?;
             layer::apply(file, &staging.join("layer"), Whiteouts::Overlay, self.ids)?;
-            mark_ids(staging, self.ids)?;
-            let json =
-                serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
-            std::fs::write(staging.join("golden.json"), json)
-                .map_err(EngineError::io("write golden.json"))
+            seal(staging, &golden, self.ids)
         })?;
         self.installed(&golden)
     }
@@ -100,11 +97,7 @@ impl JailEngine {
             template::build_atomically(&dir, |staging| {
                 std::fs::rename(self.box_dir(&builder).join("upper"), staging.join("layer"))
                     .map_err(EngineError::io("move golden layer"))?;
-                mark_ids(staging, self.ids)?;
-                let json = serde_json::to_vec_pretty(&golden)
-                    .map_err(|e| EngineError::Host(e.to_string()))?;
-                std::fs::write(staging.join("golden.json"), json)
-                    .map_err(EngineError::io("write golden.json"))
+                seal(staging, &golden, self.ids)
             })?;
             self.installed(&golden)
         })();
@@ -155,11 +148,7 @@ impl JailEngine {
             }
             let file = std::fs::File::open(&snapshot.layer_tar).map_err(EngineError::io("open"))?;
             layer::apply(file, &layer_dir, Whiteouts::Overlay, self.ids)?;
-            mark_ids(staging, self.ids)?;
-            let json =
-                serde_json::to_vec_pretty(&golden).map_err(|e| EngineError::Host(e.to_string()))?;
-            std::fs::write(staging.join("golden.json"), json)
-                .map_err(EngineError::io("write golden.json"))
+            seal(staging, &golden, self.ids)
         })?;
         self.installed(&golden)
     }
@@ -176,4 +165,12 @@ impl JailEngine {
             ))
         })
     }
+}
+
+/// Finishes a golden's staging directory: the marker of the id range its layer is stored in,
+/// then `golden.json` (what `find_golden` reads), so a golden found is always whole.
+fn seal(staging: &Path, golden: &Golden, ids: Ids) -> Result<()> {
+    mark_ids(staging, ids)?;
+    let json = serde_json::to_vec_pretty(golden).map_err(|e| EngineError::Host(e.to_string()))?;
+    std::fs::write(staging.join("golden.json"), json).map_err(EngineError::io("write golden.json"))
 }
