@@ -102,7 +102,7 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> R
             match whiteouts {
                 Whiteouts::Delete => clear_dir(&parent)?,
                 Whiteouts::Overlay => {
-                    std::fs::create_dir_all(&parent).map_err(EngineError::io("mkdir"))?;
+                    make_parents(root, &parent, ids)?;
                     // The marker follows its directory's entry and precedes its children, so
                     // this clears only what an earlier layer put there (a merge, see
                     // `golden_from_snapshot`); in a fresh upper directory it is a no-op.
@@ -119,12 +119,12 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> R
             let target = parent.join(hidden);
             remove_any(&target)?;
             if whiteouts == Whiteouts::Overlay {
-                std::fs::create_dir_all(&parent).map_err(EngineError::io("mkdir"))?;
+                make_parents(root, &parent, ids)?;
                 mknod_whiteout(&target)?;
             }
             continue;
         }
-        std::fs::create_dir_all(&parent).map_err(EngineError::io("mkdir"))?;
+        make_parents(root, &parent, ids)?;
         let dst = parent.join(&name);
         let kind = entry.header().entry_type();
         match kind {
@@ -166,6 +166,24 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> R
         let header = entry.header();
         let (uid, gid) = (header.uid().unwrap_or(0), header.gid().unwrap_or(0));
         set_owner(&dst, ids.to_host(uid), ids.to_host(gid), header.mode().unwrap_or(0), kind)?;
+    }
+    Ok(())
+}
+
+/// Creates `dir` (inside `root`) and any missing parents, owned by the sandbox's root: a tar
+/// need not list every directory before what is in it.
+fn make_parents(root: &Path, dir: &Path, ids: Ids) -> Result<()> {
+    let mut missing = vec![];
+    let mut at = dir;
+    while at != root && std::fs::symlink_metadata(at).is_err() {
+        missing.push(at.to_path_buf());
+        at = at.parent().unwrap_or(root);
+    }
+    let owner = Some(ids.to_host(0));
+    for d in missing.iter().rev() {
+        std::fs::create_dir(d)
+            .and_then(|()| std::os::unix::fs::lchown(d, owner, owner))
+            .map_err(EngineError::io(format!("mkdir {}", d.display())))?;
     }
     Ok(())
 }

@@ -243,3 +243,14 @@ fn fifos_come_back_as_fifos() {
     assert!(meta.file_type().is_fifo(), "{:?}", meta.file_type());
     assert_eq!(meta.mode() & 0o777, 0o640);
 }
+
+#[test]
+fn directories_a_layer_does_not_list_belong_to_the_sandboxs_root() {
+    use std::os::unix::fs::MetadataExt;
+    let ids = Ids { base: 1 << 20 };
+    let root = tempfile::tempdir().unwrap();
+    apply(&layer(&[("a/b/c/file", b"x")])[..], root.path(), Whiteouts::Overlay, ids).unwrap();
+    for dir in ["a", "a/b", "a/b/c"] {
+        assert_eq!(std::fs::metadata(root.path().join(dir)).unwrap().uid(), 1 << 20, "{dir}");
+    }
+}
