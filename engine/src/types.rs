@@ -252,6 +252,18 @@ pub struct Caps {
     pub egress: bool,
     /// Disk use of a sandbox is bounded.
     pub disk_limit: bool,
+    /// How (`none` when it is not).
+    pub disk_mechanism: DiskMechanism,
+}
+
+/// How an engine bounds a sandbox's disk use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DiskMechanism {
+    /// Not bounded.
+    None,
+    /// A btrfs subvolume per sandbox with a qgroup limit on what it refers to.
+    BtrfsQgroup,
 }
 
 #[cfg(test)]

@@ -57,6 +57,23 @@ pub struct Config {
     pub archive_retention_seconds: Option<u64>,
     /// Join a mesh of nodes (none when unset).
     pub mesh: Option<MeshSection>,
+    /// Disk each size tier may use (where the data directory's filesystem can bound it).
+    pub disk: DiskSection,
+}
+
+/// `[disk]`: MiB a sandbox of each size may use.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DiskSection {
+    pub small_mib: u64,
+    pub medium_mib: u64,
+    pub large_mib: u64,
+}
+
+impl Default for DiskSection {
+    fn default() -> Self {
+        DiskSection { small_mib: 2048, medium_mib: 8192, large_mib: 32768 }
+    }
 }
 
 /// `[mesh]`: this node's place in the mesh.
@@ -206,6 +223,7 @@ impl Default for Config {
             store: StoreConfig::default(),
             archive_after_seconds: None,
             archive_retention_seconds: None,
+            disk: DiskSection::default(),
             mesh: None,
         }
     }

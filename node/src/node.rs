@@ -175,6 +175,11 @@ impl Node {
         )?;
         let mut jail = JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher);
         jail.id_base = cfg.sandbox_id_base;
+        jail.disk = silk_engine::jail::DiskSizes {
+            small: cfg.disk.small_mib.saturating_mul(1 << 20),
+            medium: cfg.disk.medium_mib.saturating_mul(1 << 20),
+            large: cfg.disk.large_mib.saturating_mul(1 << 20),
+        };
         let engine = JailEngine::new(jail)?;
         let (journal, records) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
         let store = lifecycle::open_store(&cfg).await?;

@@ -65,7 +65,9 @@ impl JailEngine {
         }
         let base = Base { template: template.clone(), golden: None };
         let info =
-            self.create(base, &builder, &BoxSpec::new(crate::Size::Medium, Lane::None), None)?;
+            // Unbounded: its upper directory is renamed into the golden (a rename out of a
+            // btrfs subvolume would be EXDEV).
+            self.create(base, &builder, &BoxSpec::new(crate::Size::Medium, Lane::None), None, false)?;
         let built = (|| {
             if !warmup.argv.is_empty() {
                 let AgentAddr::Unix(socket) = &info.agent else {

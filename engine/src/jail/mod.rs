@@ -32,6 +32,7 @@
 //! on a thread with a stack for any depth a sandbox can nest directories to).
 
 mod cgroup;
+mod disk;
 mod goldens;
 mod ids;
 pub mod launch;
@@ -50,10 +51,11 @@ use serde::{Deserialize, Serialize};
 use crate::layer::{self, ID_COUNT, Ids, Whiteouts};
 use crate::template::{self, TemplateDef};
 use crate::{
-    AgentAddr, Base, BoxInfo, BoxSpec, Caps, Digest, Engine, EngineError, Golden, Lane, Result,
-    SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
+    AgentAddr, Base, BoxInfo, BoxSpec, Caps, Digest, DiskMechanism, Engine, EngineError, Golden,
+    Lane, Result, SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
 };
 use cgroup::Cgroups;
+pub use disk::DiskSizes;
 pub use ids::user_namespace;
 use launch::{LISTEN_FD, LaunchSpec, Lower, USERNS_FD};
 
@@ -76,6 +78,8 @@ pub struct JailConfig {
     /// The host uid and gid that is root inside every sandbox; ids 0..65536 inside are
     /// `id_base..id_base + 65536` on the host.
     pub id_base: u32,
+    /// Disk each size tier may use, where the data directory's filesystem can bound it.
+    pub disk: DiskSizes,
 }
 
 impl JailConfig {
@@ -91,6 +95,7 @@ impl JailConfig {
             ready_timeout: Duration::from_secs(10),
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             id_base: DEFAULT_ID_BASE,
+            disk: DiskSizes::default(),
         }
     }
 }
@@ -102,6 +107,7 @@ pub struct JailEngine {
     ids: Ids,
     /// The user namespace every sandbox enters (its maps written once, here).
     userns: OwnedFd,
+    disk: DiskMechanism,
 }
 
 /// What `boxes/<id>/box.json` holds.
@@ -148,7 +154,11 @@ impl JailEngine {
         let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{}", &instance[..12]))?;
         let ids = Ids { base: cfg.id_base };
         let userns = user_namespace(&cfg.launcher, ids)?;
-        let engine = JailEngine { cfg, cgroups, ids, userns };
+        let disk = disk::detect(&cfg.data_dir.join("boxes")).unwrap_or_else(|e| {
+            tracing::warn!("sandboxes' disk use is not bounded: {e}");
+            DiskMechanism::None
+        });
+        let engine = JailEngine { cfg, cgroups, ids, userns, disk };
         engine.remove_incomplete()?;
         engine.thaw_all();
         engine.stop_unconfined();
@@ -224,6 +234,7 @@ impl JailEngine {
         id: &SandboxId,
         spec: &BoxSpec,
         layer: Option<&Path>,
+        bounded: bool,
     ) -> Result<BoxInfo> {
         if spec.lane != Lane::None {
             return Err(EngineError::Unsupported { what: "the egress lane", engine: "jail" });
@@ -236,7 +247,7 @@ impl JailEngine {
             }
             Err(e) => return Err(EngineError::io("mkdir box")(e)),
         }
-        let started = self.start(base, id, spec, layer, &dir);
+        let started = self.start(base, id, spec, layer, &dir, bounded);
         if started.is_err() {
             let _ = self.cgroups.remove(id);
             let _ = remove_tree(&dir);
@@ -251,8 +262,14 @@ impl JailEngine {
         spec: &BoxSpec,
         layer: Option<&Path>,
         dir: &Path,
+        bounded: bool,
     ) -> Result<BoxInfo> {
-        let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
+        if bounded && self.disk == DiskMechanism::BtrfsQgroup {
+            disk::create_limited(dir, "disk", self.cfg.disk.of(spec.size))
+                .map_err(EngineError::io("create the sandbox's disk"))?;
+        }
+        let files = disk::files_dir(dir);
+        let (upper, work, root) = (files.join("upper"), files.join("work"), dir.join("root"));
         for d in [&upper, &work, &root, &dir.join("lower")] {
             std::fs::create_dir(d).map_err(EngineError::io(format!("mkdir {}", d.display())))?;
         }
@@ -277,7 +294,8 @@ impl JailEngine {
         spec: &BoxSpec,
         dir: &Path,
     ) -> Result<BoxInfo> {
-        let (upper, work, root) = (dir.join("upper"), dir.join("work"), dir.join("root"));
+        let files = disk::files_dir(dir);
+        let (upper, work, root) = (files.join("upper"), files.join("work"), dir.join("root"));
         let mut lowers = vec![];
         if let Some(golden) = &base.golden {
             lowers.push(Lower { path: golden.layer.clone(), idmapped_at: None });
@@ -407,7 +425,12 @@ impl Engine for JailEngine {
     }
 
     fn capabilities(&self) -> Caps {
-        Caps { memory_snapshot: false, egress: false, disk_limit: false }
+        Caps {
+            memory_snapshot: false,
+            egress: false,
+            disk_limit: self.disk != DiskMechanism::None,
+            disk_mechanism: self.disk,
+        }
     }
 
     fn template(&self, def: &TemplateDef) -> Result<Template> {
@@ -447,11 +470,11 @@ impl Engine for JailEngine {
 
     fn clone_golden(&self, golden: &Golden, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
         let base = Base { template: golden.template.clone(), golden: Some(golden.clone()) };
-        self.create(base, id, spec, None)
+        self.create(base, id, spec, None, true)
     }
 
     fn boot(&self, template: &Template, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
-        self.create(Base { template: template.clone(), golden: None }, id, spec, None)
+        self.create(Base { template: template.clone(), golden: None }, id, spec, None, true)
     }
 
     fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot> {
@@ -469,7 +492,7 @@ impl Engine for JailEngine {
             let file =
                 std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
             let mut out = std::io::BufWriter::new(file);
-            layer::capture(&self.box_dir(id).join("upper"), &mut out, ids)?;
+            layer::capture(&disk::files_dir(&self.box_dir(id)).join("upper"), &mut out, ids)?;
             let file =
                 out.into_inner().map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
             file.sync_all().map_err(EngineError::io("sync snapshot"))?;
@@ -521,7 +544,7 @@ impl Engine for JailEngine {
                 engine: "jail",
             });
         }
-        self.create(snapshot.base.clone(), id, spec, Some(&snapshot.layer_tar))
+        self.create(snapshot.base.clone(), id, spec, Some(&snapshot.layer_tar), true)
     }
 
     fn stop(&self, id: &SandboxId) -> Result<()> {
@@ -542,7 +565,7 @@ impl Engine for JailEngine {
             // Made with another range (none: before sandboxes had a user namespace, host ids
             // 0..65536): its files move into this one.
             layer::shift_ids(
-                &self.box_dir(id).join("upper"),
+                &disk::files_dir(&self.box_dir(id)).join("upper"),
                 record.id_base.unwrap_or(0),
                 self.ids,
             )?;
