@@ -258,3 +258,42 @@ fn below_the_disk_reserve_new_sandboxes_and_checkpoints_are_refused_and_running_
     assert_eq!(sh(&node, &b, "cat /root/kept"), "kept", "what runs keeps running");
     assert_eq!(node.req("DELETE", &format!("/v1/sandboxes/{}", b.id), Some(&b.token), None).0, 204);
 }
+
+#[test]
+fn a_sandbox_that_fills_its_disk_stops_at_its_tier_and_its_neighbours_go_on() {
+    // A 1 GiB filesystem: a small reserve.
+    let mut node = Sandboxd::start(
+        "min_free_mib = 16\n[disk]\nsmall_mib = 64\n\n[[pools]]\ntemplate = \"host\"\nwarm = 0\n",
+    );
+    // The same node again, its data directory now on a btrfs filesystem (bounded disks).
+    node.kill9();
+    let fs = LoopBtrfs::mount_at(&node.data());
+    node.restart();
+    let caps = &node.info()["capabilities"];
+    assert_eq!(
+        (caps["disk_limit"].as_bool(), caps["disk_mechanism"].as_str()),
+        (Some(true), Some("btrfs_qgroup")),
+        "{caps}"
+    );
+    let a = claim(&node, "{}");
+    let b = claim(&node, "{}");
+    let (_, out) = run(&node, &a, "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; sync");
+    assert!(out.contains("Disk quota exceeded"), "{out}");
+    let filled: u64 = sh(&node, &a, "stat -c %s /root/fill").parse().unwrap();
+    assert!(filled <= 64 << 20, "{filled} bytes past a 64 MiB tier");
+    // The neighbour writes, a new claim and its exec work, and the node's journal has room.
+    assert_eq!(
+        sh(&node, &b, "head -c 10485760 /dev/zero > /root/ten && stat -c %s /root/ten"),
+        "10485760"
+    );
+    let c = claim(&node, "{}");
+    assert_eq!(sh(&node, &c, "echo fine"), "fine");
+    for s in [&a, &b, &c] {
+        assert_eq!(
+            node.req("DELETE", &format!("/v1/sandboxes/{}", s.id), Some(&s.token), None).0,
+            204
+        );
+    }
+    drop(node);
+    drop(fs);
+}

@@ -356,3 +356,30 @@ pub fn busybox_rootfs(dir: &Path) -> PathBuf {
     std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
     root
 }
+
+/// A btrfs filesystem in an image file, loop-mounted at `at` for the value's life (the disk
+/// limit tests need a data directory on btrfs; `scripts/install-test-deps` installs
+/// btrfs-progs).
+pub struct LoopBtrfs {
+    _image: tempfile::TempDir,
+    at: PathBuf,
+}
+
+impl LoopBtrfs {
+    pub fn mount_at(at: &Path) -> LoopBtrfs {
+        let image = tempfile::tempdir().unwrap();
+        let img = image.path().join("fs.img");
+        std::fs::File::create(&img).unwrap().set_len(1 << 30).unwrap();
+        let ok = |cmd: &mut std::process::Command| cmd.status().is_ok_and(|s| s.success());
+        assert!(ok(std::process::Command::new("mkfs.btrfs").arg("-q").arg(&img)), "mkfs.btrfs");
+        std::fs::create_dir_all(at).unwrap();
+        assert!(ok(std::process::Command::new("mount").args(["-o", "loop"]).arg(&img).arg(at)));
+        LoopBtrfs { _image: image, at: at.to_path_buf() }
+    }
+}
+
+impl Drop for LoopBtrfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg("-l").arg(&self.at).status();
+    }
+}
