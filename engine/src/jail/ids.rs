@@ -8,9 +8,21 @@ use std::process::Stdio;
 
 use super::JailEngine;
 use crate::layer::{self, ID_COUNT, Ids};
-use crate::{EngineError, Result};
+use crate::{Engine, EngineError, Result};
 
 impl JailEngine {
+    /// Jails started before sandboxes had a user namespace run as host root: stop them, so the
+    /// next access starts them again (from their files) inside one.
+    pub(super) fn stop_unconfined(&self) {
+        let Ok(boxes) = self.list() else { return };
+        for info in boxes.into_iter().filter(|b| b.running) {
+            if self.record(&info.id).is_ok_and(|r| r.id_base.is_none()) {
+                tracing::warn!(sandbox = %info.id, "stopping a jail that runs without a user namespace");
+                let _ = self.kill(&info.id, info.pid);
+            }
+        }
+    }
+
     /// Goldens stored in another id range (none: built before sandboxes had a user namespace)
     /// move into this one (a marker file `ids` says which range a layer is in).
     pub(super) fn shift_old_goldens(&self) -> Result<()> {

@@ -1,0 +1,67 @@
+//! Small host-side helpers of the jail engine: box removal, log tails, partial-file names,
+//! clocks and process start times, and an image's silkd flags.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::Template;
+
+/// silkd flags carrying an image template's config, so commands run as the image intends.
+pub(super) fn image_defaults(t: &Template) -> Vec<String> {
+    let mut args: Vec<String> =
+        t.env.iter().flat_map(|(k, v)| ["--env".to_string(), format!("{k}={v}")]).collect();
+    if let Some(cwd) = &t.cwd {
+        args.extend(["--default-cwd".to_string(), cwd.clone()]);
+    }
+    // `user:group` images: silkd takes the user (its groups come from the image's /etc/group).
+    if let Some(user) =
+        t.user.as_deref().and_then(|u| u.split(':').next()).filter(|u| !u.is_empty())
+    {
+        args.extend(["--default-user".to_string(), user.to_string()]);
+    }
+    args
+}
+
+/// Removes a box directory. `remove_dir_all` recurses once per level and a sandbox can nest
+/// directories far deeper than a blocking thread's 2 MiB stack: it runs on a thread whose stack
+/// (reserved, not committed) takes a million levels.
+pub(super) fn remove_tree(dir: &Path) -> std::io::Result<()> {
+    let path = dir.to_path_buf();
+    std::thread::Builder::new()
+        .stack_size(1 << 30)
+        .spawn(move || std::fs::remove_dir_all(&path))?
+        .join()
+        .map_err(|_| std::io::Error::other("the remover panicked"))?
+}
+
+/// The last 4 KiB of a jail's log (the file is the sandbox's to grow).
+pub(super) fn log_tail(path: &Path) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut file) = std::fs::File::open(path) else { return String::new() };
+    let _ = file.seek(SeekFrom::End(-4096)).or_else(|_| file.seek(SeekFrom::Start(0)));
+    let mut tail = vec![];
+    let _ = file.take(4096).read_to_end(&mut tail);
+    String::from_utf8_lossy(&tail).into_owned()
+}
+
+/// Where a snapshot is written before it is complete.
+pub(super) fn partial_path(into: &Path) -> PathBuf {
+    let mut name = into.as_os_str().to_owned();
+    name.push(".partial");
+    PathBuf::from(name)
+}
+
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Field 22 of `/proc/<pid>/stat`: the process's start time in clock ticks since boot.
+pub(super) fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_comm = stat.rsplit_once(')')?.1;
+    let state = after_comm.split_whitespace().next()?;
+    if state == "Z" {
+        return None; // dead, waiting to be reaped
+    }
+    after_comm.split_whitespace().nth(19)?.parse().ok()
+}
