@@ -231,22 +231,15 @@ fn floor_with(
     let target = cstr(&root)?;
     let (lower_c, mapped_c) = (cstr(lower)?, cstr(&mapped)?);
     let proc_dir = cstr(&root.join("proc"))?;
-    let masks: Vec<(CString, bool)> = [
-        ("acpi", true),
-        ("kcore", false),
-        ("keys", false),
-        ("latency_stats", false),
-        ("timer_list", false),
-        ("timer_stats", false),
-        ("sched_debug", false),
-        ("scsi", true),
-    ]
-    .iter()
-    .map(|(p, dir)| (cstr(&root.join("proc").join(p)).expect("path"), *dir))
-    .collect();
-    let read_only: Vec<CString> = ["bus", "fs", "irq", "sys", "sysrq-trigger"]
+    // The launcher's own lists; a directory (judged on the host's /proc, the same kernel) gets
+    // an empty tmpfs, a file /dev/null.
+    let masks: Vec<(CString, bool)> = silk_engine::jail::launch::MASKED
         .iter()
-        .map(|p| cstr(&root.join("proc").join(p)).expect("path"))
+        .map(|p| (cstr(&root.join(p)).expect("path"), std::path::Path::new("/").join(p).is_dir()))
+        .collect();
+    let read_only: Vec<CString> = silk_engine::jail::launch::READ_ONLY
+        .iter()
+        .map(|p| cstr(&root.join(p)).expect("path"))
         .collect();
     let opts = CString::new(format!(
         "lowerdir={},upperdir={},workdir={}",

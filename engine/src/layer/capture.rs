@@ -142,18 +142,7 @@ impl<W: std::io::Write> Capture<W> {
             }
             self.links.insert(key, path.to_path_buf());
         }
-        // SAFETY: plain syscalls on a valid C string and a descriptor we own.
-        let file = unsafe {
-            let fd = libc::openat(
-                dir,
-                name.as_ptr(),
-                libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_CLOEXEC | libc::O_NOCTTY,
-            );
-            if fd < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            std::fs::File::from_raw_fd(fd)
-        };
+        let file = std::fs::File::from(open_at(dir, name, libc::O_RDONLY | libc::O_NOCTTY)?);
         let meta = file.metadata()?;
         if meta.ino() != st.st_ino || meta.dev() != st.st_dev {
             return Err(std::io::Error::other("the file changed while it was captured"));
@@ -281,13 +270,14 @@ impl Read for SegmentReader<'_> {
 
 /// Opens the directory `name` under `dirfd` without following a symlink.
 fn open_dir(dirfd: i32, name: &CStr) -> std::io::Result<OwnedFd> {
+    open_at(dirfd, name, libc::O_RDONLY | libc::O_DIRECTORY)
+}
+
+/// `openat` of `name` under `dirfd`, never following a symlink there (close-on-exec).
+fn open_at(dirfd: i32, name: &CStr, flags: i32) -> std::io::Result<OwnedFd> {
     // SAFETY: plain syscall on a valid C string; the result is a fresh descriptor we own.
     unsafe {
-        let fd = libc::openat(
-            dirfd,
-            name.as_ptr(),
-            libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-        );
+        let fd = libc::openat(dirfd, name.as_ptr(), flags | libc::O_NOFOLLOW | libc::O_CLOEXEC);
         if fd < 0 {
             return Err(std::io::Error::last_os_error());
         }

@@ -97,7 +97,7 @@ const KEEP_CAPS: &[u32] = &[
 
 /// runc's default masked paths under /proc: a file gets /dev/null bound over it, a directory an
 /// empty read-only tmpfs. Paths this kernel lacks are skipped. (/sys is not mounted at all.)
-const MASKED: &[&str] = &[
+pub const MASKED: &[&str] = &[
     "proc/acpi",
     "proc/kcore",
     "proc/keys",
@@ -109,7 +109,8 @@ const MASKED: &[&str] = &[
 ];
 
 /// runc's default read-only paths under /proc.
-const READ_ONLY: &[&str] = &["proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"];
+pub const READ_ONLY: &[&str] =
+    &["proc/bus", "proc/fs", "proc/irq", "proc/sys", "proc/sysrq-trigger"];
 
 fn c(path: &Path) -> CString {
     CString::new(path.as_os_str().as_bytes()).expect("launch paths have no NUL bytes")
