@@ -1,6 +1,7 @@
 //! The engine section: jail clone and cold boot (until silkd answers `info`), beside the floor
 //! measured in the same run: `unshare` of the same namespaces + an overlay mount of the same
-//! template + exec of `/bin/true`, done with syscalls from a Rust loop.
+//! template + exec of `/bin/true`, done with syscalls from a Rust loop. Clones run on two
+//! engines: one bounding disks as the data directory's filesystem allows, one not.
 
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
@@ -40,34 +41,43 @@ pub fn run(args: EngineArgs) -> anyhow::Result<()> {
 }
 
 fn sections(args: &EngineArgs, launcher: PathBuf, data: &std::path::Path) -> anyhow::Result<()> {
-    let engine = JailEngine::new(JailConfig::new(data, &args.silkd, &launcher))?;
+    let engine = JailEngine::new(JailConfig::new(data.join("bounded"), &args.silkd, &launcher))?;
     let template = engine.template(&TemplateDef::host())?;
     let golden = engine.prepare(&template, &Warmup::default())?;
+    let mut cfg = JailConfig::new(data.join("unbounded"), &args.silkd, &launcher);
+    cfg.bound_disks = false;
+    let unbounded = JailEngine::new(cfg)?;
+    let free_golden =
+        unbounded.prepare(&unbounded.template(&TemplateDef::host())?, &Warmup::default())?;
+    let mechanism = engine.capabilities().disk_mechanism;
     let spec = BoxSpec::new(Size::Small, Lane::None);
     println!("## jail engine\n\n{}", host_stamp());
 
     let scratch = data.join("floor");
     // A peer tool, when installed: bubblewrap starting /bin/true in the same kinds of namespaces.
     let bwrap = which("bwrap");
-    let (mut floor, mut clone, mut cold, mut peer) =
-        (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    let mut arms: [Samples; 5] = Default::default();
     for i in 0..args.iters + 5 {
         let warm = i >= 5;
         // A B C C B A: the order of the arms reverses every iteration.
-        let order = if i % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+        let order = if i % 2 == 0 { [0, 1, 2, 3, 4] } else { [4, 3, 2, 1, 0] };
         for arm in order {
             let d = match arm {
                 0 => floor_once(&scratch.join(i.to_string()), &template.root)?,
-                1 | 2 => {
+                1..=3 => {
                     let id = format!("bench-{arm}-{i}").parse()?;
                     let t = Instant::now();
-                    if arm == 1 {
-                        engine.clone_golden(&golden, &id, &spec)?;
-                    } else {
-                        engine.boot(&template, &id, &spec)?;
-                    }
+                    match arm {
+                        1 => engine.clone_golden(&golden, &id, &spec)?,
+                        2 => engine.boot(&template, &id, &spec)?,
+                        _ => unbounded.clone_golden(&free_golden, &id, &spec)?,
+                    };
                     let d = t.elapsed();
-                    engine.destroy(&id)?;
+                    if arm == 3 {
+                        unbounded.destroy(&id)?
+                    } else {
+                        engine.destroy(&id)?
+                    }
                     d
                 }
                 _ => match &bwrap {
@@ -76,10 +86,11 @@ fn sections(args: &EngineArgs, launcher: PathBuf, data: &std::path::Path) -> any
                 },
             };
             if warm {
-                [&mut floor, &mut clone, &mut cold, &mut peer][arm].push(d);
+                arms[arm].push(d);
             }
         }
     }
+    let [floor, clone, cold, free_clone, peer] = arms;
     let row = |name: &str, s: &Samples| {
         vec![
             name.to_string(),
@@ -97,8 +108,9 @@ fn sections(args: &EngineArgs, launcher: PathBuf, data: &std::path::Path) -> any
         &["arm", "p50", "p90", "max", "p50 ratio"],
         &[
             row("floor: unshare 6 namespaces + overlay mount + exec /bin/true", &floor),
-            row("clone from golden", &clone),
-            row("cold boot from template", &cold),
+            row(&format!("clone from golden (disk: {mechanism:?})"), &clone),
+            row(&format!("cold boot from template (disk: {mechanism:?})"), &cold),
+            row("clone from golden, disk not bounded", &free_clone),
         ]
         .into_iter()
         .chain(

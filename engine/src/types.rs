@@ -264,6 +264,8 @@ pub enum DiskMechanism {
     None,
     /// A btrfs subvolume per sandbox with a qgroup limit on what it refers to.
     BtrfsQgroup,
+    /// A fixed-size ext4 filesystem in a sparse image file per sandbox, loop-mounted.
+    Ext4Image,
 }
 
 #[cfg(test)]

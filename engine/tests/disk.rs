@@ -1,6 +1,6 @@
-//! Disk limits, on a data directory the test makes on a loop-mounted btrfs filesystem: a
-//! sandbox that fills its disk stops at its tier's limit with EDQUOT, and its neighbour and the
-//! host filesystem go on.
+//! Disk limits, on data directories the tests make on loop-mounted btrfs and ext4 filesystems:
+//! a sandbox that fills its disk stops at its tier's limit (EDQUOT on btrfs, ENOSPC in its
+//! ext4 image), and its neighbour and the host filesystem go on.
 
 mod common;
 
@@ -18,46 +18,81 @@ struct LoopFs {
 }
 
 impl LoopFs {
-    fn btrfs() -> LoopFs {
+    fn new(mkfs: &str, args: &[&str]) -> LoopFs {
         let dir = tempfile::tempdir().unwrap();
         let (img, mnt) = (dir.path().join("fs.img"), dir.path().join("mnt"));
         std::fs::File::create(&img).unwrap().set_len(1 << 30).unwrap();
-        let mkfs = Command::new("mkfs.btrfs").arg("-q").arg(&img).status();
-        assert!(
-            mkfs.is_ok_and(|s| s.success()),
-            "mkfs.btrfs failed: run scripts/install-test-deps (btrfs-progs)"
-        );
+        let made = Command::new(mkfs).args(args).arg(&img).status();
+        assert!(made.is_ok_and(|s| s.success()), "{mkfs} failed: run scripts/install-test-deps");
         std::fs::create_dir(&mnt).unwrap();
         let mount = Command::new("mount").args(["-o", "loop"]).arg(&img).arg(&mnt).status();
         assert!(mount.is_ok_and(|s| s.success()), "mount -o loop failed");
         LoopFs { _dir: dir, mnt }
     }
+
+    fn engine(&self) -> JailEngine {
+        let mut cfg =
+            JailConfig::new(self.mnt.join("data"), static_silkd(), env!("CARGO_BIN_EXE_silk-jail"));
+        cfg.disk = DiskSizes { small: 64 << 20, medium: 128 << 20, large: 256 << 20 };
+        JailEngine::new(cfg).unwrap()
+    }
+
+    /// Mount points under the data directory (the sandboxes' images, the stock).
+    fn mounts(&self) -> Vec<String> {
+        let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let data = self.mnt.join("data");
+        table
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4))
+            .filter(|t| std::path::Path::new(t).starts_with(&data))
+            .map(str::to_string)
+            .collect()
+    }
 }
 
 impl Drop for LoopFs {
     fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.mnt).status();
+        silk_engine::jail::unmount_under(&self.mnt);
     }
 }
 
 #[test]
-fn a_sandbox_fills_its_disk_to_the_tier_limit_and_no_further() {
-    let fs = LoopFs::btrfs();
-    let mut cfg =
-        JailConfig::new(fs.mnt.join("data"), static_silkd(), env!("CARGO_BIN_EXE_silk-jail"));
-    cfg.disk = DiskSizes { small: 64 << 20, medium: 128 << 20, large: 256 << 20 };
-    let engine = JailEngine::new(cfg).unwrap();
+fn on_btrfs_a_sandbox_fills_its_disk_to_the_tier_limit_and_no_further() {
+    let fs = LoopFs::new("mkfs.btrfs", &["-q"]);
+    let engine = fs.engine();
     let caps = engine.capabilities();
     assert!(caps.disk_limit);
     assert_eq!(caps.disk_mechanism, DiskMechanism::BtrfsQgroup);
+    fills_to_the_limit(&fs, &engine, "Disk quota exceeded");
+}
 
+#[test]
+fn on_ext4_a_sandbox_fills_its_image_to_the_tier_limit_and_no_further() {
+    let fs = LoopFs::new("mkfs.ext4", &["-q"]);
+    let engine = fs.engine();
+    let caps = engine.capabilities();
+    assert!(caps.disk_limit);
+    assert_eq!(caps.disk_mechanism, DiskMechanism::Ext4Image);
+    fills_to_the_limit(&fs, &engine, "No space left on device");
+    // What its sandboxes are told (btrfs's df does not show qgroup limits): a disk of the tier's
+    // size.
+    let template = engine.template(&TemplateDef::host()).unwrap();
+    let a = engine.boot(&template, &id("disk-df"), &small()).unwrap();
+    let total_kib: u64 = ok(&a, "df -k / | tail -1 | awk '{print $2}'").parse().unwrap();
+    assert!((48 << 10..=64 << 10).contains(&total_kib), "df says {total_kib} KiB");
+    engine.destroy(&a.id).unwrap();
+    drop(engine);
+    assert_eq!(fs.mounts(), Vec::<String>::new(), "the engine left mounts behind");
+}
+
+fn fills_to_the_limit(fs: &LoopFs, engine: &JailEngine, full: &str) {
     let template = engine.template(&TemplateDef::host()).unwrap();
     let golden = engine.prepare(&template, &Warmup::default()).unwrap();
     let a = engine.clone_golden(&golden, &id("disk-a"), &small()).unwrap();
     let b = engine.clone_golden(&golden, &id("disk-b"), &small()).unwrap();
 
     let (code, out) = sh(&a, "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; sync");
-    assert!(out.contains("Disk quota exceeded"), "exit {code}: {out}");
+    assert!(out.contains(full), "exit {code}: {out}");
     let filled: u64 = ok(&a, "stat -c %s /root/fill").parse().unwrap();
     assert!(filled <= 64 << 20, "the sandbox wrote {filled} bytes past a 64 MiB limit");
     assert!(filled > 32 << 20, "the limit cut in early: {filled} bytes");
@@ -70,13 +105,79 @@ fn a_sandbox_fills_its_disk_to_the_tier_limit_and_no_further() {
     // Freeing space inside lets it write again.
     ok(&a, "rm /root/fill && sync && head -c 1048576 /dev/zero > /root/again");
 
-    // A snapshot restores into a bounded disk too, and removal takes the subvolume.
+    // A snapshot restores into a bounded disk too, and removal takes the disk with the box.
     let snap = engine.snapshot(&a.id, SnapshotMode::KeepRunning, &fs.mnt.join("a.tar")).unwrap();
     let c = engine.restore(&snap, &id("disk-c"), &small()).unwrap();
+    assert_eq!(ok(&c, "stat -c %s /root/again"), "1048576");
     let (_, out) = sh(&c, "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1");
-    assert!(out.contains("Disk quota exceeded"), "{out}");
+    assert!(out.contains(full), "{out}");
     for info in [&a, &b, &c] {
         engine.destroy(&info.id).unwrap();
-        assert!(!fs.mnt.join("data/boxes").join(info.id.as_str()).exists());
+        let dir = fs.mnt.join("data/boxes").join(info.id.as_str());
+        assert!(!dir.exists());
+        assert!(!fs.mounts().iter().any(|m| m.starts_with(dir.to_str().unwrap())), "{dir:?}");
+    }
+}
+
+#[test]
+fn an_image_unmounted_by_a_reboot_is_mounted_again_and_keeps_its_files() {
+    let fs = LoopFs::new("mkfs.ext4", &["-q"]);
+    let engine = fs.engine();
+    let template = engine.template(&TemplateDef::host()).unwrap();
+    let a = engine.boot(&template, &id("disk-r"), &small()).unwrap();
+    ok(&a, "echo kept > /root/note && sync");
+    engine.stop(&a.id).unwrap();
+    drop(engine);
+    // What a host reboot leaves: the box's files in its image, nothing mounted.
+    let disk = fs.mnt.join("data/boxes/disk-r/disk");
+    silk_engine::jail::unmount_under(&disk);
+    assert!(!fs.mounts().iter().any(|m| m.ends_with("disk-r/disk")));
+
+    let engine = fs.engine();
+    let a = engine.resume(&id("disk-r")).unwrap();
+    assert_eq!(ok(&a, "cat /root/note"), "kept");
+    let (_, out) = sh(&a, "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1");
+    assert!(out.contains("No space left on device"), "{out}");
+    engine.destroy(&a.id).unwrap();
+}
+
+#[test]
+fn new_sandboxes_take_images_made_ahead() {
+    let fs = LoopFs::new("mkfs.ext4", &["-q"]);
+    let engine = fs.engine();
+    let template = engine.template(&TemplateDef::host()).unwrap();
+    let first = engine.boot(&template, &id("disk-s1"), &small()).unwrap();
+    // The first small sandbox made its image itself and asked for a stock of them.
+    let stocked = || fs.mounts().iter().filter(|m| m.contains("/data/disks/")).count();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while stocked() < 2 {
+        assert!(std::time::Instant::now() < deadline, "no stock after 20 s: {:?}", fs.mounts());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let stock_images = || -> Vec<u64> {
+        use std::os::unix::fs::MetadataExt;
+        let mut inodes = vec![];
+        for instance in std::fs::read_dir(fs.mnt.join("data/disks")).unwrap().flatten() {
+            for entry in std::fs::read_dir(instance.path()).unwrap().flatten() {
+                if let Ok(m) = std::fs::metadata(entry.path().join("disk.img")) {
+                    inodes.push(m.ino());
+                }
+            }
+        }
+        inodes
+    };
+    let before = stock_images();
+    let second = engine.boot(&template, &id("disk-s2"), &small()).unwrap();
+    let taken = std::os::unix::fs::MetadataExt::ino(
+        &std::fs::metadata(fs.mnt.join("data/boxes/disk-s2/disk.img")).unwrap(),
+    );
+    assert!(before.contains(&taken), "disk-s2's image {taken} is not one of {before:?}");
+    let (_, out) = sh(&second, "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1");
+    assert!(out.contains("No space left on device"), "{out}");
+    // Each has its own filesystem.
+    ok(&first, "echo one > /root/mine");
+    assert_eq!(sh(&second, "cat /root/mine").0, 1);
+    for info in [&first, &second] {
+        engine.destroy(&info.id).unwrap();
     }
 }

@@ -171,7 +171,7 @@ fn root_inside_is_an_unprivileged_host_id_and_templates_still_look_root_owned() 
         "mkdir -p /home/user/d && chown 1000:1000 /home/user/d && touch /home/user/d/f && chown 1000 /home/user/d/f",
     );
     // On the host those files belong to the range, never to host root.
-    let upper = box_dir(&h, &a).join("upper");
+    let upper = upper_dir(&h, &a.id);
     for (path, uid) in [("made", base), ("etc/hosts", base), ("home/user/d/f", base + 1000)] {
         let meta = std::fs::symlink_metadata(upper.join(path)).unwrap();
         assert_eq!(meta.uid(), uid, "{path} is owned by {} on the host", meta.uid());
@@ -279,7 +279,7 @@ fn setuid_files_a_sandbox_makes_give_nothing_on_the_host() {
     let g = h.golden(&[]);
     let a = h.engine.clone_golden(&g, &id("iso-suid"), &small()).unwrap();
     ok(&a, "cp /bin/sh /opt/rootsh && chmod 4755 /opt/rootsh && ls -l /opt/rootsh");
-    let file = box_dir(&h, &a).join("upper/opt/rootsh");
+    let file = upper_dir(&h, &a.id).join("opt/rootsh");
     let meta = std::fs::metadata(&file).unwrap();
     assert_ne!(meta.uid(), 0, "a setuid file owned by host root");
     for dir in [h.data.path().to_path_buf(), h.data.path().join("boxes"), box_dir(&h, &a)] {

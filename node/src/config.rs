@@ -65,6 +65,8 @@ pub struct Config {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct DiskSection {
+    /// Off: sandboxes' disks are not bounded (no image or subvolume per sandbox).
+    pub bounded: bool,
     pub small_mib: u64,
     pub medium_mib: u64,
     pub large_mib: u64,
@@ -72,7 +74,7 @@ pub struct DiskSection {
 
 impl Default for DiskSection {
     fn default() -> Self {
-        DiskSection { small_mib: 2048, medium_mib: 8192, large_mib: 32768 }
+        DiskSection { bounded: true, small_mib: 2048, medium_mib: 8192, large_mib: 32768 }
     }
 }
 

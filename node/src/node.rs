@@ -180,6 +180,7 @@ impl Node {
             medium: cfg.disk.medium_mib.saturating_mul(1 << 20),
             large: cfg.disk.large_mib.saturating_mul(1 << 20),
         };
+        jail.bound_disks = cfg.disk.bounded;
         let engine = JailEngine::new(jail)?;
         let (journal, records) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
         let store = lifecycle::open_store(&cfg).await?;

@@ -164,7 +164,9 @@ fn root_in_a_sandbox_holds_nothing_over_the_host() {
 
     // A setuid shell made inside is no root shell for an unprivileged host user.
     sh(&node, &b, "cp /bin/sh /opt/rootsh && chmod 4755 /opt/rootsh");
-    let file = node.data().join("engine/boxes").join(&b.id).join("upper/opt/rootsh");
+    let dir = node.data().join("engine/boxes").join(&b.id);
+    let files = if dir.join("disk").is_dir() { dir.join("disk") } else { dir };
+    let file = files.join("upper/opt/rootsh");
     let meta = std::fs::metadata(&file).unwrap();
     assert_ne!(meta.uid(), 0, "owned by host root");
     assert_eq!(meta.mode() & 0o4000, 0o4000, "the bit is kept for the sandbox's own use");
@@ -260,25 +262,34 @@ fn below_the_disk_reserve_new_sandboxes_and_checkpoints_are_refused_and_running_
 }
 
 #[test]
-fn a_sandbox_that_fills_its_disk_stops_at_its_tier_and_its_neighbours_go_on() {
+fn on_btrfs_a_sandbox_that_fills_its_disk_stops_at_its_tier_and_its_neighbours_go_on() {
+    fills_its_disk("btrfs", "btrfs_qgroup", "Disk quota exceeded");
+}
+
+#[test]
+fn on_ext4_a_sandbox_that_fills_its_disk_stops_at_its_tier_and_its_neighbours_go_on() {
+    fills_its_disk("ext4", "ext4_image", "No space left on device");
+}
+
+fn fills_its_disk(fs_kind: &str, mechanism: &str, full: &str) {
     // A 1 GiB filesystem: a small reserve.
     let mut node = Sandboxd::start(
         "min_free_mib = 16\n[disk]\nsmall_mib = 64\n\n[[pools]]\ntemplate = \"host\"\nwarm = 0\n",
     );
-    // The same node again, its data directory now on a btrfs filesystem (bounded disks).
+    // The same node again, its data directory now on a filesystem of that kind.
     node.kill9();
-    let fs = LoopBtrfs::mount_at(&node.data());
+    let fs = LoopFs::mount_at(&node.data(), fs_kind);
     node.restart();
     let caps = &node.info()["capabilities"];
     assert_eq!(
         (caps["disk_limit"].as_bool(), caps["disk_mechanism"].as_str()),
-        (Some(true), Some("btrfs_qgroup")),
+        (Some(true), Some(mechanism)),
         "{caps}"
     );
     let a = claim(&node, "{}");
     let b = claim(&node, "{}");
     let (_, out) = run(&node, &a, "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1; sync");
-    assert!(out.contains("Disk quota exceeded"), "{out}");
+    assert!(out.contains(full), "{out}");
     let filled: u64 = sh(&node, &a, "stat -c %s /root/fill").parse().unwrap();
     assert!(filled <= 64 << 20, "{filled} bytes past a 64 MiB tier");
     // The neighbour writes, a new claim and its exec work, and the node's journal has room.

@@ -5,7 +5,10 @@
 //! ```text
 //! templates/<kind>-<digest>/root     materialised templates (host skeletons, flattened images)
 //! goldens/<digest>/{layer,golden.json,ids}   warmup results, read-only lower layers
-//! boxes/<id>/{box.json,launch.json,upper,work,root,lower,agent.sock,agent.log}
+//! boxes/<id>/{box.json,launch.json,root,lower,agent.sock,agent.log}
+//! boxes/<id>/[disk/]{upper,work}      the sandbox's files (in `disk/` where its disk is bounded)
+//! boxes/<id>/disk.img                the sandbox's disk, where it is an ext4 image
+//! disks/<engine>/<n>/{disk.img,mnt}    images made ahead (see `disk`)
 //! ```
 //! `box.json` is the record [`Engine::list`] reads back after the node restarts; a sandbox is
 //! running when the pid it names is alive *and* has the start time recorded with it, so a reused
@@ -56,8 +59,8 @@ use crate::{
     Lane, Result, SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
 };
 use cgroup::Cgroups;
-pub use disk::DiskSizes;
-use host::{image_defaults, log_tail, now_ms, partial_path, remove_tree, start_time};
+pub use disk::{DiskSizes, unmount_under};
+use host::{image_defaults, log_tail, now_ms, partial_path, start_time};
 pub use ids::user_namespace;
 use launch::{LISTEN_FD, LaunchSpec, Lower, USERNS_FD};
 
@@ -82,6 +85,8 @@ pub struct JailConfig {
     pub id_base: u32,
     /// Disk each size tier may use, where the data directory's filesystem can bound it.
     pub disk: DiskSizes,
+    /// Whether to bound sandboxes' disks at all (off: no images, no subvolumes).
+    pub bound_disks: bool,
 }
 
 impl JailConfig {
@@ -98,6 +103,7 @@ impl JailConfig {
             cgroup_root: PathBuf::from("/sys/fs/cgroup"),
             id_base: DEFAULT_ID_BASE,
             disk: DiskSizes::default(),
+            bound_disks: true,
         }
     }
 }
@@ -109,7 +115,7 @@ pub struct JailEngine {
     ids: Ids,
     /// The user namespace every sandbox enters (its maps written once, here).
     userns: OwnedFd,
-    disk: DiskMechanism,
+    disks: disk::Disks,
 }
 
 /// What `boxes/<id>/box.json` holds.
@@ -146,7 +152,7 @@ impl JailEngine {
             )));
         }
         // Sandboxes' files (setuid ones too) sit under these: nobody but root gets in.
-        for dir in ["", "templates", "goldens", "boxes"] {
+        for dir in ["", "templates", "goldens", "boxes", "disks"] {
             let d = cfg.data_dir.join(dir);
             std::fs::create_dir_all(&d)
                 .and_then(|()| std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)))
@@ -156,11 +162,8 @@ impl JailEngine {
         let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{}", &instance[..12]))?;
         let ids = Ids { base: cfg.id_base };
         let userns = user_namespace(&cfg.launcher, ids)?;
-        let disk = disk::detect(&cfg.data_dir.join("boxes")).unwrap_or_else(|e| {
-            tracing::warn!("sandboxes' disk use is not bounded: {e}");
-            DiskMechanism::None
-        });
-        let engine = JailEngine { cfg, cgroups, ids, userns, disk };
+        let disks = disk::Disks::open(&cfg.data_dir, cfg.disk, cfg.bound_disks);
+        let engine = JailEngine { cfg, cgroups, ids, userns, disks };
         engine.remove_incomplete()?;
         engine.thaw_all();
         engine.stop_unconfined();
@@ -179,7 +182,7 @@ impl JailEngine {
             if self.record(&id).is_err() {
                 tracing::warn!(sandbox = %id, "removing a sandbox whose start was interrupted");
                 self.cgroups.remove(&id)?;
-                remove_tree(&entry.path()).map_err(EngineError::io(format!("remove {id}")))?;
+                disk::remove_box(&entry.path()).map_err(EngineError::io(format!("remove {id}")))?;
             }
         }
         Ok(())
@@ -240,7 +243,7 @@ impl JailEngine {
         let started = self.start(base, id, spec, layer, &dir, bounded);
         if started.is_err() {
             let _ = self.cgroups.remove(id);
-            let _ = remove_tree(&dir);
+            let _ = disk::remove_box(&dir);
         }
         started
     }
@@ -254,9 +257,8 @@ impl JailEngine {
         dir: &Path,
         bounded: bool,
     ) -> Result<BoxInfo> {
-        if bounded && self.disk == DiskMechanism::BtrfsQgroup {
-            disk::create_limited(dir, "disk", self.cfg.disk.of(spec.size))
-                .map_err(EngineError::io("create the sandbox's disk"))?;
+        if bounded {
+            self.disks.make(dir, spec.size).map_err(EngineError::io("make the sandbox's disk"))?;
         }
         let files = disk::files_dir(dir);
         let (upper, work, root) = (files.join("upper"), files.join("work"), dir.join("root"));
@@ -418,8 +420,8 @@ impl Engine for JailEngine {
         Caps {
             memory_snapshot: false,
             egress: false,
-            disk_limit: self.disk != DiskMechanism::None,
-            disk_mechanism: self.disk,
+            disk_limit: self.disks.mechanism() != DiskMechanism::None,
+            disk_mechanism: self.disks.mechanism(),
         }
     }
 
@@ -572,7 +574,7 @@ impl Engine for JailEngine {
     fn destroy(&self, id: &SandboxId) -> Result<()> {
         let record = self.record(id)?;
         self.kill(id, self.live_pid(&record))?;
-        remove_tree(&self.box_dir(id)).map_err(EngineError::io(format!("remove sandbox {id}")))
+        disk::remove_box(&self.box_dir(id)).map_err(EngineError::io(format!("remove sandbox {id}")))
     }
 
     fn list(&self) -> Result<Vec<BoxInfo>> {

@@ -2,7 +2,7 @@
 //! in sandboxes through silkd.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use silk_engine::jail::{JailConfig, JailEngine};
@@ -65,6 +65,12 @@ impl Drop for Harness {
     }
 }
 
+/// A box's upper directory: in its disk, where the disk is bounded.
+pub fn upper_dir(h: &Harness, id: &SandboxId) -> PathBuf {
+    let dir = h.data.path().join("boxes").join(id.as_str());
+    if dir.join("disk").is_dir() { dir.join("disk/upper") } else { dir.join("upper") }
+}
+
 pub fn id(s: &str) -> SandboxId {
     s.parse().unwrap()
 }
@@ -117,8 +123,9 @@ pub fn traces(h: &Harness, id: &SandboxId, pid: Option<u32>) -> Vec<String> {
         found.push(format!("process {pid}"));
     }
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    if mounts.contains(h.data.path().to_str().unwrap()) {
-        found.push("a mount under the data directory".to_string());
+    let dir = h.data.path().join("boxes").join(id.as_str());
+    if mounts.lines().filter_map(|l| l.split(' ').nth(4)).any(|m| Path::new(m).starts_with(&dir)) {
+        found.push("a mount under its box directory".to_string());
     }
     found
 }

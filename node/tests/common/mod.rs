@@ -206,6 +206,9 @@ impl Drop for Sandboxd {
             }
             let _ = std::fs::remove_dir(&group);
         }
+        // Sandboxes' disk images stay mounted when their node dies (by design): the temp
+        // directory can only go once they are unmounted.
+        silk_engine::jail::unmount_under(&self.data());
     }
 }
 
@@ -360,26 +363,28 @@ pub fn busybox_rootfs(dir: &Path) -> PathBuf {
 /// A btrfs filesystem in an image file, loop-mounted at `at` for the value's life (the disk
 /// limit tests need a data directory on btrfs; `scripts/install-test-deps` installs
 /// btrfs-progs).
-pub struct LoopBtrfs {
+pub struct LoopFs {
     _image: tempfile::TempDir,
     at: PathBuf,
 }
 
-impl LoopBtrfs {
-    pub fn mount_at(at: &Path) -> LoopBtrfs {
+impl LoopFs {
+    /// A 1 GiB filesystem of `kind` (`btrfs`, `ext4`) in an image file, mounted at `at`.
+    pub fn mount_at(at: &Path, kind: &str) -> LoopFs {
         let image = tempfile::tempdir().unwrap();
         let img = image.path().join("fs.img");
         std::fs::File::create(&img).unwrap().set_len(1 << 30).unwrap();
         let ok = |cmd: &mut std::process::Command| cmd.status().is_ok_and(|s| s.success());
-        assert!(ok(std::process::Command::new("mkfs.btrfs").arg("-q").arg(&img)), "mkfs.btrfs");
+        let mkfs = format!("mkfs.{kind}");
+        assert!(ok(std::process::Command::new(&mkfs).arg("-q").arg(&img)), "{mkfs}");
         std::fs::create_dir_all(at).unwrap();
         assert!(ok(std::process::Command::new("mount").args(["-o", "loop"]).arg(&img).arg(at)));
-        LoopBtrfs { _image: image, at: at.to_path_buf() }
+        LoopFs { _image: image, at: at.to_path_buf() }
     }
 }
 
-impl Drop for LoopBtrfs {
+impl Drop for LoopFs {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("umount").arg("-l").arg(&self.at).status();
+        silk_engine::jail::unmount_under(&self.at);
     }
 }

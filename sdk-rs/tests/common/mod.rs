@@ -148,6 +148,8 @@ impl Drop for Sandboxd {
             }
             let _ = std::fs::remove_dir(g);
         }
+        // Sandboxes' disk images stay mounted when their node dies (by design).
+        silk_engine::jail::unmount_under(&self.data());
     }
 }
 

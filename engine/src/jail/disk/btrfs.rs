@@ -1,39 +1,10 @@
-//! Disk limits: a sandbox's files (its overlay upper and work directories) live where the kernel
-//! bounds them. Where the data directory is on btrfs, each sandbox gets a subvolume with a
-//! qgroup limit on what it refers to (`max_rfer`): a write past it fails with `EDQUOT` inside
-//! the sandbox, and nothing else on the filesystem notices. Made with ioctls (the btrfs CLI
-//! costs a process start per sandbox). Elsewhere there is no mechanism yet (the node's
-//! `min_free_mib` reserve still protects the journal).
+//! btrfs: a subvolume per sandbox with a qgroup limit on what it refers to (`max_rfer`); a write
+//! past it fails with `EDQUOT` inside the sandbox. Made with ioctls (the btrfs CLI costs a
+//! process start per sandbox).
 
 use std::ffi::CString;
 use std::os::fd::AsRawFd;
 use std::path::Path;
-
-use crate::{DiskMechanism, Size};
-
-/// Bytes a sandbox of each size may refer to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DiskSizes {
-    pub small: u64,
-    pub medium: u64,
-    pub large: u64,
-}
-
-impl Default for DiskSizes {
-    fn default() -> Self {
-        DiskSizes { small: 2 << 30, medium: 8 << 30, large: 32 << 30 }
-    }
-}
-
-impl DiskSizes {
-    pub fn of(&self, size: Size) -> u64 {
-        match size {
-            Size::Small => self.small,
-            Size::Medium => self.medium,
-            Size::Large => self.large,
-        }
-    }
-}
 
 const BTRFS_SUPER_MAGIC: i64 = 0x9123_683e;
 /// `_IOWR(0x94, 40, struct btrfs_ioctl_quota_ctl_args)`.
@@ -84,21 +55,23 @@ struct VolArgsV2 {
     name: [u8; 4040],
 }
 
-/// The mechanism the filesystem holding `dir` allows, turning btrfs quotas on if they are off
-/// (idempotent; the first time the kernel rescans the filesystem, which this waits for).
-pub fn detect(dir: &Path) -> std::io::Result<DiskMechanism> {
+/// Whether `dir` is on btrfs.
+pub fn is_btrfs(dir: &Path) -> std::io::Result<bool> {
     let file = std::fs::File::open(dir)?;
     // SAFETY: fstatfs fills `st` on success.
-    let magic = unsafe {
+    unsafe {
         let mut st: libc::statfs = std::mem::zeroed();
         if libc::fstatfs(file.as_raw_fd(), &mut st) != 0 {
             return Err(std::io::Error::last_os_error());
         }
-        st.f_type as i64
-    };
-    if magic != BTRFS_SUPER_MAGIC {
-        return Ok(DiskMechanism::None);
+        Ok(st.f_type as i64 == BTRFS_SUPER_MAGIC)
     }
+}
+
+/// Turns quotas on for the filesystem holding `dir` (idempotent; the first time the kernel
+/// rescans the filesystem, which this waits for).
+pub fn enable_quotas(dir: &Path) -> std::io::Result<()> {
+    let file = std::fs::File::open(dir)?;
     let mut args = QuotaCtlArgs { cmd: BTRFS_QUOTA_CTL_ENABLE, status: 0 };
     // SAFETY: the ioctls take the struct given (or nothing) on an open directory.
     unsafe {
@@ -107,7 +80,7 @@ pub fn detect(dir: &Path) -> std::io::Result<DiskMechanism> {
         }
         libc::ioctl(file.as_raw_fd(), BTRFS_IOC_QUOTA_RESCAN_WAIT as libc::Ioctl);
     }
-    Ok(DiskMechanism::BtrfsQgroup)
+    Ok(())
 }
 
 /// Creates the subvolume `name` in `parent`, its referenced bytes limited to `max_bytes`, in
@@ -149,13 +122,6 @@ pub fn create_limited(parent: &Path, name: &str, max_bytes: u64) -> std::io::Res
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
-}
-
-/// Where a box keeps its upper and work directories: `disk/` when it has a bounded disk,
-/// else the box directory itself (boxes made without one).
-pub fn files_dir(box_dir: &Path) -> std::path::PathBuf {
-    let disk = box_dir.join("disk");
-    if disk.is_dir() { disk } else { box_dir.to_path_buf() }
 }
 
 #[cfg(test)]

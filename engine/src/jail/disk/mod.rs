@@ -1,0 +1,139 @@
+//! Disk limits: a sandbox's files (its overlay upper and work directories, `boxes/<id>/disk/`)
+//! live where the kernel bounds them, so a sandbox that fills its disk stops at its tier and
+//! nothing else on the host notices. The mechanism follows the data directory's filesystem:
+//! on btrfs a subvolume with a qgroup limit ([`btrfs`]); elsewhere a fixed-size ext4 image,
+//! loop-mounted ([`image`]), taken from a [`stock`] made ahead. Without either (no mkfs.ext4
+//! or loop devices) disks are not bounded and the node's `min_free_mib` reserve is what keeps
+//! the host's disk from filling.
+
+mod btrfs;
+mod image;
+mod stock;
+
+use std::io;
+use std::path::{Path, PathBuf};
+
+use crate::{DiskMechanism, Size};
+pub use image::unmount_under;
+use stock::Stock;
+
+/// Bytes a sandbox of each size may refer to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DiskSizes {
+    pub small: u64,
+    pub medium: u64,
+    pub large: u64,
+}
+
+impl Default for DiskSizes {
+    fn default() -> Self {
+        DiskSizes { small: 2 << 30, medium: 8 << 30, large: 32 << 30 }
+    }
+}
+
+impl DiskSizes {
+    pub fn of(&self, size: Size) -> u64 {
+        match size {
+            Size::Small => self.small,
+            Size::Medium => self.medium,
+            Size::Large => self.large,
+        }
+    }
+}
+
+/// The engine's disk bound: its mechanism, the tiers' sizes and the stock of images.
+#[derive(Debug)]
+pub struct Disks {
+    mechanism: DiskMechanism,
+    sizes: DiskSizes,
+    stock: Option<Stock>,
+}
+
+impl Disks {
+    /// Picks the mechanism for the data directory's filesystem (turning btrfs quotas on), and
+    /// mounts again the images of boxes a host reboot unmounted (made while `bound` was on).
+    pub fn open(data_dir: &Path, sizes: DiskSizes, bound: bool) -> Disks {
+        let boxes = data_dir.join("boxes");
+        remount_images(&boxes);
+        if !bound {
+            return Disks { mechanism: DiskMechanism::None, sizes, stock: None };
+        }
+        let unbounded = |why: String| {
+            tracing::warn!("sandboxes' disk use is not bounded: {why}");
+            DiskMechanism::None
+        };
+        let mechanism = match btrfs::is_btrfs(&boxes) {
+            Ok(true) => match btrfs::enable_quotas(&boxes) {
+                Ok(()) => DiskMechanism::BtrfsQgroup,
+                Err(e) => unbounded(format!("enabling btrfs quotas: {e}")),
+            },
+            Ok(false) if image::available() => DiskMechanism::Ext4Image,
+            Ok(false) => unbounded("mkfs.ext4 or /dev/loop-control is missing".into()),
+            Err(e) => unbounded(e.to_string()),
+        };
+        let stock = match mechanism {
+            DiskMechanism::Ext4Image => Stock::open(&data_dir.join("disks"), sizes)
+                .inspect_err(|e| tracing::warn!("no stock of disk images: {e}"))
+                .ok(),
+            _ => None,
+        };
+        Disks { mechanism, sizes, stock }
+    }
+
+    pub fn mechanism(&self) -> DiskMechanism {
+        self.mechanism
+    }
+
+    /// Makes `box_dir/disk`, bounded to `size`'s tier.
+    pub fn make(&self, box_dir: &Path, size: Size) -> io::Result<()> {
+        let bytes = self.sizes.of(size);
+        match self.mechanism {
+            DiskMechanism::None => Ok(()),
+            DiskMechanism::BtrfsQgroup => btrfs::create_limited(box_dir, "disk", bytes),
+            DiskMechanism::Ext4Image => {
+                let (image, at) = (box_dir.join("disk.img"), box_dir.join("disk"));
+                std::fs::create_dir(&at)?;
+                let taken = match &self.stock {
+                    Some(stock) => stock.take(size, &image, &at)?,
+                    None => false,
+                };
+                if !taken {
+                    image::make(&image, bytes)?;
+                    image::mount(&image, &at)?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Removes a box directory, its disk image unmounted first.
+pub fn remove_box(box_dir: &Path) -> io::Result<()> {
+    let disk = box_dir.join("disk");
+    if box_dir.join("disk.img").is_file() && image::is_mountpoint(&disk) {
+        image::unmount(&disk)?;
+    }
+    super::host::remove_tree(box_dir)
+}
+
+/// Mounts the image of every box whose image is not mounted (after a host reboot), checking
+/// it first: a crash can leave it half written.
+fn remount_images(boxes: &Path) {
+    let Ok(entries) = std::fs::read_dir(boxes) else { return };
+    for entry in entries.flatten() {
+        let (image, at) = (entry.path().join("disk.img"), entry.path().join("disk"));
+        if image.is_file() && at.is_dir() && !image::is_mountpoint(&at) {
+            image::repair(&image);
+            if let Err(e) = image::mount(&image, &at) {
+                tracing::warn!(image = %image.display(), "mounting a sandbox's disk: {e}");
+            }
+        }
+    }
+}
+
+/// Where a box keeps its upper and work directories: `disk/` when it has a bounded disk,
+/// else the box directory itself (boxes made without one).
+pub fn files_dir(box_dir: &Path) -> PathBuf {
+    let disk = box_dir.join("disk");
+    if disk.is_dir() { disk } else { box_dir.to_path_buf() }
+}
