@@ -35,6 +35,8 @@ pub fn run(args: ClusterArgs) -> anyhow::Result<()> {
     let work = args.dir.join(format!("silkbench-cluster-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let result = measure(&args, &work);
+    // Disk images of sandboxes a killed node left are still mounted.
+    silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }

@@ -59,6 +59,8 @@ pub async fn run(args: FleetArgs) -> anyhow::Result<()> {
     let node = NodeProc::start(&args.silkd, &work, &config)?;
     let result = sections(&args, &node, &work).await;
     drop(node);
+    // Disk images of sandboxes a killed node left are still mounted.
+    silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }

@@ -37,6 +37,8 @@ pub fn run(args: LifecycleArgs) -> anyhow::Result<()> {
     let config = "[[pools]]\ntemplate = \"host\"\nwarm = 2\nwarm_max = 2\n";
     let result =
         NodeProc::start(&args.silkd, &work, config).and_then(|node| measure(&args, &node, &work));
+    // Disk images of sandboxes a killed node left are still mounted.
+    silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }

@@ -105,6 +105,8 @@ pub fn run(args: MeshArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&work)?;
     let result = sandboxd(&["mesh", "ca", "init", "--dir", certs.to_str().context("path")?])
         .and_then(|()| measure(&args, &work, &certs));
+    // Disk images of sandboxes a killed node left are still mounted.
+    silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }

@@ -155,6 +155,8 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let config = "max_claims = 100000\n[[pools]]\ntemplate = \"host\"\nwarm = 4\nwarm_max = 4\n";
     let result = NodeProc::start(&args.silkd, &work, config)
         .and_then(|node| sections(&args, node.addr, &work));
+    // Disk images of sandboxes a killed node left are still mounted.
+    silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }

@@ -41,6 +41,8 @@ pub async fn run(args: SdkArgs) -> anyhow::Result<()> {
         Ok(node) => measure(&args, node.addr).await,
         Err(e) => Err(e),
     };
+    // Disk images of sandboxes a killed node left are still mounted.
+    silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }

@@ -49,6 +49,8 @@ pub async fn run(args: VerbsArgs) -> anyhow::Result<()> {
     let work = args.dir.join(format!("silkbench-verbs-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let result = sections(&args, &silkd_bin, &work).await;
+    // Disk images of sandboxes a killed node left are still mounted.
+    silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
