@@ -12,6 +12,8 @@
 //! seccomp) is in [`jail`]; VM backends will implement the same trait.
 
 mod error;
+#[cfg(feature = "fake")]
+pub mod fake;
 pub mod jail;
 pub mod layer;
 mod oci;

@@ -1,5 +1,5 @@
 //! The HTTP API: routes, authentication, request parsing, and JSON shapes. Handlers turn HTTP
-//! into typed calls on [`Node`] and its results into JSON; every failure is an [`ApiError`].
+//! into typed calls on [`Node`] and its results into JSON; every failure is an [`NodeError`].
 //!
 //! Auth: `Authorization: Bearer <token>`. Node routes need the root token (when one is
 //! configured). Sandbox routes take that sandbox's own token or the root token; anything else
@@ -22,7 +22,7 @@ use silk_proto::{Command, Connection, ExecRequest, Frame};
 
 use crate::claims::{ClaimRecord, ClaimRequest, checked_ttl};
 use crate::config::PoolConfig;
-use crate::error::ApiError;
+use crate::error::{Code, NodeError};
 use crate::node::{Claimed, Node};
 use crate::{edge, openapi, relay};
 
@@ -60,13 +60,9 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/checkpoints/{id}/claim", post(branch))
         .route("/v1/templates", get(templates))
         .route("/v1/templates/{name}", axum::routing::delete(delete_template))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "no_route", "no such route") })
+        .fallback(|| async { NodeError::new(Code::NoRoute, "no such route") })
         .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed on this route",
-            )
+            NodeError::new(Code::MethodNotAllowed, "method not allowed on this route")
         })
         .layer(DefaultBodyLimit::max(limit))
         .with_state(node)
@@ -76,17 +72,17 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
     headers.get(header::AUTHORIZATION)?.to_str().ok()?.strip_prefix("Bearer ").map(str::trim)
 }
 
-fn root(node: &Node, headers: &HeaderMap) -> Result<(), ApiError> {
-    if node.is_root(bearer(headers)) { Ok(()) } else { Err(ApiError::unauthorized()) }
+fn root(node: &Node, headers: &HeaderMap) -> Result<(), NodeError> {
+    if node.is_root(bearer(headers)) { Ok(()) } else { Err(NodeError::unauthorized()) }
 }
 
 /// Runs `work` to its end even if the client goes away. hyper drops a handler's future when
 /// its connection closes; a claim or lifecycle call cut between its engine step and its journal
 /// write would leave a sandbox between states (or a claim slot counted forever).
 pub async fn detached<T: Send + 'static>(
-    work: impl Future<Output = Result<T, ApiError>> + Send + 'static,
-) -> Result<T, ApiError> {
-    tokio::spawn(work).await.map_err(|e| ApiError::internal(format!("task: {e}")))?
+    work: impl Future<Output = Result<T, NodeError>> + Send + 'static,
+) -> Result<T, NodeError> {
+    tokio::spawn(work).await.map_err(|e| NodeError::internal(format!("task: {e}")))?
 }
 
 /// A JSON body whose rejections are API errors (400, 413, 415) in the usual shape.
@@ -94,9 +90,9 @@ pub async fn detached<T: Send + 'static>(
 pub struct JsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
-    type Rejection = ApiError;
+    type Rejection = NodeError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, NodeError> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(JsonBody(v)),
             Err(rejection) => Err(json_error(rejection)),
@@ -110,9 +106,9 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
 pub struct OptionalJsonBody<T>(pub T);
 
 impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJsonBody<T> {
-    type Rejection = ApiError;
+    type Rejection = NodeError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, NodeError> {
         let headers = req.headers();
         let length = headers.get(axum::http::header::CONTENT_LENGTH);
         let no_body = match length {
@@ -127,24 +123,53 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
 }
 
 /// A JSON body that may be left out (no body means every field's default).
-fn optional_json<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, ApiError> {
+fn optional_json<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, NodeError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("request body: {e}")))
+    serde_json::from_slice(body).map_err(|e| NodeError::bad_request(format!("request body: {e}")))
 }
 
-fn json_error(rejection: JsonRejection) -> ApiError {
+fn json_error(rejection: JsonRejection) -> NodeError {
     let code = match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-        _ => "bad_request",
+        StatusCode::PAYLOAD_TOO_LARGE => Code::PayloadTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => Code::UnsupportedMediaType,
+        _ => Code::BadRequest,
     };
-    let status = match rejection.status() {
-        s @ (StatusCode::PAYLOAD_TOO_LARGE | StatusCode::UNSUPPORTED_MEDIA_TYPE) => s,
-        _ => StatusCode::BAD_REQUEST,
-    };
-    ApiError::new(status, code, rejection.body_text())
+    NodeError::new(code, rejection.body_text())
+}
+
+/// The HTTP status of each error code: the one place they are mapped.
+pub fn status(e: &NodeError) -> StatusCode {
+    use Code::*;
+    if let Some(status) = e.status.and_then(|s| StatusCode::from_u16(s).ok()) {
+        return status;
+    }
+    match e.code {
+        BadRequest => StatusCode::BAD_REQUEST,
+        Unauthorized => StatusCode::UNAUTHORIZED,
+        NotFound | TemplateNotFound | PeerNotFound | NoRoute => StatusCode::NOT_FOUND,
+        MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        Conflict | BaseUnavailable => StatusCode::CONFLICT,
+        NodeFull => StatusCode::TOO_MANY_REQUESTS,
+        Draining | Moving | AgentUnavailable | SandboxNotReady | StoreUnavailable => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
+        InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
+        PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
+        PeerUnavailable | MoveRefused | StoreRefused => StatusCode::BAD_GATEWAY,
+        BadTemplate | WarmupFailed | ExecFailed => StatusCode::UNPROCESSABLE_ENTITY,
+        Unsupported => StatusCode::NOT_IMPLEMENTED,
+        EngineFailed | StoreCorrupt | StoreFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+impl axum::response::IntoResponse for NodeError {
+    fn into_response(self) -> axum::response::Response {
+        (status(&self), axum::Json(self.body())).into_response()
+    }
 }
 
 fn row(node: &Node, r: &ClaimRecord) -> Value {
@@ -185,7 +210,7 @@ async fn claim(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
     OptionalJsonBody(req): OptionalJsonBody<ClaimRequest>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, NodeError> {
     root(&node, &headers)?;
     let forwardable = node.peers.is_some().then(|| req.clone());
     let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
@@ -207,7 +232,7 @@ async fn list(
     State(node): Shared,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     let mut filter = vec![];
     for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -216,12 +241,12 @@ async fn list(
             continue; // a retried redirect; this node answers itself
         }
         if name != "metadata" {
-            return Err(ApiError::bad_request(format!("unknown query parameter {name:?}")));
+            return Err(NodeError::bad_request(format!("unknown query parameter {name:?}")));
         }
         let value = percent_decode(value);
         let (k, v) = value
             .split_once('=')
-            .ok_or_else(|| ApiError::bad_request("metadata filters are key=value"))?;
+            .ok_or_else(|| NodeError::bad_request("metadata filters are key=value"))?;
         filter.push((k.to_string(), v.to_string()));
     }
     let rows: Vec<Value> = node.list(&filter).iter().map(|r| row(&node, r)).collect();
@@ -252,7 +277,7 @@ async fn get_one(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     let live = node.authorized(&id, bearer(&headers))?;
     Ok(axum::Json(row(&node, &live.record)))
 }
@@ -261,7 +286,7 @@ async fn release(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let n = node.clone();
     detached(async move { n.release(&id).await }).await?;
@@ -279,7 +304,7 @@ async fn renew(
     headers: HeaderMap,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<RenewRequest>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let ttl = checked_ttl(req.ttl_seconds, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
     let n = node.clone();
@@ -310,10 +335,10 @@ async fn exec(
     headers: HeaderMap,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecBody>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     if req.argv.is_empty() {
-        return Err(ApiError::bad_request("argv is empty"));
+        return Err(NodeError::bad_request("argv is empty"));
     }
     // A hibernated or archived sandbox wakes (one whose silkd died restarts): the call is
     // slower, not an error.
@@ -321,8 +346,7 @@ async fn exec(
     let (live, stream) = detached(async move { n.agent_stream(&id).await }).await?;
     let _active = relay::Active::new(&live);
     node.metrics.execs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let unavailable =
-        |e: String| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "agent_unavailable", e);
+    let unavailable = |e: String| NodeError::new(Code::AgentUnavailable, e);
     let mut conn = Connection::new(stream);
     let timeout = req.timeout_seconds.map(|s| Duration::from_secs(s).as_millis() as u64);
     let request = Frame::Exec(ExecRequest {
@@ -367,7 +391,8 @@ async fn exec(
                     silk_proto::ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
                     _ => StatusCode::UNPROCESSABLE_ENTITY,
                 };
-                return Err(ApiError::new(status, "exec_failed", e.to_string()));
+                let refused = NodeError::new(Code::ExecFailed, e.to_string());
+                return Err(NodeError { status: Some(status.as_u16()), ..refused });
             }
             Some(_) => {}
             None => return Err(unavailable("silkd closed the connection".into())),
@@ -382,7 +407,7 @@ fn keep(buf: &mut Vec<u8>, data: &[u8], cap: usize, cut: &mut bool) {
 }
 
 /// The mesh as this node sees it: itself and every live peer with its last state.
-async fn peers(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+async fn peers(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     let Some(p) = &node.peers else {
         return Ok(axum::Json(json!({ "name": node.name, "mesh": false, "peers": [] })));
@@ -414,7 +439,7 @@ async fn peers(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Val
     })))
 }
 
-async fn info(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+async fn info(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     Ok(axum::Json(node.info()))
 }
@@ -423,7 +448,10 @@ async fn metrics(State(node): Shared) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.render_metrics()).into_response()
 }
 
-async fn get_pools(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+async fn get_pools(
+    State(node): Shared,
+    headers: HeaderMap,
+) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     Ok(axum::Json(json!({ "pools": node.pool_configs() })))
 }
@@ -438,19 +466,22 @@ async fn put_pools(
     State(node): Shared,
     headers: HeaderMap,
     JsonBody(body): JsonBody<PoolsBody>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     node.replace_pools(body.pools)?;
     Ok(axum::Json(json!({ "pools": node.pool_configs() })))
 }
 
-async fn drain_on(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+async fn drain_on(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     node.set_draining(true);
     Ok(axum::Json(node.info()))
 }
 
-async fn drain_off(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+async fn drain_off(
+    State(node): Shared,
+    headers: HeaderMap,
+) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     node.set_draining(false);
     Ok(axum::Json(node.info()))
@@ -462,7 +493,7 @@ async fn hibernate(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let n = node.clone();
     let record = detached(async move { n.hibernate(&id).await }).await?;
@@ -473,7 +504,7 @@ async fn wake(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let n = node.clone();
     let live = detached(async move { n.wake(&id).await }).await?;
@@ -484,7 +515,7 @@ async fn archive(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let n = node.clone();
     let record = detached(async move { n.archive(&id).await }).await?;
@@ -503,7 +534,7 @@ async fn checkpoint(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let name = optional_json::<CheckpointBody>(&body)?.name;
     let n = node.clone();
@@ -517,7 +548,7 @@ async fn sandbox_checkpoints(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     Ok(axum::Json(json!({ "checkpoints": node.checkpoints(Some(&id)).await? })))
 }
@@ -525,7 +556,7 @@ async fn sandbox_checkpoints(
 async fn all_checkpoints(
     State(node): Shared,
     headers: HeaderMap,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     Ok(axum::Json(json!({ "checkpoints": node.checkpoints(None).await? })))
 }
@@ -534,7 +565,7 @@ async fn get_checkpoint(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     Ok(axum::Json(json!(node.authorized_checkpoint(&id, bearer(&headers)).await?)))
 }
 
@@ -542,7 +573,7 @@ async fn delete_checkpoint(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, NodeError> {
     node.authorized_checkpoint(&id, bearer(&headers)).await?;
     node.delete_checkpoint(&id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -564,7 +595,7 @@ async fn branch(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
-) -> Result<Response, ApiError> {
+) -> Result<Response, NodeError> {
     let ck = node.authorized_checkpoint(&id, bearer(&headers)).await?;
     let b = optional_json::<BranchBody>(&body)?;
     let spec = ClaimRequest {
@@ -593,7 +624,7 @@ async fn fork(
     headers: HeaderMap,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ForkBody>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let ttl = match req.ttl_seconds {
         None => None,
@@ -626,7 +657,7 @@ async fn promote(
     headers: HeaderMap,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<PromoteBody>,
-) -> Result<Response, ApiError> {
+) -> Result<Response, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let by_root = node.is_root(bearer(&headers));
     let (n, name) = (node.clone(), req.template.clone());
@@ -634,7 +665,10 @@ async fn promote(
     Ok((StatusCode::CREATED, axum::Json(template_row(&req.template, &p))).into_response())
 }
 
-async fn templates(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, ApiError> {
+async fn templates(
+    State(node): Shared,
+    headers: HeaderMap,
+) -> Result<axum::Json<Value>, NodeError> {
     root(&node, &headers)?;
     let mut rows = vec![json!({ "name": "host", "kind": "builtin" })];
     rows.extend(node.cfg.templates.keys().map(|n| json!({ "name": n, "kind": "configured" })));
@@ -646,7 +680,7 @@ async fn delete_template(
     State(node): Shared,
     headers: HeaderMap,
     Path(name): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, NodeError> {
     root(&node, &headers)?;
     node.delete_template(&name)?;
     Ok(StatusCode::NO_CONTENT)
@@ -665,7 +699,7 @@ async fn move_sandbox(
     headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
-) -> Result<axum::Json<Value>, ApiError> {
+) -> Result<axum::Json<Value>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let to = optional_json::<MoveBody>(&body)?.to;
     let n = node.clone();

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use silk_engine::{Lane, Size, Snapshot};
 
-use crate::error::ApiError;
+use crate::error::NodeError;
 use crate::state::SandboxState;
 
 pub const MAX_METADATA_PAIRS: usize = 16;
@@ -107,28 +107,28 @@ impl ClaimRecord {
         default_ttl: u64,
         max_ttl: u64,
         now_ms: u64,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), NodeError> {
         if self.id != id || id.parse::<silk_engine::SandboxId>().is_err() {
-            return Err(ApiError::bad_request(format!(
+            return Err(NodeError::bad_request(format!(
                 "the record names {:?}, not {id:?}",
                 self.id
             )));
         }
         if !is_archive_of(archive, id) {
-            return Err(ApiError::bad_request(format!("{archive:?} is not an archive of {id}")));
+            return Err(NodeError::bad_request(format!("{archive:?} is not an archive of {id}")));
         }
         match self.state {
             SandboxState::Hibernated => {}
             SandboxState::Archived if self.archive.as_deref() == Some(archive) => {}
             other => {
-                return Err(ApiError::bad_request(format!(
+                return Err(NodeError::bad_request(format!(
                     "a record {other:?} through {:?} cannot be adopted from {archive:?}",
                     self.archive
                 )));
             }
         }
         if self.template.is_empty() || self.template.len() > 128 {
-            return Err(ApiError::bad_request("template must be 1-128 bytes"));
+            return Err(NodeError::bad_request("template must be 1-128 bytes"));
         }
         check_metadata(&self.metadata)?;
         // Cut to the cap rather than refused: a node with a larger cap may have granted it, and
@@ -187,12 +187,12 @@ pub struct ClaimSpec {
 }
 
 impl ClaimRequest {
-    pub fn validate(self, default_ttl: u64, max_ttl: u64) -> Result<ClaimSpec, ApiError> {
+    pub fn validate(self, default_ttl: u64, max_ttl: u64) -> Result<ClaimSpec, NodeError> {
         let ttl_seconds = checked_ttl(self.ttl_seconds, default_ttl, max_ttl)?;
         check_metadata(&self.metadata)?;
         let template = self.template.unwrap_or_else(|| "host".into());
         if template.is_empty() || template.len() > 128 {
-            return Err(ApiError::bad_request("template must be 1-128 bytes"));
+            return Err(NodeError::bad_request("template must be 1-128 bytes"));
         }
         Ok(ClaimSpec {
             template,
@@ -205,28 +205,28 @@ impl ClaimRequest {
     }
 }
 
-pub fn checked_ttl(ttl: Option<u64>, default_ttl: u64, max_ttl: u64) -> Result<u64, ApiError> {
+pub fn checked_ttl(ttl: Option<u64>, default_ttl: u64, max_ttl: u64) -> Result<u64, NodeError> {
     match ttl {
         None | Some(0) => Ok(default_ttl),
         Some(t) if t > max_ttl => {
-            Err(ApiError::bad_request(format!("ttl_seconds {t} exceeds the cap of {max_ttl}")))
+            Err(NodeError::bad_request(format!("ttl_seconds {t} exceeds the cap of {max_ttl}")))
         }
         Some(t) => Ok(t),
     }
 }
 
-fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), ApiError> {
+fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), NodeError> {
     if m.len() > MAX_METADATA_PAIRS {
-        return Err(ApiError::bad_request(format!("at most {MAX_METADATA_PAIRS} metadata pairs")));
+        return Err(NodeError::bad_request(format!("at most {MAX_METADATA_PAIRS} metadata pairs")));
     }
     for (k, v) in m {
         if k.is_empty() || k.len() > MAX_METADATA_KEY {
-            return Err(ApiError::bad_request(format!(
+            return Err(NodeError::bad_request(format!(
                 "metadata keys are 1-{MAX_METADATA_KEY} bytes"
             )));
         }
         if v.len() > MAX_METADATA_VALUE {
-            return Err(ApiError::bad_request(format!(
+            return Err(NodeError::bad_request(format!(
                 "metadata value of {k:?} exceeds {MAX_METADATA_VALUE} bytes"
             )));
         }

@@ -14,7 +14,7 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
 
 use crate::api::bearer;
-use crate::error::ApiError;
+use crate::error::{Code, NodeError};
 use crate::node::Node;
 use crate::peers::{Located, PeerReply, PeerRequest};
 use crate::pool::PoolKey;
@@ -55,7 +55,7 @@ fn http_reply(reply: PeerReply) -> Response {
             res
         }
         PeerReply::Lookup { .. } => {
-            ApiError::internal("a peer answered a call with a lookup").into_response()
+            NodeError::internal("a peer answered a call with a lookup").into_response()
         }
     }
 }
@@ -68,7 +68,7 @@ pub async fn place_claim(
     query: Option<&str>,
     token: Option<&str>,
     request: &crate::claims::ClaimRequest,
-) -> Result<Option<Response>, ApiError> {
+) -> Result<Option<Response>, NodeError> {
     let Some(peers) = &node.peers else { return Ok(None) };
     if no_redirect(query) || node.warm_for(key) > 0 {
         return Ok(None);
@@ -79,7 +79,7 @@ pub async fn place_claim(
     if !peers.forward {
         return Ok(Some(redirect(format!("{}/v1/sandboxes?no_redirect=1", state.client_url()))));
     }
-    let body = serde_json::to_vec(request).map_err(|e| ApiError::internal(e.to_string()))?;
+    let body = serde_json::to_vec(request).map_err(|e| NodeError::internal(e.to_string()))?;
     let req = PeerRequest::Http {
         method: "POST".into(),
         uri: "/v1/sandboxes?no_redirect=1".into(),
@@ -104,12 +104,9 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
         Located::Owner(peer) => *peer,
         Located::Denied => return next.run(req).await,
         Located::Unknown => {
-            return ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "peer_unavailable",
-                format!("a node that may hold {id} did not answer; try again in a moment"),
-            )
-            .into_response();
+            let message =
+                format!("a node that may hold {id} did not answer; try again in a moment");
+            return try_again(message).into_response();
         }
         Located::Nobody => {
             // No live node holds it: an archive whose node died is woken here.
@@ -128,12 +125,9 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
     if !peers.forward {
         // The owner's address arrives with its state, a moment after it joins.
         let Some(state) = peer.state.as_ref().filter(|s| !s.api.is_empty()) else {
-            return ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "peer_unavailable",
-                format!("the node holding {id} is joining the mesh; try again in a moment"),
-            )
-            .into_response();
+            let message =
+                format!("the node holding {id} is joining the mesh; try again in a moment");
+            return try_again(message).into_response();
         };
         return redirect(format!("{}{target}", state.client_url()));
     }
@@ -146,12 +140,7 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
     let body = match axum::body::to_bytes(req.into_body(), node.cfg.max_body_bytes).await {
         Ok(b) => b.to_vec(),
         Err(e) => {
-            return ApiError::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "payload_too_large",
-                e.to_string(),
-            )
-            .into_response();
+            return NodeError::new(Code::PayloadTooLarge, e.to_string()).into_response();
         }
     };
     let call = |peer: silk_mesh::Peer| {
@@ -213,4 +202,9 @@ async fn forward_relay(
     res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     res.headers_mut().insert(header::UPGRADE, HeaderValue::from_static(crate::relay::PROTOCOL));
     res
+}
+
+/// A peer that may answer in a moment: 503, where an unreachable one is 502.
+fn try_again(message: String) -> NodeError {
+    NodeError { status: Some(503), ..NodeError::new(Code::PeerUnavailable, message) }
 }

@@ -7,6 +7,7 @@
 pub mod api;
 pub mod claims;
 pub mod config;
+mod durable;
 pub mod edge;
 pub mod error;
 pub mod journal;
@@ -17,6 +18,7 @@ pub mod peers;
 pub mod pool;
 pub mod relay;
 pub mod state;
+pub mod stored;
 
 use std::future::Future;
 use std::sync::Arc;

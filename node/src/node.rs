@@ -26,10 +26,14 @@ use tokio::sync::{Notify, Semaphore};
 
 use crate::claims::{ClaimRecord, ClaimSpec, OnExpire, Tier, hash_token, new_token, token_matches};
 use crate::config::{Config, PoolConfig};
-use crate::error::ApiError;
+use crate::error::{Code, NodeError};
 use crate::journal::{Change, Journal};
 use crate::metrics::Metrics;
 use crate::pool::{Pool, PoolKey};
+use crate::stored::StoredClaim;
+
+// The journal's framing and the stored records are one format version.
+const _: () = assert!(crate::stored::VERSION == crate::journal::VERSION);
 use crate::state::SandboxState;
 
 mod lifecycle;
@@ -43,7 +47,7 @@ pub struct Node {
     pub cfg: Config,
     engine: Arc<dyn Engine>,
     store: SnapshotStore,
-    journal: Journal<ClaimRecord>,
+    journal: Journal<StoredClaim>,
     state: Mutex<State>,
     /// Golden builds run one at a time (two builds of one golden would collide).
     golden_lock: tokio::sync::Mutex<()>,
@@ -130,6 +134,19 @@ impl Live {
     }
 }
 
+/// Claims admitted against `max_claims` and not yet acknowledged: uncounted when dropped,
+/// however the call ends (an answer, an error, a panic, a cancelled request).
+pub(crate) struct Admission<'a> {
+    node: &'a Node,
+    n: usize,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        self.node.lock().pending -= self.n;
+    }
+}
+
 /// What a successful claim hands back (the token only this once).
 #[derive(Debug, Clone)]
 pub struct Claimed {
@@ -152,10 +169,10 @@ fn agent_path(info: &BoxInfo) -> PathBuf {
 
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
-) -> Result<T, ApiError> {
+) -> Result<T, NodeError> {
     match tokio::task::spawn_blocking(f).await {
-        Ok(r) => r.map_err(ApiError::from),
-        Err(e) => Err(ApiError::internal(format!("engine task failed: {e}"))),
+        Ok(r) => r.map_err(NodeError::from),
+        Err(e) => Err(NodeError::internal(format!("engine task failed: {e}"))),
     }
 }
 
@@ -182,7 +199,14 @@ impl Node {
         };
         jail.bound_disks = cfg.disk.bounded;
         let engine = JailEngine::new(jail)?;
-        let (journal, records) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
+        Node::open(cfg, Arc::new(engine)).await
+    }
+
+    /// [`start`](Self::start) on a given engine (the node's tests use a fake one). Expects
+    /// `cfg` validated and its data directory made.
+    pub async fn open(cfg: Config, engine: Arc<dyn Engine>) -> anyhow::Result<Arc<Node>> {
+        let (journal, stored) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
+        let records = crate::stored::live_records(stored).map_err(anyhow::Error::msg)?;
         let store = lifecycle::open_store(&cfg).await?;
         let pools = load_pools(&cfg)?;
         let (peers, incoming) = match &cfg.mesh {
@@ -196,7 +220,7 @@ impl Node {
         let node = Arc::new(Node {
             background: Arc::new(Semaphore::new(cfg.background_concurrency.max(1))),
             cfg,
-            engine: Arc::new(engine),
+            engine,
             store,
             journal,
             state: Mutex::default(),
@@ -256,7 +280,7 @@ impl Node {
             match self.recover(rec, boxes.get(&id)).await {
                 Some((live, changed)) => {
                     if changed {
-                        changes.push(Change::Put(id.clone(), live.record.clone()));
+                        changes.push(Change::Put(id.clone(), (&live.record).into()));
                     }
                     kept.insert(id, live);
                 }
@@ -298,7 +322,7 @@ impl Node {
 
     // ---- templates and goldens ----
 
-    fn template_def(&self, name: &str) -> Result<TemplateDef, ApiError> {
+    fn template_def(&self, name: &str) -> Result<TemplateDef, NodeError> {
         if name == "host" {
             return Ok(TemplateDef::host());
         }
@@ -309,16 +333,12 @@ impl Node {
             });
         }
         let t = self.cfg.templates.get(name).ok_or_else(|| {
-            ApiError::new(
-                axum::http::StatusCode::NOT_FOUND,
-                "template_not_found",
-                format!("no template {name:?}"),
-            )
+            NodeError::new(Code::TemplateNotFound, format!("no template {name:?}"))
         })?;
         let source = match (&t.dir, &t.image) {
             (Some(dir), _) => TemplateSource::Dir(dir.clone()),
             (None, Some(image)) => TemplateSource::Image(image.clone()),
-            (None, None) => return Err(ApiError::internal("template without a source")),
+            (None, None) => return Err(NodeError::internal("template without a source")),
         };
         Ok(TemplateDef { name: name.into(), source })
     }
@@ -334,7 +354,7 @@ impl Node {
             .unwrap_or_default()
     }
 
-    async fn template(&self, name: &str) -> Result<Template, ApiError> {
+    async fn template(&self, name: &str) -> Result<Template, NodeError> {
         if let Some(t) = self.lock().templates.get(name) {
             return Ok(t.clone());
         }
@@ -349,7 +369,7 @@ impl Node {
     }
 
     /// The template's golden, built on first need.
-    async fn golden(&self, name: &str) -> Result<Golden, ApiError> {
+    async fn golden(&self, name: &str) -> Result<Golden, NodeError> {
         if let Some(g) = self.lock().goldens.get(name) {
             return Ok(g.clone());
         }
@@ -383,27 +403,26 @@ impl Node {
 
     // ---- claims ----
 
-    pub async fn claim(self: &Arc<Self>, spec: ClaimSpec) -> Result<Claimed, ApiError> {
+    pub async fn claim(self: &Arc<Self>, spec: ClaimSpec) -> Result<Claimed, NodeError> {
         let t0 = Instant::now();
         if self.draining.load(Ordering::Relaxed) {
-            return Err(ApiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "draining",
+            return Err(NodeError::new(
+                Code::Draining,
                 "this node is draining and takes no new claims",
             ));
         }
         self.template_def(&spec.template)?;
         self.disk_reserve()?;
         let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
-        let (warm, idle) = {
+        let (admitted, warm, idle) = {
             let mut st = self.lock();
-            self.admit(&mut st, 1)?;
+            let admitted = self.admit(&mut st, 1)?;
             let pool = st.pools.get_mut(&key);
             let idle = pool.as_ref().and_then(|p| p.idle_hibernate);
-            (pool.and_then(|p| p.take(Instant::now())), idle)
+            (admitted, pool.and_then(|p| p.take(Instant::now())), idle)
         };
         let result = self.finish_claim(spec, key, warm, idle, t0).await;
-        self.lock().pending -= 1;
+        drop(admitted);
         self.refill.notify_one();
         if let Ok(claimed) = &result
             && claimed.record.tier == Tier::Cold
@@ -420,12 +439,11 @@ impl Node {
     }
 
     /// Answers 507 while the data directory's filesystem has less than `min_free_mib` free.
-    pub(crate) fn disk_reserve(&self) -> Result<(), ApiError> {
+    pub(crate) fn disk_reserve(&self) -> Result<(), NodeError> {
         let min = self.cfg.min_free_mib.saturating_mul(1 << 20);
         match free_bytes(&self.cfg.data_dir) {
-            Some(free) if free < min => Err(ApiError::new(
-                axum::http::StatusCode::INSUFFICIENT_STORAGE,
-                "insufficient_storage",
+            Some(free) if free < min => Err(NodeError::new(
+                Code::InsufficientStorage,
                 format!(
                     "the node's disk has {} MiB free, less than its reserve of {} MiB",
                     free >> 20,
@@ -436,17 +454,17 @@ impl Node {
         }
     }
 
-    /// Counts `n` claims in flight, or answers 429 when the node is full.
-    fn admit(&self, st: &mut State, n: usize) -> Result<(), ApiError> {
+    /// Counts `n` claims in flight until the returned guard drops, or answers 429 when the
+    /// node is full. `st` is this node's state, locked (the guard locks it again to drop).
+    fn admit(&self, st: &mut State, n: usize) -> Result<Admission<'_>, NodeError> {
         if st.claims.len() + st.pending + n > self.cfg.max_claims {
-            return Err(ApiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "node_full",
+            return Err(NodeError::new(
+                Code::NodeFull,
                 format!("this node holds its maximum of {} claims", self.cfg.max_claims),
             ));
         }
         st.pending += n;
-        Ok(())
+        Ok(Admission { node: self, n })
     }
 
     async fn finish_claim(
@@ -456,7 +474,7 @@ impl Node {
         warm: Option<BoxInfo>,
         idle_hibernate_seconds: Option<u64>,
         t0: Instant,
-    ) -> Result<Claimed, ApiError> {
+    ) -> Result<Claimed, NodeError> {
         let (info, tier) = match warm {
             Some(info) => (info, Tier::Warm),
             None => {
@@ -487,13 +505,13 @@ impl Node {
 
     /// Journals new claims on running sandboxes, all or none, and makes them visible. On a
     /// journal failure the sandboxes are destroyed: nothing unacknowledged outlives the call.
-    async fn acknowledge(&self, claims: Vec<(ClaimRecord, BoxInfo)>) -> Result<(), ApiError> {
-        let changes = claims.iter().map(|(r, _)| Change::Put(r.id.clone(), r.clone())).collect();
+    async fn acknowledge(&self, claims: Vec<(ClaimRecord, BoxInfo)>) -> Result<(), NodeError> {
+        let changes = claims.iter().map(|(r, _)| Change::Put(r.id.clone(), r.into())).collect();
         if let Err(e) = self.journal.commit(changes).await {
             for (_, info) in claims {
                 self.teardown(info.id);
             }
-            return Err(ApiError::internal(format!("journal: {e}")));
+            return Err(NodeError::internal(format!("journal: {e}")));
         }
         let mut st = self.lock();
         for (record, info) in claims {
@@ -531,7 +549,7 @@ impl Node {
     }
 
     /// A fresh sandbox id homed on this node.
-    pub fn new_id(&self) -> Result<SandboxId, ApiError> {
+    pub fn new_id(&self) -> Result<SandboxId, NodeError> {
         Ok(crate::peers::new_sandbox_id(&self.name).parse()?)
     }
 
@@ -587,28 +605,28 @@ impl Node {
 
     /// The claim, if `bearer` may act on it (its own token or the root token); otherwise the
     /// same 404 as an unknown id.
-    pub fn authorized(&self, id: &str, bearer: Option<&str>) -> Result<Live, ApiError> {
-        let live = self.get(id).ok_or_else(ApiError::sandbox_not_found)?;
+    pub fn authorized(&self, id: &str, bearer: Option<&str>) -> Result<Live, NodeError> {
+        let live = self.get(id).ok_or_else(NodeError::sandbox_not_found)?;
         let own = bearer.is_some_and(|t| token_matches(t, &live.record.token_hash));
-        if own || self.is_root(bearer) { Ok(live) } else { Err(ApiError::sandbox_not_found()) }
+        if own || self.is_root(bearer) { Ok(live) } else { Err(NodeError::sandbox_not_found()) }
     }
 
-    pub async fn release(&self, id: &str) -> Result<(), ApiError> {
+    pub async fn release(&self, id: &str) -> Result<(), NodeError> {
         let _busy = self.busy(id).await;
         self.release_locked(id).await
     }
 
     /// [`release`](Self::release) with the sandbox's lifecycle lock held.
-    async fn release_locked(&self, id: &str) -> Result<(), ApiError> {
-        let live = self.lock().claims.remove(id).ok_or_else(ApiError::sandbox_not_found)?;
-        live.record.state.transition(SandboxState::Released).map_err(ApiError::internal)?;
+    async fn release_locked(&self, id: &str) -> Result<(), NodeError> {
+        let live = self.lock().claims.remove(id).ok_or_else(NodeError::sandbox_not_found)?;
+        live.record.state.transition(SandboxState::Released).map_err(NodeError::internal)?;
         if let Err(e) = self.journal.commit(vec![Change::Delete(id.to_string())]).await {
             self.lock().claims.insert(id.to_string(), live);
-            return Err(ApiError::internal(format!("journal: {e}")));
+            return Err(NodeError::internal(format!("journal: {e}")));
         }
         self.metrics.released.fetch_add(1, Ordering::Relaxed);
         live.activity.hangup.notify_waiters();
-        self.lock().busy.remove(id);
+        self.lock().retry_at.remove(id);
         match live.record.state {
             SandboxState::Claimed => self.teardown(live.record.id.parse()?),
             SandboxState::Hibernated => match &live.record.stopped {
@@ -628,24 +646,24 @@ impl Node {
         Ok(())
     }
 
-    pub async fn renew(&self, id: &str, ttl_seconds: u64) -> Result<ClaimRecord, ApiError> {
+    pub async fn renew(&self, id: &str, ttl_seconds: u64) -> Result<ClaimRecord, NodeError> {
         // Under the lifecycle lock: a record journalled here must not undo a concurrent
         // hibernate, wake or archive.
         let _busy = self.busy(id).await;
-        let mut record = self.get(id).ok_or_else(ApiError::sandbox_not_found)?.record;
+        let mut record = self.get(id).ok_or_else(NodeError::sandbox_not_found)?.record;
         record.deadline_ms = now_ms() + ttl_seconds * 1000;
         record.lease_seconds = ttl_seconds;
         self.journal
-            .commit(vec![Change::Put(id.to_string(), record.clone())])
+            .commit(vec![Change::Put(id.to_string(), (&record).into())])
             .await
-            .map_err(|e| ApiError::internal(format!("journal: {e}")))?;
+            .map_err(|e| NodeError::internal(format!("journal: {e}")))?;
         match self.lock().claims.get_mut(id) {
             Some(live) => {
                 live.record.deadline_ms = record.deadline_ms;
                 live.record.lease_seconds = ttl_seconds;
             }
             // Released while the renewal was being written: the release wins.
-            None => return Err(ApiError::sandbox_not_found()),
+            None => return Err(NodeError::sandbox_not_found()),
         }
         Ok(record)
     }
@@ -712,6 +730,7 @@ impl Node {
             };
             match done {
                 Ok(what) => {
+                    self.lock().retry_at.remove(&id);
                     if matches!(work, Due::Release) {
                         self.metrics.expired.fetch_add(1, Ordering::Relaxed);
                     }
@@ -768,22 +787,32 @@ impl Node {
     }
 
     /// Replaces the pools at runtime and persists them for the next start.
-    pub fn replace_pools(&self, pools: Vec<PoolConfig>) -> Result<(), ApiError> {
+    pub fn replace_pools(&self, pools: Vec<PoolConfig>) -> Result<(), NodeError> {
         let mut probe = self.cfg.clone();
         // Promoted templates are not in the config file; validate the others.
         let promoted = self.lock().promoted.clone();
         probe.pools =
             pools.iter().filter(|p| !promoted.contains_key(&p.template)).cloned().collect();
-        probe.validate().map_err(|e| ApiError::bad_request(e.to_string()))?;
+        probe.validate().map_err(|e| NodeError::bad_request(e.to_string()))?;
         let json =
-            serde_json::to_vec_pretty(&pools).map_err(|e| ApiError::internal(e.to_string()))?;
-        let path = self.cfg.data_dir.join("pools.json");
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, json)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| ApiError::internal(format!("persist pools: {e}")))?;
+            serde_json::to_vec_pretty(&pools).map_err(|e| NodeError::internal(e.to_string()))?;
+        crate::durable::replace(&self.cfg.data_dir.join("pools.json"), &json)
+            .map_err(|e| NodeError::internal(format!("persist pools: {e}")))?;
         self.set_pool_configs(&pools);
         Ok(())
+    }
+
+    /// Entries in each of the controller's tables (tests check none grows without bound).
+    #[doc(hidden)]
+    pub fn table_sizes(&self) -> BTreeMap<&'static str, usize> {
+        let st = self.lock();
+        BTreeMap::from([
+            ("claims", st.claims.len()),
+            ("pending", st.pending),
+            ("busy", st.busy.len()),
+            ("retry_at", st.retry_at.len()),
+            ("adopting", st.adopting.len()),
+        ])
     }
 
     pub fn set_draining(&self, draining: bool) {
@@ -891,11 +920,11 @@ impl Node {
         }
     }
 
-    async fn start_warm(&self, key: &PoolKey) -> Result<BoxInfo, ApiError> {
+    async fn start_warm(&self, key: &PoolKey) -> Result<BoxInfo, NodeError> {
         self.disk_reserve()?;
         let golden = self.golden(&key.template).await?;
         let _permit =
-            self.background.acquire().await.map_err(|e| ApiError::internal(e.to_string()))?;
+            self.background.acquire().await.map_err(|e| NodeError::internal(e.to_string()))?;
         let id: SandboxId = self.new_id()?;
         let (engine, spec) = (self.engine.clone(), BoxSpec::new(key.size, key.lane));
         blocking(move || engine.clone_golden(&golden, &id, &spec)).await
@@ -965,9 +994,7 @@ async fn start_mesh(
     let epoch =
         std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0)
             + 1;
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, epoch.to_string())?;
-    std::fs::rename(&tmp, &path)?;
+    crate::durable::replace(&path, epoch.to_string().as_bytes())?;
     let tls = silk_mesh::TlsFiles { ca: m.ca.clone(), cert: m.cert.clone(), key: m.key.clone() };
     silk_mesh::tls::check_own(&tls, &m.name)?;
     let mut mc = silk_mesh::MeshConfig::new(m.name.clone(), m.listen, tls);

@@ -17,13 +17,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::http::Request;
 use serde::{Deserialize, Serialize};
 use silk_mesh::{Incoming, Mesh, Peer, quinn, wire};
 use tokio::task::JoinSet;
 
 use crate::claims::{random_hex, token_matches};
-use crate::error::ApiError;
+use crate::error::{Code, NodeError};
 use crate::node::Node;
 
 const CACHE_TTL: Duration = Duration::from_secs(5);
@@ -211,7 +211,7 @@ impl Peers {
     }
 
     /// Sends an API request to `peer` to run as its own (forward mode).
-    pub async fn forward(&self, peer: &Peer, req: PeerRequest) -> Result<PeerReply, ApiError> {
+    pub async fn forward(&self, peer: &Peer, req: PeerRequest) -> Result<PeerReply, NodeError> {
         let (mut send, mut recv) = self.mesh.open(&peer.id.name).await.map_err(unreachable_peer)?;
         wire::write_frame(&mut send, &req).await.map_err(unreachable_peer)?;
         let _ = send.finish();
@@ -227,16 +227,20 @@ impl Peers {
         peer: &Peer,
         record: &crate::claims::ClaimRecord,
         archive: &str,
-    ) -> Result<(), ApiError> {
-        let record = serde_json::to_vec(record).map_err(|e| ApiError::internal(e.to_string()))?;
+    ) -> Result<(), NodeError> {
+        let record = serde_json::to_vec(record).map_err(|e| NodeError::internal(e.to_string()))?;
         let req = PeerRequest::Adopt { record, archive: archive.to_string() };
         match self.forward(peer, req).await? {
             PeerReply::Http { status: 200, .. } => Ok(()),
             PeerReply::Http { status, body, .. } => {
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
                 let message = v["error"]["message"].as_str().unwrap_or("refused").to_string();
-                let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
-                Err(ApiError::new(status, "move_refused", format!("{}: {message}", peer.id.name)))
+                let message = format!("{}: {message}", peer.id.name);
+                // The target's own answer, status included.
+                Err(NodeError {
+                    status: Some(status),
+                    ..NodeError::new(Code::MoveRefused, message)
+                })
             }
             PeerReply::Lookup { .. } => Err(unreachable_peer("a lookup answer to an adopt")),
         }
@@ -296,8 +300,8 @@ fn cache_key(id: &str, token: Option<&str>) -> String {
     format!("{id}:{}", &hash[..16])
 }
 
-fn unreachable_peer(e: impl std::fmt::Display) -> ApiError {
-    ApiError::new(StatusCode::BAD_GATEWAY, "peer_unavailable", format!("peer: {e}"))
+fn unreachable_peer(e: impl std::fmt::Display) -> NodeError {
+    NodeError::new(Code::PeerUnavailable, format!("peer: {e}"))
 }
 
 async fn lookup(
@@ -346,8 +350,7 @@ pub async fn publish_loop(node: Arc<Node>, peers: Arc<Peers>) {
         let text = addrs.join("\n");
         if !addrs.is_empty() && text != saved {
             let path = known_peers_path(&node.cfg.data_dir);
-            let tmp = path.with_extension("tmp");
-            if std::fs::write(&tmp, &text).and_then(|()| std::fs::rename(&tmp, &path)).is_ok() {
+            if crate::durable::replace(&path, text.as_bytes()).is_ok() {
                 saved = text;
             }
         }
@@ -420,7 +423,7 @@ async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Re
                     let n = node.clone();
                     crate::api::detached(async move { n.adopt(record, &archive).await }).await
                 }
-                Err(e) => Err(ApiError::bad_request(format!("adopt: {e}"))),
+                Err(e) => Err(NodeError::bad_request(format!("adopt: {e}"))),
             };
             match adopted {
                 Ok(()) => PeerReply::Http {
@@ -438,9 +441,9 @@ async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Re
 }
 
 /// An API error as a peer's HTTP answer, in the shape every error answer has.
-fn error_reply(e: &ApiError) -> PeerReply {
+fn error_reply(e: &NodeError) -> PeerReply {
     PeerReply::Http {
-        status: e.status.as_u16(),
+        status: crate::api::status(e).as_u16(),
         location: None,
         content_type: Some("application/json".into()),
         body: e.body().to_string().into_bytes(),
@@ -459,13 +462,9 @@ async fn relay(
         let (n, owned) = (node.clone(), id.to_string());
         let live = crate::api::detached(async move { n.wake(&owned).await }).await?;
         let agent = tokio::net::UnixStream::connect(&live.agent).await.map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "agent_unavailable",
-                format!("connect to silkd: {e}"),
-            )
+            NodeError::new(Code::AgentUnavailable, format!("connect to silkd: {e}"))
         })?;
-        Ok::<_, ApiError>((live, agent))
+        Ok::<_, NodeError>((live, agent))
     };
     let (live, mut agent) = match opened.await {
         Ok(v) => v,

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
 
 use crate::api::bearer;
-use crate::error::ApiError;
+use crate::error::{Code, NodeError};
 use crate::node::{Activity, Live, Node};
 
 pub const PROTOCOL: &str = "silkd";
@@ -20,7 +20,7 @@ pub async fn agent(
     State(node): State<Arc<Node>>,
     Path(id): Path<String>,
     mut req: Request,
-) -> Result<Response, ApiError> {
+) -> Result<Response, NodeError> {
     node.authorized(&id, bearer(req.headers()))?;
     let wants = req
         .headers()
@@ -28,9 +28,8 @@ pub async fn agent(
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.eq_ignore_ascii_case(PROTOCOL));
     if !wants {
-        return Err(ApiError::new(
-            StatusCode::UPGRADE_REQUIRED,
-            "upgrade_required",
+        return Err(NodeError::new(
+            Code::UpgradeRequired,
             "send `Connection: upgrade` and `Upgrade: silkd`",
         ));
     }

@@ -48,7 +48,7 @@ const LOCK: &str = "journal.lock";
 /// 2: claim records carry lifecycle state (hibernated snapshots, intents, lineage). A log of
 /// another version is refused with both numbers named; postcard records have no field names, so
 /// a changed record is a new version.
-const VERSION: u32 = 2;
+pub const VERSION: u32 = 2;
 /// The magic, then `VERSION` as a `u32` LE.
 const HEADER: [u8; HEADER_LEN] = *b"SLKJRNL\0\x02\0\0\0";
 const MAGIC_LEN: usize = 8;

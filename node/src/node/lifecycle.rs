@@ -19,7 +19,6 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 use silk_engine::{Base, BoxInfo, BoxSpec, Golden, SandboxId, Snapshot, SnapshotMode};
 use silk_store::{ObjectStore, SnapshotName, SnapshotStore, StoreError};
@@ -31,7 +30,7 @@ use crate::claims::{
     ClaimRecord, ClaimSpec, Intent, Tier, lease_end, new_archive_name, new_token, random_hex,
 };
 use crate::config::Config;
-use crate::error::ApiError;
+use crate::error::{Code, NodeError};
 use crate::journal::Change;
 use crate::state::SandboxState;
 
@@ -141,20 +140,39 @@ fn crash_point(point: &str) {
     }
 }
 
-fn conflict(message: String) -> ApiError {
-    ApiError::new(StatusCode::CONFLICT, "conflict", message)
+/// A sandbox's lifecycle lock, held. Its entry leaves the node's table with the last holder
+/// or waiter, so the table holds only ids in use.
+pub(super) struct Busy<'a> {
+    node: &'a Node,
+    id: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
-fn checkpoint_not_found() -> ApiError {
-    ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such checkpoint")
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        let mut st = self.node.lock();
+        drop(self.guard.take());
+        // Clones are made under the state lock only: one reference left is the table's own.
+        if st.busy.get(&self.id).is_some_and(|l| Arc::strong_count(l) == 1) {
+            st.busy.remove(&self.id);
+        }
+    }
 }
 
-fn journal_error(e: impl std::fmt::Display) -> ApiError {
-    ApiError::internal(format!("journal: {e}"))
+fn conflict(message: String) -> NodeError {
+    NodeError::new(Code::Conflict, message)
+}
+
+fn checkpoint_not_found() -> NodeError {
+    NodeError::new(Code::NotFound, "no such checkpoint")
+}
+
+fn journal_error(e: impl std::fmt::Display) -> NodeError {
+    NodeError::internal(format!("journal: {e}"))
 }
 
 /// `ck_<32 hex>` → the store name, or the 404 of an unknown checkpoint.
-fn checkpoint_name(id: &str) -> Result<SnapshotName, ApiError> {
+fn checkpoint_name(id: &str) -> Result<SnapshotName, NodeError> {
     id.strip_prefix("ck_")
         .filter(|hex| hex.len() == 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
         .and_then(|hex| SnapshotName::checkpoint(hex).ok())
@@ -165,30 +183,31 @@ fn box_spec(r: &ClaimRecord) -> BoxSpec {
     BoxSpec::new(r.size, r.lane)
 }
 
-fn waking_elsewhere(id: &str) -> ApiError {
-    ApiError::new(
-        StatusCode::SERVICE_UNAVAILABLE,
-        "moving",
+fn waking_elsewhere(id: &str) -> NodeError {
+    NodeError::new(
+        Code::Moving,
         format!("sandbox {id} is being woken by another node; try again in a moment"),
     )
 }
 
 /// A hibernated sandbox's local snapshot.
-fn stopped(r: &ClaimRecord) -> Result<Snapshot, ApiError> {
-    r.stopped.clone().ok_or_else(|| ApiError::internal("a hibernated sandbox without its snapshot"))
+fn stopped(r: &ClaimRecord) -> Result<Snapshot, NodeError> {
+    r.stopped
+        .clone()
+        .ok_or_else(|| NodeError::internal("a hibernated sandbox without its snapshot"))
 }
 
 impl Node {
     /// Waits for this sandbox's lifecycle lock.
-    pub(super) async fn busy(&self, id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+    pub(super) async fn busy(&self, id: &str) -> Busy<'_> {
         let lock = self.lock().busy.entry(id.to_string()).or_default().clone();
-        lock.lock_owned().await
+        Busy { node: self, id: id.to_string(), guard: Some(lock.lock_owned().await) }
     }
 
     /// Journals a claim's new record, then shows it.
-    async fn put_record(&self, record: &ClaimRecord) -> Result<(), ApiError> {
+    async fn put_record(&self, record: &ClaimRecord) -> Result<(), NodeError> {
         self.journal
-            .commit(vec![Change::Put(record.id.clone(), record.clone())])
+            .commit(vec![Change::Put(record.id.clone(), record.into())])
             .await
             .map_err(journal_error)?;
         if let Some(live) = self.lock().claims.get_mut(&record.id) {
@@ -197,8 +216,8 @@ impl Node {
         Ok(())
     }
 
-    fn current(&self, id: &str) -> Result<Live, ApiError> {
-        self.get(id).ok_or_else(ApiError::sandbox_not_found)
+    fn current(&self, id: &str) -> Result<Live, NodeError> {
+        self.get(id).ok_or_else(NodeError::sandbox_not_found)
     }
 
     fn scratch_tar(&self, what: &str) -> PathBuf {
@@ -208,7 +227,7 @@ impl Node {
     /// The sandbox's files as a snapshot the caller may read, and whether it is a scratch file
     /// to delete afterwards: a running or stopped box is captured (as it is), a hibernated
     /// sandbox kept as a tar has it already.
-    async fn current_files(&self, live: &Live, what: &str) -> Result<(Snapshot, bool), ApiError> {
+    async fn current_files(&self, live: &Live, what: &str) -> Result<(Snapshot, bool), NodeError> {
         match live.record.state {
             SandboxState::Claimed | SandboxState::Hibernated if live.record.stopped.is_none() => {
                 let (engine, id) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
@@ -225,7 +244,7 @@ impl Node {
     // ---- hibernate and wake ----
 
     /// Stops the sandbox and keeps its files in place. Idempotent.
-    pub async fn hibernate(&self, id: &str) -> Result<ClaimRecord, ApiError> {
+    pub async fn hibernate(&self, id: &str) -> Result<ClaimRecord, NodeError> {
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
         match live.record.state {
@@ -239,7 +258,7 @@ impl Node {
     /// waking cost a jail's stop and start whatever the sandbox holds. Nothing is journalled
     /// before: a crash between the stop and the journal leaves a claimed sandbox whose box
     /// stopped, which the next access starts again (`agent_stream`).
-    pub(super) async fn hibernate_locked(&self, live: Live) -> Result<ClaimRecord, ApiError> {
+    pub(super) async fn hibernate_locked(&self, live: Live) -> Result<ClaimRecord, NodeError> {
         let mut rec = live.record.clone();
         live.activity.hangup.notify_waiters();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
@@ -255,9 +274,9 @@ impl Node {
     /// Captures a claimed or hibernated sandbox's files into a tar of its own and removes its
     /// box: what archive and move send to the store. The intent (with the tar's path) is
     /// journalled first; see the module docs for a crash at each step.
-    async fn capture_stopped(&self, live: Live) -> Result<ClaimRecord, ApiError> {
+    async fn capture_stopped(&self, live: Live) -> Result<ClaimRecord, NodeError> {
         let mut rec = live.record.clone();
-        let base = live.base.clone().ok_or_else(|| ApiError::internal("unknown sandbox base"))?;
+        let base = live.base.clone().ok_or_else(|| NodeError::internal("unknown sandbox base"))?;
         let tar = snapshots_dir(&self.cfg).join(format!("{}.tar", rec.id));
         let planned = Snapshot {
             base,
@@ -294,14 +313,17 @@ impl Node {
 
     /// The sandbox running: as it is, or woken from hibernation or from its archive (with a
     /// fresh lease of its original length). The data plane calls this on every access.
-    pub async fn wake(&self, id: &str) -> Result<Live, ApiError> {
+    pub async fn wake(&self, id: &str) -> Result<Live, NodeError> {
         // The fast path: running, and no lifecycle call under way (one may be stopping it).
-        let lock = self.lock().busy.entry(id.to_string()).or_default().clone();
-        if let Ok(_free) = lock.try_lock()
-            && let Some(live) = self.get(id)
-            && live.record.state == SandboxState::Claimed
         {
-            return Ok(live);
+            let st = self.lock();
+            let free = st.busy.get(id).is_none_or(|l| l.try_lock().is_ok());
+            if let Some(live) = st.claims.get(id)
+                && free
+                && live.record.state == SandboxState::Claimed
+            {
+                return Ok(live.clone());
+            }
         }
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
@@ -311,7 +333,7 @@ impl Node {
     /// A connection to the sandbox's silkd, for the data plane: woken first if it sleeps, and
     /// restarted from its files if its silkd died (an OOM kill, a host reboot). Either way the
     /// client sees a slower call, and processes restart as on any wake.
-    pub async fn agent_stream(&self, id: &str) -> Result<(Live, UnixStream), ApiError> {
+    pub async fn agent_stream(&self, id: &str) -> Result<(Live, UnixStream), NodeError> {
         let live = self.wake(id).await?;
         if let Ok(stream) = UnixStream::connect(&live.agent).await {
             return Ok((live, stream));
@@ -325,9 +347,8 @@ impl Node {
         let engine = self.engine.clone();
         let boxes = blocking(move || engine.list()).await?;
         if boxes.iter().any(|b| b.id.as_str() == id && b.running) {
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "agent_unavailable",
+            return Err(NodeError::new(
+                Code::AgentUnavailable,
                 format!("connect to silkd: {refused}"),
             ));
         }
@@ -336,21 +357,16 @@ impl Node {
         let live = self.wake_locked(self.current(id)?).await?;
         self.metrics.restarted.fetch_add(1, Ordering::Relaxed);
         let stream = UnixStream::connect(&live.agent).await.map_err(|e| {
-            ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "agent_unavailable",
-                format!("connect to silkd after a restart: {e}"),
-            )
+            NodeError::new(Code::AgentUnavailable, format!("connect to silkd after a restart: {e}"))
         })?;
         Ok((live, stream))
     }
 
-    async fn wake_locked(&self, live: Live) -> Result<Live, ApiError> {
+    async fn wake_locked(&self, live: Live) -> Result<Live, NodeError> {
         if matches!(live.record.intent, Some(Intent::Move { .. })) {
             // Starting it here could make a second copy of one the target already runs.
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "moving",
+            return Err(NodeError::new(
+                Code::Moving,
                 "the sandbox is moving to another node; try again in a moment",
             ));
         }
@@ -366,7 +382,7 @@ impl Node {
             },
             SandboxState::Archived => {
                 let archive = live.record.archive.clone().ok_or_else(|| {
-                    ApiError::internal("an archived sandbox without its archive's name")
+                    NodeError::internal("an archived sandbox without its archive's name")
                 })?;
                 // Any node may wake an archive: under its lease, and only if nobody did.
                 let id = live.record.id.clone();
@@ -377,22 +393,21 @@ impl Node {
     }
 
     /// Wakes an archived sandbox here, its lease held.
-    async fn wake_archived(&self, live: Live, archive: String) -> Result<Live, ApiError> {
+    async fn wake_archived(&self, live: Live, archive: String) -> Result<Live, NodeError> {
         if self.still_archived(&live.record.id).await == Some(false) {
             // Woken on another node while this one was away from the mesh.
             let id = live.record.id.clone();
             self.journal.commit(vec![Change::Delete(id.clone())]).await.map_err(journal_error)?;
             self.lock().claims.remove(&id);
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "moving",
+            return Err(NodeError::new(
+                Code::Moving,
                 "this sandbox now lives on another node; try again",
             ));
         }
-        let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
-        let (snap, _) = self.download(&name).await.map_err(|e| match e.status {
-            StatusCode::NOT_FOUND => {
-                ApiError::internal(format!("the archive {name} is missing from the store"))
+        let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
+        let (snap, _) = self.download(&name).await.map_err(|e| match e.code {
+            Code::NotFound => {
+                NodeError::internal(format!("the archive {name} is missing from the store"))
             }
             _ => e,
         })?;
@@ -407,7 +422,7 @@ impl Node {
     /// The end of a wake from an archive (the sandbox's lock held): the published claim and the
     /// archive leave the store, then the record's `Unpublish` intent is cleared. Until then a restart does the same
     /// (`recover`), so no stale archive is left for another node to wake.
-    pub(super) async fn finish_unpublish(&self, id: &str, archive: &str) -> Result<(), ApiError> {
+    pub(super) async fn finish_unpublish(&self, id: &str, archive: &str) -> Result<(), NodeError> {
         if !self.unpublish_archived(id).await {
             return Ok(()); // the store is down: the next start tries again
         }
@@ -428,7 +443,7 @@ impl Node {
         live: Live,
         snap: Option<&Snapshot>,
         from_archive: Option<&str>,
-    ) -> Result<Live, ApiError> {
+    ) -> Result<Live, NodeError> {
         let mut rec = live.record.clone();
         let (engine, sid, spec, s) =
             (self.engine.clone(), rec.id.parse::<SandboxId>()?, box_spec(&rec), snap.cloned());
@@ -475,13 +490,13 @@ impl Node {
 
     /// Moves the sandbox's files into the store and frees the host. They are captured into a
     /// tar first; when the upload fails a sandbox that ran is woken again and the error returned.
-    pub async fn archive(&self, id: &str) -> Result<ClaimRecord, ApiError> {
+    pub async fn archive(&self, id: &str) -> Result<ClaimRecord, NodeError> {
         let _busy = self.busy(id).await;
         self.archive_locked(self.current(id)?).await
     }
 
     /// [`archive`](Self::archive) with the sandbox's lifecycle lock held.
-    pub(super) async fn archive_locked(&self, live: Live) -> Result<ClaimRecord, ApiError> {
+    pub(super) async fn archive_locked(&self, live: Live) -> Result<ClaimRecord, NodeError> {
         let id = live.record.id.clone();
         let id = id.as_str();
         let was_running = match live.record.state {
@@ -494,7 +509,7 @@ impl Node {
         };
         let (mut rec, snap) = self.stop_here(live).await?;
         let archive = new_archive_name(id);
-        let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
+        let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
         rec.intent = Some(Intent::Archive(archive.clone()));
         self.put_record(&rec).await?;
         crash_point("archive:intent");
@@ -525,7 +540,7 @@ impl Node {
 
     /// Captures `live` into a local tar and removes its box, unless it is one already; returns
     /// its record and that snapshot.
-    async fn stop_here(&self, live: Live) -> Result<(ClaimRecord, Snapshot), ApiError> {
+    async fn stop_here(&self, live: Live) -> Result<(ClaimRecord, Snapshot), NodeError> {
         let id = live.record.id.clone();
         if live.record.stopped.is_none() {
             self.capture_stopped(live).await?;
@@ -543,7 +558,7 @@ impl Node {
         archive: Option<&str>,
         was_running: bool,
         what: &str,
-    ) -> Result<(), ApiError> {
+    ) -> Result<(), NodeError> {
         rec.intent = None;
         self.put_record(&rec).await?;
         if let Some(archive) = archive {
@@ -572,9 +587,10 @@ impl Node {
         snap: &Snapshot,
         source: &ClaimRecord,
         mut meta: BTreeMap<String, String>,
-    ) -> Result<silk_store::PutReport, ApiError> {
+    ) -> Result<silk_store::PutReport, NodeError> {
         let stored = StoredSnapshot::of(snap);
-        let json = serde_json::to_string(&stored).map_err(|e| ApiError::internal(e.to_string()))?;
+        let json =
+            serde_json::to_string(&stored).map_err(|e| NodeError::internal(e.to_string()))?;
         meta.insert("snapshot".into(), json);
         meta.insert("sandbox".into(), source.id.clone());
         meta.insert("template".into(), source.template.clone());
@@ -582,7 +598,7 @@ impl Node {
         meta.insert("engine".into(), self.engine.name().into());
         let file = tokio::fs::File::open(&snap.layer_tar)
             .await
-            .map_err(|e| ApiError::internal(format!("open {}: {e}", snap.layer_tar.display())))?;
+            .map_err(|e| NodeError::internal(format!("open {}: {e}", snap.layer_tar.display())))?;
         Ok(self.store.put(name, tokio::io::BufReader::with_capacity(1 << 20, file), meta).await?)
     }
 
@@ -590,21 +606,21 @@ impl Node {
     async fn download(
         &self,
         name: &SnapshotName,
-    ) -> Result<(Snapshot, silk_store::Manifest), ApiError> {
+    ) -> Result<(Snapshot, silk_store::Manifest), NodeError> {
         // Every download becomes files on this disk (a branch, a wake from an archive, a move).
         self.disk_reserve()?;
         let path = self.scratch_tar("download");
         let fetched = async {
             let mut file = tokio::fs::File::create(&path)
                 .await
-                .map_err(|e| ApiError::internal(format!("create {}: {e}", path.display())))?;
+                .map_err(|e| NodeError::internal(format!("create {}: {e}", path.display())))?;
             let manifest = self.store.get(name, &mut file).await?;
             let json = manifest
                 .meta
                 .get("snapshot")
-                .ok_or_else(|| ApiError::internal(format!("{name} has no snapshot metadata")))?;
+                .ok_or_else(|| NodeError::internal(format!("{name} has no snapshot metadata")))?;
             let stored = StoredSnapshot::parse(json)
-                .map_err(|e| ApiError::internal(format!("{name}: snapshot metadata: {e}")))?;
+                .map_err(|e| NodeError::internal(format!("{name}: snapshot metadata: {e}")))?;
             let base = self.local_base(&stored).await?;
             Ok((stored.local(base, path.clone(), manifest.size), manifest))
         }

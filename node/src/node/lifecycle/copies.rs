@@ -10,9 +10,9 @@ impl Node {
         &self,
         id: &str,
         name: Option<String>,
-    ) -> Result<CheckpointInfo, ApiError> {
+    ) -> Result<CheckpointInfo, NodeError> {
         if name.as_ref().is_some_and(|n| n.is_empty() || n.len() > 128) {
-            return Err(ApiError::bad_request("a checkpoint name is 1-128 bytes"));
+            return Err(NodeError::bad_request("a checkpoint name is 1-128 bytes"));
         }
         self.disk_reserve()?;
         let _busy = self.busy(id).await;
@@ -20,7 +20,7 @@ impl Node {
         let (snap, scratch) = self.current_files(&live, "checkpoint").await?;
         crash_point("checkpoint:captured");
         let hex = random_hex(16);
-        let store_name = SnapshotName::checkpoint(&hex).map_err(ApiError::from)?;
+        let store_name = SnapshotName::checkpoint(&hex).map_err(NodeError::from)?;
         let mut meta = BTreeMap::new();
         if let Some(n) = &name {
             meta.insert("name".into(), n.clone());
@@ -48,14 +48,14 @@ impl Node {
     pub async fn checkpoints(
         &self,
         sandbox: Option<&str>,
-    ) -> Result<Vec<CheckpointInfo>, ApiError> {
+    ) -> Result<Vec<CheckpointInfo>, NodeError> {
         let mut out = vec![];
         for name in self.store.list("checkpoints/").await? {
             let SnapshotName::Checkpoint(hex) = &name else { continue };
             let info = match self.checkpoint_info(hex, &name).await {
                 Ok(info) => info,
                 // Deleted between the list and the read.
-                Err(e) if e.status == StatusCode::NOT_FOUND => continue,
+                Err(e) if e.code == Code::NotFound => continue,
                 Err(e) => return Err(e),
             };
             if sandbox.is_none_or(|s| s == info.sandbox) {
@@ -70,7 +70,7 @@ impl Node {
         &self,
         hex: &str,
         name: &SnapshotName,
-    ) -> Result<CheckpointInfo, ApiError> {
+    ) -> Result<CheckpointInfo, NodeError> {
         let m = self.store.manifest(name).await.map_err(|e| match e {
             StoreError::NotFound { .. } => checkpoint_not_found(),
             other => other.into(),
@@ -94,7 +94,7 @@ impl Node {
         &self,
         id: &str,
         bearer: Option<&str>,
-    ) -> Result<CheckpointInfo, ApiError> {
+    ) -> Result<CheckpointInfo, NodeError> {
         let name = checkpoint_name(id)?;
         let SnapshotName::Checkpoint(hex) = &name else { unreachable!("a checkpoint name") };
         let info = self.checkpoint_info(hex, &name).await?;
@@ -102,35 +102,30 @@ impl Node {
         if own || self.is_root(bearer) { Ok(info) } else { Err(checkpoint_not_found()) }
     }
 
-    pub async fn delete_checkpoint(&self, id: &str) -> Result<(), ApiError> {
+    pub async fn delete_checkpoint(&self, id: &str) -> Result<(), NodeError> {
         Ok(self.store.delete(&checkpoint_name(id)?).await?)
     }
 
     /// A new sandbox from a checkpoint (any checkpoint in the store).
-    pub async fn branch(&self, id: &str, spec: ClaimSpec) -> Result<Claimed, ApiError> {
+    pub async fn branch(&self, id: &str, spec: ClaimSpec) -> Result<Claimed, NodeError> {
         let t0 = std::time::Instant::now();
         let name = checkpoint_name(id)?;
         self.disk_reserve()?;
-        {
+        let _admitted = {
             let mut st = self.lock();
-            self.admit(&mut st, 1)?;
-        }
-        let result = async {
-            let (snap, _) = self.download(&name).await?;
-            let spec = ClaimSpec { size: snap.spec.size, lane: snap.spec.lane, ..spec };
-            let made = self.restore_new(&snap, 1).await;
-            let _ = std::fs::remove_file(&snap.layer_tar);
-            let info = made?.pop().expect("one sandbox");
-            let token = new_token();
-            let mut record = new_record(&info, &token, &spec, Tier::Clone);
-            record.from_checkpoint = Some(id.to_string());
-            self.acknowledge(vec![(record.clone(), info)]).await?;
-            self.metrics.branched.fetch_add(1, Ordering::Relaxed);
-            Ok(Claimed { record, token, took: t0.elapsed() })
-        }
-        .await;
-        self.lock().pending -= 1;
-        result
+            self.admit(&mut st, 1)?
+        };
+        let (snap, _) = self.download(&name).await?;
+        let spec = ClaimSpec { size: snap.spec.size, lane: snap.spec.lane, ..spec };
+        let made = self.restore_new(&snap, 1).await;
+        let _ = std::fs::remove_file(&snap.layer_tar);
+        let info = made?.pop().expect("one sandbox");
+        let token = new_token();
+        let mut record = new_record(&info, &token, &spec, Tier::Clone);
+        record.from_checkpoint = Some(id.to_string());
+        self.acknowledge(vec![(record.clone(), info)]).await?;
+        self.metrics.branched.fetch_add(1, Ordering::Relaxed);
+        Ok(Claimed { record, token, took: t0.elapsed() })
     }
 
     // ---- fork ----
@@ -141,54 +136,49 @@ impl Node {
         id: &str,
         count: usize,
         ttl_seconds: Option<u64>,
-    ) -> Result<Vec<Claimed>, ApiError> {
+    ) -> Result<Vec<Claimed>, NodeError> {
         if !(1..=MAX_FORK).contains(&count) {
-            return Err(ApiError::bad_request(format!("count must be 1-{MAX_FORK}")));
+            return Err(NodeError::bad_request(format!("count must be 1-{MAX_FORK}")));
         }
         let t0 = std::time::Instant::now();
         self.disk_reserve()?;
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
-        {
+        let _admitted = {
             let mut st = self.lock();
-            self.admit(&mut st, count)?;
+            self.admit(&mut st, count)?
+        };
+        let (snap, scratch) = self.current_files(&live, "fork").await?;
+        let made = self.restore_new(&snap, count).await;
+        if scratch {
+            let _ = std::fs::remove_file(&snap.layer_tar);
         }
-        let result = async {
-            let (snap, scratch) = self.current_files(&live, "fork").await?;
-            let made = self.restore_new(&snap, count).await;
-            if scratch {
-                let _ = std::fs::remove_file(&snap.layer_tar);
-            }
-            let src = &live.record;
-            let spec = ClaimSpec {
-                template: src.template.clone(),
-                size: src.size,
-                lane: src.lane,
-                ttl_seconds: ttl_seconds.unwrap_or(src.lease_seconds),
-                metadata: src.metadata.clone(),
-                on_expire: src.on_expire,
-            };
-            let mut claims = vec![];
-            let mut out = vec![];
-            for info in made? {
-                let token = new_token();
-                let mut record = new_record(&info, &token, &spec, Tier::Clone);
-                record.forked_from = Some(id.to_string());
-                record.idle_hibernate_seconds = src.idle_hibernate_seconds;
-                out.push(Claimed { record: record.clone(), token, took: t0.elapsed() });
-                claims.push((record, info));
-            }
-            self.acknowledge(claims).await?;
-            self.metrics.forked.fetch_add(count as u64, Ordering::Relaxed);
-            Ok(out)
+        let src = &live.record;
+        let spec = ClaimSpec {
+            template: src.template.clone(),
+            size: src.size,
+            lane: src.lane,
+            ttl_seconds: ttl_seconds.unwrap_or(src.lease_seconds),
+            metadata: src.metadata.clone(),
+            on_expire: src.on_expire,
+        };
+        let mut claims = vec![];
+        let mut out = vec![];
+        for info in made? {
+            let token = new_token();
+            let mut record = new_record(&info, &token, &spec, Tier::Clone);
+            record.forked_from = Some(id.to_string());
+            record.idle_hibernate_seconds = src.idle_hibernate_seconds;
+            out.push(Claimed { record: record.clone(), token, took: t0.elapsed() });
+            claims.push((record, info));
         }
-        .await;
-        self.lock().pending -= count;
-        result
+        self.acknowledge(claims).await?;
+        self.metrics.forked.fetch_add(count as u64, Ordering::Relaxed);
+        Ok(out)
     }
 
     /// `count` new sandboxes (fresh ids) from one snapshot, all or none.
-    async fn restore_new(&self, snap: &Snapshot, count: usize) -> Result<Vec<BoxInfo>, ApiError> {
+    async fn restore_new(&self, snap: &Snapshot, count: usize) -> Result<Vec<BoxInfo>, NodeError> {
         let mut set = JoinSet::new();
         for _ in 0..count {
             let (engine, snap) = (self.engine.clone(), snap.clone());
@@ -205,7 +195,7 @@ impl Node {
             match joined {
                 Ok(Ok(info)) => made.push(info),
                 Ok(Err(e)) => failure = Some(e),
-                Err(e) => failure = Some(ApiError::internal(format!("restore task: {e}"))),
+                Err(e) => failure = Some(NodeError::internal(format!("restore task: {e}"))),
             }
         }
         if let Some(e) = failure {
@@ -220,13 +210,18 @@ impl Node {
     // ---- promote ----
 
     /// Publishes the sandbox's files as template `name`; later claims of it clone from them.
-    pub async fn promote(&self, id: &str, name: &str, by_root: bool) -> Result<Promoted, ApiError> {
+    pub async fn promote(
+        &self,
+        id: &str,
+        name: &str,
+        by_root: bool,
+    ) -> Result<Promoted, NodeError> {
         let valid = (1..=64).contains(&name.len())
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
         if !valid {
-            return Err(ApiError::bad_request("a template name is 1-64 of a-z 0-9 - _"));
+            return Err(NodeError::bad_request("a template name is 1-64 of a-z 0-9 - _"));
         }
         if name == "host" || self.cfg.templates.contains_key(name) {
             return Err(conflict(format!(
@@ -282,20 +277,17 @@ impl Node {
     }
 
     /// Deletes a promoted template. Sandboxes made from it keep running.
-    pub fn delete_template(&self, name: &str) -> Result<(), ApiError> {
+    pub fn delete_template(&self, name: &str) -> Result<(), NodeError> {
         let mut st = self.lock();
         let mut all = st.promoted.clone();
         if all.remove(name).is_none() {
-            let code = if name == "host" || self.cfg.templates.contains_key(name) {
+            if name == "host" || self.cfg.templates.contains_key(name) {
                 return Err(conflict(format!(
                     "{name:?} is configured; remove it from the config file"
                 )));
-            } else {
-                "template_not_found"
-            };
-            return Err(ApiError::new(
-                StatusCode::NOT_FOUND,
-                code,
+            }
+            return Err(NodeError::new(
+                Code::TemplateNotFound,
                 format!("no promoted template {name:?}"),
             ));
         }
@@ -306,13 +298,11 @@ impl Node {
         Ok(())
     }
 
-    fn save_promoted(&self, all: &BTreeMap<String, Promoted>) -> Result<(), ApiError> {
-        let json = serde_json::to_vec_pretty(all).map_err(|e| ApiError::internal(e.to_string()))?;
-        let path = promoted_path(&self.cfg);
-        let tmp = path.with_extension("json.tmp");
-        std::fs::write(&tmp, json)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .map_err(|e| ApiError::internal(format!("persist promoted templates: {e}")))
+    fn save_promoted(&self, all: &BTreeMap<String, Promoted>) -> Result<(), NodeError> {
+        let json =
+            serde_json::to_vec_pretty(all).map_err(|e| NodeError::internal(e.to_string()))?;
+        crate::durable::replace(&promoted_path(&self.cfg), &json)
+            .map_err(|e| NodeError::internal(format!("persist promoted templates: {e}")))
     }
 
     /// Warm sandboxes of `template` were made from its old golden: they go, and so do those

@@ -9,14 +9,14 @@ use super::*;
 impl Node {
     // ---- wake anywhere ----
 
-    fn claim_key(id: &str) -> Result<silk_store::Key, ApiError> {
-        silk_store::Key::new(format!("claims/{id}")).map_err(ApiError::from)
+    fn claim_key(id: &str) -> Result<silk_store::Key, NodeError> {
+        silk_store::Key::new(format!("claims/{id}")).map_err(NodeError::from)
     }
 
     /// Puts an archived claim's record in the store (`claims/<id>`): while it is there, the
     /// sandbox is archived and any node may wake it.
-    pub(super) async fn publish_archived(&self, rec: &ClaimRecord) -> Result<(), ApiError> {
-        let json = serde_json::to_vec(rec).map_err(|e| ApiError::internal(e.to_string()))?;
+    pub(super) async fn publish_archived(&self, rec: &ClaimRecord) -> Result<(), NodeError> {
+        let json = serde_json::to_vec(rec).map_err(|e| NodeError::internal(e.to_string()))?;
         self.store.object_store().put_bytes(&Self::claim_key(&rec.id)?, json.into()).await?;
         Ok(())
     }
@@ -38,7 +38,7 @@ impl Node {
     /// by an archive or move a crash cut short (its node kept its local copy, so nothing is lost).
     /// An archived sandbox is published before it is journalled, so no archive that can still
     /// be woken is touched. Their chunks then go at a later GC.
-    pub(in crate::node) async fn sweep_orphan_archives(&self) -> Result<usize, ApiError> {
+    pub(in crate::node) async fn sweep_orphan_archives(&self) -> Result<usize, NodeError> {
         let grace_ms = self.cfg.store.snapshots.grace_secs * 1000;
         let mut swept = 0;
         for name in self.store.list("archives/").await? {
@@ -82,11 +82,11 @@ impl Node {
 
     /// The archive the claim published for `id` names (`None`: none is published). A record
     /// that cannot be read is an error, not a "no": deleting on partial knowledge loses data.
-    async fn published_archive(&self, id: &str) -> Result<Option<String>, ApiError> {
+    async fn published_archive(&self, id: &str) -> Result<Option<String>, NodeError> {
         match self.store.object_store().get_bytes(&Self::claim_key(id)?).await {
             Ok(bytes) => serde_json::from_slice::<ClaimRecord>(&bytes)
                 .map(|r| r.archive)
-                .map_err(|e| ApiError::internal(format!("the published claim of {id}: {e}"))),
+                .map_err(|e| NodeError::internal(format!("the published claim of {id}: {e}"))),
             Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
@@ -104,7 +104,7 @@ impl Node {
     /// Wakes, on this node, an archived sandbox that no live node holds (its node died): takes
     /// its lease in the store, adopts it from its archive, and removes its claim record there.
     /// `Ok(false)`: no such archived sandbox (or not for this token).
-    pub async fn wake_orphan(&self, id: &str, token: Option<&str>) -> Result<bool, ApiError> {
+    pub async fn wake_orphan(&self, id: &str, token: Option<&str>) -> Result<bool, NodeError> {
         let key = Self::claim_key(id)?;
         let bytes = match self.store.object_store().get_bytes(&key).await {
             Ok(b) => b,
@@ -112,21 +112,21 @@ impl Node {
             Err(e) => return Err(e.into()),
         };
         let mut rec: ClaimRecord = serde_json::from_slice(&bytes)
-            .map_err(|e| ApiError::internal(format!("{key}: {e}")))?;
+            .map_err(|e| NodeError::internal(format!("{key}: {e}")))?;
         // Any node can write to the store: the record must be this sandbox's, archived through
         // an archive of its own, before its token hash means anything (see `check_foreign`).
         if rec.state != SandboxState::Archived {
-            return Err(ApiError::internal(format!(
+            return Err(NodeError::internal(format!(
                 "{key}: a published claim that is not archived"
             )));
         }
         let archive = rec
             .archive
             .clone()
-            .ok_or_else(|| ApiError::internal("an archived claim without its archive"))?;
+            .ok_or_else(|| NodeError::internal("an archived claim without its archive"))?;
         let (default_ttl, max_ttl) = (self.cfg.default_ttl_seconds, self.cfg.max_ttl_seconds);
         rec.check_foreign(id, &archive, default_ttl, max_ttl, now_ms())
-            .map_err(|e| ApiError::internal(format!("{key}: {}", e.message)))?;
+            .map_err(|e| NodeError::internal(format!("{key}: {}", e.message)))?;
         let own = token.is_some_and(|t| crate::claims::token_matches(t, &rec.token_hash));
         if !own && !self.is_root(token) {
             return Ok(false);
@@ -149,8 +149,8 @@ impl Node {
     pub(super) async fn under_wake_lease<T>(
         &self,
         id: &str,
-        wake: impl std::future::Future<Output = Result<T, ApiError>>,
-    ) -> Result<T, ApiError> {
+        wake: impl std::future::Future<Output = Result<T, NodeError>>,
+    ) -> Result<T, NodeError> {
         let objects = self.store.object_store().clone();
         let lease =
             silk_store::Lease::acquire(&*objects, &format!("leases/{id}"), &self.name, WAKE_LEASE)
@@ -173,7 +173,7 @@ impl Node {
         self: &std::sync::Arc<Self>,
         id: &str,
         to: Option<&str>,
-    ) -> Result<(ClaimRecord, silk_mesh::NodeState), ApiError> {
+    ) -> Result<(ClaimRecord, silk_mesh::NodeState), NodeError> {
         let peers = self.peers.clone().ok_or_else(|| {
             conflict("this node is not in a mesh: there is nowhere to move to".into())
         })?;
@@ -181,11 +181,7 @@ impl Node {
         let live = self.current(id)?;
         let target = match to {
             Some(name) => peers.mesh.peer(name).ok_or_else(|| {
-                ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    "peer_not_found",
-                    format!("no live peer {name:?}"),
-                )
+                NodeError::new(Code::PeerNotFound, format!("no live peer {name:?}"))
             })?,
             None => peers
                 .mesh
@@ -205,7 +201,7 @@ impl Node {
         };
         let (mut rec, snap) = self.stop_here(live).await?;
         let archive = new_archive_name(id);
-        let name = SnapshotName::archive(&archive).map_err(ApiError::from)?;
+        let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
         rec.intent =
             Some(Intent::Move { archive: archive.clone(), target: target.id.name.clone() });
         self.put_record(&rec).await?;
@@ -225,9 +221,8 @@ impl Node {
             // The target may or may not have taken it (the answer was lost): settle by asking
             // it, and keep the sandbox here, stopped, until it answers.
             tokio::spawn(self.clone().settle_move(id.to_string()));
-            return Err(ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "moving",
+            return Err(NodeError::new(
+                Code::Moving,
                 format!(
                     "{}: the target did not answer; the move settles once it does",
                     target.id.name
@@ -251,7 +246,12 @@ impl Node {
     }
 
     /// After the switch: the sandbox lives on the target; this node drops its copy.
-    async fn forget_moved(&self, id: &str, snap: &Snapshot, archive: &str) -> Result<(), ApiError> {
+    async fn forget_moved(
+        &self,
+        id: &str,
+        snap: &Snapshot,
+        archive: &str,
+    ) -> Result<(), NodeError> {
         self.journal.commit(vec![Change::Delete(id.to_string())]).await.map_err(journal_error)?;
         if let Some(live) = self.lock().claims.remove(id) {
             live.activity.hangup.notify_waiters();
@@ -264,23 +264,24 @@ impl Node {
     /// The target's side of a move: start the sandbox from its archive under the same id, and
     /// journal it (the switch). Idempotent. The record comes from a peer or the store: it is
     /// checked (and its lease bounded) as any foreign record.
-    pub async fn adopt(&self, mut record: ClaimRecord, archive: &str) -> Result<(), ApiError> {
+    pub async fn adopt(&self, mut record: ClaimRecord, archive: &str) -> Result<(), NodeError> {
         let id = record.id.clone();
         let (default_ttl, max_ttl) = (self.cfg.default_ttl_seconds, self.cfg.max_ttl_seconds);
         record
             .check_foreign(&id, archive, default_ttl, max_ttl, now_ms())
-            .map_err(|e| ApiError::bad_request(format!("adopt: {}", e.message)))?;
+            .map_err(|e| NodeError::bad_request(format!("adopt: {}", e.message)))?;
         let _busy = self.busy(&record.id).await;
         if self.get(&record.id).is_some() {
             return Ok(());
         }
-        {
+        let admitted = {
             let mut st = self.lock();
-            self.admit(&mut st, 1)?;
+            let admitted = self.admit(&mut st, 1)?;
             st.adopting.insert(record.id.clone());
-        }
+            admitted
+        };
         let result = async {
-            let name = SnapshotName::archive(archive).map_err(ApiError::from)?;
+            let name = SnapshotName::archive(archive).map_err(NodeError::from)?;
             let (snap, _) = self.download(&name).await?;
             let (engine, sid, spec, s) = (
                 self.engine.clone(),
@@ -306,10 +307,8 @@ impl Node {
             self.acknowledge(vec![(record, info)]).await
         }
         .await;
-        let mut st = self.lock();
-        st.pending -= 1;
-        st.adopting.remove(&id);
-        drop(st);
+        drop(admitted);
+        self.lock().adopting.remove(&id);
         result
     }
 
@@ -388,13 +387,14 @@ impl Node {
         &self,
         template: &silk_engine::Template,
         digest: &silk_engine::Digest,
-    ) -> Result<Option<Golden>, ApiError> {
-        let name = SnapshotName::golden(&template.name, digest.as_str()).map_err(ApiError::from)?;
+    ) -> Result<Option<Golden>, NodeError> {
+        let name =
+            SnapshotName::golden(&template.name, digest.as_str()).map_err(NodeError::from)?;
         let path = self.scratch_tar("golden");
         let got = async {
             let mut file = tokio::fs::File::create(&path)
                 .await
-                .map_err(|e| ApiError::internal(format!("create {}: {e}", path.display())))?;
+                .map_err(|e| NodeError::internal(format!("create {}: {e}", path.display())))?;
             match self.store.get(&name, &mut file).await {
                 Ok(_) => {}
                 Err(StoreError::NotFound { .. }) => return Ok(None),
@@ -452,8 +452,8 @@ impl Node {
     /// A snapshot's base (made on any node) in this node's terms: its template resolved here by
     /// name (same digest, or the snapshot cannot start here) and its golden found here or
     /// fetched from the store, by digest.
-    pub(super) async fn local_base(&self, stored: &StoredSnapshot) -> Result<Base, ApiError> {
-        let mismatch = |m: String| ApiError::new(StatusCode::CONFLICT, "base_unavailable", m);
+    pub(super) async fn local_base(&self, stored: &StoredSnapshot) -> Result<Base, NodeError> {
+        let mismatch = |m: String| NodeError::new(Code::BaseUnavailable, m);
         let name = &stored.template;
         let template = self
             .template(name)

@@ -1,0 +1,316 @@
+//! What the claims journal keeps of a claim: the journal's own types, field for field and
+//! variant for variant what [`ClaimRecord`] and the engine types inside it encoded to when
+//! format version 2 was fixed (the fixture `tests/fixtures/journal-v2` holds such a log).
+//! postcard writes no names, only order and variant indexes: a change here is a new format
+//! version of the journal. The conversions are explicit, so an engine or API type can change
+//! without changing the file, and a record that does not convert back (a digest that is not
+//! one) is refused by name rather than read as something else.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use silk_engine::{Base, BoxSpec, Golden, Lane, Limits, Size, Snapshot, Template};
+
+use crate::claims::{ClaimRecord, Intent, OnExpire, Tier};
+use crate::state::SandboxState;
+
+/// The journal format these types are.
+pub const VERSION: u32 = 2;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredClaim {
+    id: String,
+    token_hash: String,
+    template: String,
+    size: StoredSize,
+    lane: StoredLane,
+    tier: StoredTier,
+    state: StoredState,
+    created_ms: u64,
+    deadline_ms: u64,
+    on_expire: StoredOnExpire,
+    metadata: BTreeMap<String, String>,
+    lease_seconds: u64,
+    idle_hibernate_seconds: Option<u64>,
+    from_checkpoint: Option<String>,
+    forked_from: Option<String>,
+    state_since_ms: u64,
+    stopped: Option<StoredSnapshot>,
+    archive: Option<String>,
+    intent: Option<StoredIntent>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+enum StoredSize {
+    Small,
+    Medium,
+    Large,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+enum StoredLane {
+    None,
+    Egress,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+enum StoredTier {
+    Warm,
+    Clone,
+    Cold,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+enum StoredState {
+    Warm,
+    Claimed,
+    Hibernated,
+    Archived,
+    Released,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+enum StoredOnExpire {
+    Destroy,
+    Archive,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+enum StoredIntent {
+    Hibernate(Box<StoredSnapshot>),
+    Archive(String),
+    Move { archive: String, target: String },
+    Unpublish(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StoredSnapshot {
+    base: StoredBase,
+    spec: StoredSpec,
+    layer_tar: PathBuf,
+    bytes: u64,
+    memory: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StoredBase {
+    template: StoredTemplate,
+    golden: Option<StoredGolden>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StoredTemplate {
+    name: String,
+    digest: String,
+    root: PathBuf,
+    binds: Vec<(PathBuf, PathBuf)>,
+    env: Vec<(String, String)>,
+    cwd: Option<String>,
+    user: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StoredGolden {
+    digest: String,
+    template: StoredTemplate,
+    layer: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StoredSpec {
+    size: StoredSize,
+    lane: StoredLane,
+    limits: Option<StoredLimits>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+struct StoredLimits {
+    cpu_millis: u32,
+    memory_bytes: u64,
+    pids: u32,
+}
+
+/// Pairs of (live value, stored value) for the plain enums: one table each way.
+macro_rules! same_variants {
+    ($live:ty, $stored:ident, $($variant:ident),+) => {
+        impl From<$live> for $stored {
+            fn from(v: $live) -> $stored {
+                match v { $(<$live>::$variant => $stored::$variant),+ }
+            }
+        }
+        impl From<$stored> for $live {
+            fn from(v: $stored) -> $live {
+                match v { $($stored::$variant => <$live>::$variant),+ }
+            }
+        }
+    };
+}
+
+same_variants!(Size, StoredSize, Small, Medium, Large);
+same_variants!(Lane, StoredLane, None, Egress);
+same_variants!(Tier, StoredTier, Warm, Clone, Cold);
+same_variants!(SandboxState, StoredState, Warm, Claimed, Hibernated, Archived, Released);
+same_variants!(OnExpire, StoredOnExpire, Destroy, Archive);
+
+impl From<&Template> for StoredTemplate {
+    fn from(t: &Template) -> StoredTemplate {
+        StoredTemplate {
+            name: t.name.clone(),
+            digest: t.digest.to_string(),
+            root: t.root.clone(),
+            binds: t.binds.clone(),
+            env: t.env.clone(),
+            cwd: t.cwd.clone(),
+            user: t.user.clone(),
+        }
+    }
+}
+
+impl TryFrom<StoredTemplate> for Template {
+    type Error = String;
+    fn try_from(t: StoredTemplate) -> Result<Template, String> {
+        Ok(Template {
+            name: t.name,
+            digest: t.digest.parse().map_err(|e| format!("template digest: {e}"))?,
+            root: t.root,
+            binds: t.binds,
+            env: t.env,
+            cwd: t.cwd,
+            user: t.user,
+        })
+    }
+}
+
+impl From<&Snapshot> for StoredSnapshot {
+    fn from(s: &Snapshot) -> StoredSnapshot {
+        StoredSnapshot {
+            base: StoredBase {
+                template: (&s.base.template).into(),
+                golden: s.base.golden.as_ref().map(|g| StoredGolden {
+                    digest: g.digest.to_string(),
+                    template: (&g.template).into(),
+                    layer: g.layer.clone(),
+                }),
+            },
+            spec: StoredSpec {
+                size: s.spec.size.into(),
+                lane: s.spec.lane.into(),
+                limits: s.spec.limits.map(|l| StoredLimits {
+                    cpu_millis: l.cpu_millis,
+                    memory_bytes: l.memory_bytes,
+                    pids: l.pids,
+                }),
+            },
+            layer_tar: s.layer_tar.clone(),
+            bytes: s.bytes,
+            memory: s.memory,
+        }
+    }
+}
+
+impl TryFrom<StoredSnapshot> for Snapshot {
+    type Error = String;
+    fn try_from(s: StoredSnapshot) -> Result<Snapshot, String> {
+        let golden = match s.base.golden {
+            Some(g) => Some(Golden {
+                digest: g.digest.parse().map_err(|e| format!("golden digest: {e}"))?,
+                template: g.template.try_into()?,
+                layer: g.layer,
+            }),
+            None => None,
+        };
+        let limits = s.spec.limits.map(|l| Limits {
+            cpu_millis: l.cpu_millis,
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+        });
+        Ok(Snapshot {
+            base: Base { template: s.base.template.try_into()?, golden },
+            spec: BoxSpec { size: s.spec.size.into(), lane: s.spec.lane.into(), limits },
+            layer_tar: s.layer_tar,
+            bytes: s.bytes,
+            memory: s.memory,
+        })
+    }
+}
+
+impl From<&ClaimRecord> for StoredClaim {
+    fn from(r: &ClaimRecord) -> StoredClaim {
+        StoredClaim {
+            id: r.id.clone(),
+            token_hash: r.token_hash.clone(),
+            template: r.template.clone(),
+            size: r.size.into(),
+            lane: r.lane.into(),
+            tier: r.tier.into(),
+            state: r.state.into(),
+            created_ms: r.created_ms,
+            deadline_ms: r.deadline_ms,
+            on_expire: r.on_expire.into(),
+            metadata: r.metadata.clone(),
+            lease_seconds: r.lease_seconds,
+            idle_hibernate_seconds: r.idle_hibernate_seconds,
+            from_checkpoint: r.from_checkpoint.clone(),
+            forked_from: r.forked_from.clone(),
+            state_since_ms: r.state_since_ms,
+            stopped: r.stopped.as_ref().map(StoredSnapshot::from),
+            archive: r.archive.clone(),
+            intent: r.intent.as_ref().map(|i| match i {
+                Intent::Hibernate(s) => StoredIntent::Hibernate(Box::new(s.as_ref().into())),
+                Intent::Archive(a) => StoredIntent::Archive(a.clone()),
+                Intent::Move { archive, target } => {
+                    StoredIntent::Move { archive: archive.clone(), target: target.clone() }
+                }
+                Intent::Unpublish(a) => StoredIntent::Unpublish(a.clone()),
+            }),
+        }
+    }
+}
+
+impl TryFrom<StoredClaim> for ClaimRecord {
+    type Error = String;
+    fn try_from(r: StoredClaim) -> Result<ClaimRecord, String> {
+        let intent = match r.intent {
+            None => None,
+            Some(StoredIntent::Hibernate(s)) => Some(Intent::Hibernate(Box::new((*s).try_into()?))),
+            Some(StoredIntent::Archive(a)) => Some(Intent::Archive(a)),
+            Some(StoredIntent::Move { archive, target }) => Some(Intent::Move { archive, target }),
+            Some(StoredIntent::Unpublish(a)) => Some(Intent::Unpublish(a)),
+        };
+        Ok(ClaimRecord {
+            stopped: r.stopped.map(Snapshot::try_from).transpose()?,
+            id: r.id,
+            token_hash: r.token_hash,
+            template: r.template,
+            size: r.size.into(),
+            lane: r.lane.into(),
+            tier: r.tier.into(),
+            state: r.state.into(),
+            created_ms: r.created_ms,
+            deadline_ms: r.deadline_ms,
+            on_expire: r.on_expire.into(),
+            metadata: r.metadata,
+            lease_seconds: r.lease_seconds,
+            idle_hibernate_seconds: r.idle_hibernate_seconds,
+            from_checkpoint: r.from_checkpoint,
+            forked_from: r.forked_from,
+            state_since_ms: r.state_since_ms,
+            archive: r.archive,
+            intent,
+        })
+    }
+}
+
+/// The live records of a replayed journal; a record that does not convert is refused by id.
+pub fn live_records(
+    stored: BTreeMap<String, StoredClaim>,
+) -> Result<BTreeMap<String, ClaimRecord>, String> {
+    stored
+        .into_iter()
+        .map(|(id, r)| match ClaimRecord::try_from(r) {
+            Ok(r) => Ok((id, r)),
+            Err(e) => Err(format!("journal record {id}: {e}")),
+        })
+        .collect()
+}

@@ -1,0 +1,278 @@
+//! The node's controller on the fake engine: no root, namespaces, silkd or sockets. Each test
+//! runs its node on a runtime of its own; dropping that runtime stops every task at once, as
+//! `kill -9` stops the process, and a second node opened on the same data directory and engine
+//! is what the next start finds.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandboxd::claims::{ClaimSpec, OnExpire, Tier};
+use sandboxd::config::Config;
+use sandboxd::node::Node;
+use sandboxd::pool::PoolKey;
+use sandboxd::state::SandboxState;
+use silk_engine::fake::{FakeEngine, Op};
+use silk_engine::{Engine, Lane, SandboxId, Size};
+
+struct Harness {
+    dir: tempfile::TempDir,
+    engine: Arc<FakeEngine>,
+}
+
+impl Harness {
+    fn new() -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let engine = Arc::new(FakeEngine::new(dir.path().join("fake")));
+        Harness { dir, engine }
+    }
+
+    fn config(&self, warm: usize) -> Config {
+        let mut cfg = Config { data_dir: self.dir.path().join("data"), ..Config::default() };
+        cfg.min_free_mib = 0;
+        cfg.pools[0].warm = warm;
+        cfg.pools[0].warm_max = Some(warm);
+        cfg
+    }
+
+    /// A node on its own runtime: the pair goes together.
+    fn open(&self, cfg: Config) -> (tokio::runtime::Runtime, Arc<Node>) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let engine: Arc<dyn Engine> = self.engine.clone();
+        let node = rt.block_on(Node::open(cfg, engine)).unwrap();
+        (rt, node)
+    }
+}
+
+fn spec(ttl_seconds: u64) -> ClaimSpec {
+    ClaimSpec {
+        template: "host".into(),
+        size: Size::Small,
+        lane: Lane::None,
+        ttl_seconds,
+        metadata: BTreeMap::new(),
+        on_expire: OnExpire::Destroy,
+    }
+}
+
+fn sid(id: &str) -> SandboxId {
+    id.parse().unwrap()
+}
+
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if cond() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("timed out waiting until {what}");
+}
+
+fn host_pool() -> PoolKey {
+    PoolKey { template: "host".into(), size: Size::Small, lane: Lane::None }
+}
+
+#[test]
+fn claims_are_served_warm_then_by_clone_then_cold() {
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(0));
+    // No golden yet: the first claim boots from the template, and builds the golden after.
+    let first = rt.block_on(node.claim(spec(60))).unwrap();
+    assert_eq!(first.record.tier, Tier::Cold);
+    eventually("the golden is built", || h.engine.calls(Op::Prepare) > 0);
+    eventually("the second claim clones", || {
+        let c = rt.block_on(node.claim(spec(60))).unwrap();
+        c.record.tier == Tier::Clone
+    });
+    drop((node, rt));
+
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(1));
+    eventually("the pool has a warm sandbox", || node.warm_for(&host_pool()) == 1);
+    let warm = rt.block_on(node.claim(spec(60))).unwrap();
+    assert_eq!(warm.record.tier, Tier::Warm);
+    assert!(h.engine.running(&sid(&warm.record.id)));
+    assert_eq!(node.get(&warm.record.id).unwrap().record.state, SandboxState::Claimed);
+}
+
+#[test]
+fn a_full_node_and_a_draining_node_refuse_claims_and_keep_what_they_hold() {
+    let h = Harness::new();
+    let mut cfg = h.config(0);
+    cfg.max_claims = 2;
+    let (rt, node) = h.open(cfg);
+    let a = rt.block_on(node.claim(spec(60))).unwrap();
+    rt.block_on(node.claim(spec(60))).unwrap();
+    let full = rt.block_on(node.claim(spec(60))).unwrap_err();
+    assert_eq!(full.code, "node_full");
+    rt.block_on(node.release(&a.record.id)).unwrap();
+    node.set_draining(true);
+    let draining = rt.block_on(node.claim(spec(60))).unwrap_err();
+    assert_eq!(draining.code, "draining");
+    assert_eq!(node.list(&[]).len(), 1);
+    node.set_draining(false);
+    rt.block_on(node.claim(spec(60))).unwrap();
+}
+
+#[test]
+fn an_expired_lease_ends_its_sandbox_and_a_renewed_one_does_not() {
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(0));
+    let short = rt.block_on(node.claim(spec(1))).unwrap();
+    let renewed = rt.block_on(node.claim(spec(1))).unwrap();
+    rt.block_on(node.renew(&renewed.record.id, 600)).unwrap();
+    eventually("the short lease ends", || node.get(&short.record.id).is_none());
+    eventually("its sandbox is destroyed", || !h.engine.running(&sid(&short.record.id)));
+    assert!(node.get(&renewed.record.id).is_some());
+    assert!(h.engine.running(&sid(&renewed.record.id)));
+    let gone = rt.block_on(node.renew(&short.record.id, 600)).unwrap_err();
+    assert_eq!(gone.code, "not_found");
+}
+
+#[test]
+fn hibernate_wake_archive_and_wake_keep_the_sandboxs_files() {
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(0));
+    let c = rt.block_on(node.claim(spec(600))).unwrap();
+    let (id, box_id) = (c.record.id.clone(), sid(&c.record.id));
+    h.engine.write_file(&box_id, "work/notes", b"kept").unwrap();
+
+    let rec = rt.block_on(node.hibernate(&id)).unwrap();
+    assert_eq!(rec.state, SandboxState::Hibernated);
+    assert!(!h.engine.running(&box_id), "a hibernated sandbox runs nothing");
+    // Hibernating again is no change; waking brings it back on its files.
+    assert_eq!(rt.block_on(node.hibernate(&id)).unwrap().state, SandboxState::Hibernated);
+    let live = rt.block_on(node.wake(&id)).unwrap();
+    assert_eq!(live.record.state, SandboxState::Claimed);
+    assert_eq!(h.engine.read_file(&box_id, "work/notes").as_deref(), Some(&b"kept"[..]));
+
+    let rec = rt.block_on(node.archive(&id)).unwrap();
+    assert_eq!(rec.state, SandboxState::Archived);
+    assert!(h.engine.list().unwrap().is_empty(), "an archived sandbox holds no box");
+    let refused = rt.block_on(node.hibernate(&id)).unwrap_err();
+    assert_eq!(refused.code, "conflict");
+    let live = rt.block_on(node.wake(&id)).unwrap();
+    assert_eq!(live.record.state, SandboxState::Claimed);
+    assert_eq!(h.engine.read_file(&box_id, "work/notes").as_deref(), Some(&b"kept"[..]));
+
+    rt.block_on(node.release(&id)).unwrap();
+    eventually("the box is destroyed", || h.engine.list().unwrap().is_empty());
+    let gone = rt.block_on(node.wake(&id)).unwrap_err();
+    assert_eq!(gone.code, "not_found");
+}
+
+#[test]
+fn checkpoints_branch_and_forks_copy_files_and_promote_makes_a_template() {
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(0));
+    let c = rt.block_on(node.claim(spec(600))).unwrap();
+    let id = c.record.id.clone();
+    h.engine.write_file(&sid(&id), "v", b"1").unwrap();
+    let ck = rt.block_on(node.checkpoint(&id, Some("one".into()))).unwrap();
+    h.engine.write_file(&sid(&id), "v", b"2").unwrap();
+
+    let branch = rt.block_on(node.branch(&ck.id, spec(600))).unwrap();
+    assert_eq!(h.engine.read_file(&sid(&branch.record.id), "v").as_deref(), Some(&b"1"[..]));
+    assert_eq!(branch.record.from_checkpoint.as_deref(), Some(ck.id.as_str()));
+    let forks = rt.block_on(node.fork(&id, 2, None)).unwrap();
+    assert_eq!(forks.len(), 2);
+    for f in &forks {
+        assert_eq!(h.engine.read_file(&sid(&f.record.id), "v").as_deref(), Some(&b"2"[..]));
+        assert_eq!(f.record.forked_from.as_deref(), Some(id.as_str()));
+    }
+    let bad = rt.block_on(node.fork(&id, 0, None)).unwrap_err();
+    assert_eq!(bad.code, "bad_request");
+
+    rt.block_on(node.promote(&id, "mine", true)).unwrap();
+    let mut from_promoted = spec(600);
+    from_promoted.template = "mine".into();
+    let child = rt.block_on(node.claim(from_promoted)).unwrap();
+    assert_eq!(h.engine.read_file(&sid(&child.record.id), "v").as_deref(), Some(&b"2"[..]));
+    let mut unknown = spec(600);
+    unknown.template = "nope".into();
+    let err = rt.block_on(node.claim(unknown)).unwrap_err();
+    assert_eq!(err.code, "template_not_found");
+}
+
+#[test]
+fn a_restart_finds_every_acknowledged_claim_and_removes_every_other_box() {
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(1));
+    let running = rt.block_on(node.claim(spec(600))).unwrap();
+    let sleeping = rt.block_on(node.claim(spec(600))).unwrap();
+    let archived = rt.block_on(node.claim(spec(600))).unwrap();
+    h.engine.write_file(&sid(&archived.record.id), "f", b"x").unwrap();
+    rt.block_on(node.hibernate(&sleeping.record.id)).unwrap();
+    rt.block_on(node.archive(&archived.record.id)).unwrap();
+    eventually("the pool has a warm sandbox", || node.warm_for(&host_pool()) == 1);
+    // A box nobody acknowledged (a claim the crash interrupted).
+    let stray = sid("sb-stray");
+    let t = h.engine.template(&silk_engine::TemplateDef::host()).unwrap();
+    h.engine.boot(&t, &stray, &silk_engine::BoxSpec::new(Size::Small, Lane::None)).unwrap();
+    drop((node, rt)); // every task stops where it is
+
+    let (rt, node) = h.open(h.config(0));
+    let state = |id: &str| node.get(id).map(|l| l.record.state);
+    assert_eq!(state(&running.record.id), Some(SandboxState::Claimed));
+    assert_eq!(state(&sleeping.record.id), Some(SandboxState::Hibernated));
+    assert_eq!(state(&archived.record.id), Some(SandboxState::Archived));
+    let boxes: Vec<String> =
+        h.engine.list().unwrap().into_iter().map(|b| b.id.to_string()).collect();
+    assert_eq!(boxes.len(), 2, "the claimed and the hibernated box stay: {boxes:?}");
+    assert!(!boxes.contains(&stray.to_string()));
+    // The old tokens still work, and the archive still wakes with its files.
+    assert!(node.authorized(&running.record.id, Some(&running.token)).is_ok());
+    rt.block_on(node.wake(&archived.record.id)).unwrap();
+    assert_eq!(h.engine.read_file(&sid(&archived.record.id), "f").as_deref(), Some(&b"x"[..]));
+}
+
+#[test]
+fn a_pool_whose_engine_fails_retries_and_fills_once_it_works() {
+    let h = Harness::new();
+    h.engine.fail(Op::Clone, 3);
+    h.engine.fail(Op::Boot, 3);
+    let (_rt, node) = h.open(h.config(2));
+    eventually("the pool fills", || node.warm_for(&host_pool()) == 2);
+    assert!(h.engine.calls(Op::Clone) + h.engine.calls(Op::Boot) >= 5);
+}
+
+#[test]
+fn a_failed_start_leaves_no_claim_and_no_slot() {
+    let h = Harness::new();
+    let mut cfg = h.config(0);
+    cfg.max_claims = 1;
+    let (rt, node) = h.open(cfg);
+    h.engine.fail(Op::Boot, 1);
+    let err = rt.block_on(node.claim(spec(60))).unwrap_err();
+    assert_eq!(err.code, "engine_failed");
+    // The failed claim's admission is returned: the one slot is free.
+    let c = rt.block_on(node.claim(spec(60))).unwrap();
+    assert!(node.get(&c.record.id).is_some());
+}
+
+#[test]
+fn every_table_returns_to_its_size_after_ten_thousand_claims_and_releases() {
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(0));
+    let before = node.table_sizes();
+    rt.block_on(async {
+        for i in 0..10_000 {
+            let c = node.claim(spec(600)).await.unwrap();
+            if i % 100 == 0 {
+                node.hibernate(&c.record.id).await.unwrap();
+                node.wake(&c.record.id).await.unwrap();
+            }
+            node.release(&c.record.id).await.unwrap();
+            // Calls for ids that do not exist leave nothing behind either.
+            assert_eq!(node.wake("sb-unknown").await.unwrap_err().code, "not_found");
+            assert_eq!(node.hibernate(&c.record.id).await.unwrap_err().code, "not_found");
+        }
+    });
+    assert_eq!(node.table_sizes(), before);
+    eventually("every box is destroyed", || h.engine.list().unwrap().is_empty());
+}

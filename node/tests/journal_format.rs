@@ -1,0 +1,100 @@
+//! The claims journal as main wrote it when the journal got its own record types (format 2,
+//! written by `Journal<ClaimRecord>` with engine types inside: `fixtures/journal-v2`, one batch
+//! of eight claims in every state and intent, then a delete). This build reads it whole, encodes
+//! each record to the same bytes, and a node starts on it.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use sandboxd::claims::{Intent, OnExpire, Tier};
+use sandboxd::journal::Journal;
+use sandboxd::state::SandboxState;
+use sandboxd::stored::{StoredClaim, live_records};
+use silk_engine::{Lane, Size};
+
+fn fixture() -> Vec<u8> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/journal-v2/journal.log");
+    std::fs::read(path).unwrap()
+}
+
+#[test]
+fn a_journal_in_the_format_on_main_is_read_whole_and_written_the_same() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("journal.log"), fixture()).unwrap();
+    let (journal, stored) = Journal::<StoredClaim>::open(dir.path(), false).unwrap();
+    drop(journal);
+    // Each record's encoding by this build is the fixture's, byte for byte.
+    let bytes = fixture();
+    for (id, record) in &stored {
+        let encoded = postcard::to_allocvec(&(id, Some(record))).unwrap();
+        assert!(bytes.windows(encoded.len()).any(|w| w == encoded), "{id} encodes differently");
+    }
+    let records = live_records(stored).unwrap();
+    let ids: Vec<&str> = records.keys().map(String::as_str).collect();
+    assert_eq!(ids.len(), 7, "the deleted claim stays deleted: {ids:?}");
+    assert!(!ids.contains(&"sb-local-000000000008"));
+
+    let running = &records["sb-local-000000000001"];
+    assert_eq!(
+        (running.state, running.tier, running.size),
+        (SandboxState::Claimed, Tier::Clone, Size::Medium)
+    );
+    assert_eq!((running.lane, running.on_expire), (Lane::None, OnExpire::Archive));
+    assert_eq!(running.metadata["owner"], "fixture");
+    assert_eq!((running.lease_seconds, running.idle_hibernate_seconds), (600, Some(30)));
+    let forked = &records["sb-local-000000000005"];
+    assert_eq!(forked.forked_from.as_deref(), Some("sb-local-000000000001"));
+    assert_eq!(forked.from_checkpoint.as_deref(), Some("ck_0123456789abcdef0123456789abcdef"));
+    assert_eq!(records["sb-local-000000000003"].stopped, None);
+
+    let moving = &records["sb-local-000000000002"];
+    let snap = moving.stopped.as_ref().unwrap();
+    let golden = snap.base.golden.as_ref().unwrap();
+    assert_eq!(golden.digest.as_str(), "cd".repeat(32));
+    assert_eq!(snap.base.template.digest.as_str(), "ab".repeat(32));
+    assert_eq!(snap.base.template.env, vec![("PATH".to_string(), "/usr/bin:/bin".to_string())]);
+    assert_eq!(snap.base.template.cwd.as_deref(), Some("/root"));
+    assert_eq!((snap.spec.size, snap.bytes), (Size::Medium, 4096));
+    assert_eq!(
+        moving.intent,
+        Some(Intent::Move {
+            archive: "sb-local-000000000002.00112233445566ff".into(),
+            target: "n2".into()
+        })
+    );
+    let archived = &records["sb-local-000000000004"];
+    assert_eq!(archived.state, SandboxState::Archived);
+    assert_eq!(archived.archive.as_deref(), Some("sb-local-000000000004.0123456789abcdef"));
+    assert!(
+        matches!(&archived.intent, Some(Intent::Unpublish(a)) if a == "sb-local-000000000004.0123456789abcdef")
+    );
+    assert!(
+        matches!(&records["sb-local-000000000006"].intent, Some(Intent::Hibernate(s)) if s.layer_tar == snap.layer_tar)
+    );
+    assert!(
+        matches!(&records["sb-local-000000000007"].intent, Some(Intent::Archive(a)) if a.ends_with("fedcba9876543210"))
+    );
+}
+
+#[test]
+fn a_node_starts_on_a_journal_in_the_format_on_main() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(data.join("journal")).unwrap();
+    std::fs::write(data.join("journal/journal.log"), fixture()).unwrap();
+    let cfg = sandboxd::config::Config { data_dir: data, min_free_mib: 0, ..Default::default() };
+    let engine = Arc::new(silk_engine::fake::FakeEngine::new(dir.path().join("fake")));
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let node = rt.block_on(sandboxd::node::Node::open(cfg, engine)).unwrap();
+    // Claims whose files this (empty) engine does not hold end; the archived one, whose files
+    // are in the store, stays as it was.
+    let kept: Vec<_> = node.list(&[]).into_iter().map(|r| (r.id, r.state, r.archive)).collect();
+    assert_eq!(
+        kept,
+        vec![(
+            "sb-local-000000000004".to_string(),
+            SandboxState::Archived,
+            Some("sb-local-000000000004.0123456789abcdef".to_string())
+        )]
+    );
+}
