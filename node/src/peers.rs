@@ -482,3 +482,35 @@ async fn relay(
         () = live.activity.hangup.notified() => Ok(()),
     }
 }
+
+/// Starts this node's mesh endpoint. The epoch (persisted, +1 per start) versions its state, so
+/// peers order its announcements without trusting any clock.
+pub(crate) async fn start_mesh(
+    cfg: &crate::config::Config,
+    m: &crate::config::MeshSection,
+) -> anyhow::Result<(Arc<crate::peers::Peers>, tokio::sync::mpsc::Receiver<silk_mesh::Incoming>)> {
+    std::fs::create_dir_all(&cfg.data_dir)?;
+    let path = cfg.data_dir.join("mesh-epoch");
+    let epoch =
+        std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0)
+            + 1;
+    crate::durable::replace(&path, epoch.to_string().as_bytes())?;
+    let tls = silk_mesh::TlsFiles { ca: m.ca.clone(), cert: m.cert.clone(), key: m.key.clone() };
+    silk_mesh::tls::check_own(&tls, &m.name)?;
+    let mut mc = silk_mesh::MeshConfig::new(m.name.clone(), m.listen, tls);
+    mc.join = m.join.clone();
+    for known in crate::peers::known_peers(&cfg.data_dir) {
+        if !mc.join.contains(&known) {
+            mc.join.push(known);
+        }
+    }
+    mc.epoch = epoch;
+    mc.probe_period = Duration::from_millis(m.probe_period_ms);
+    mc.probe_rtt = Duration::from_millis(m.probe_rtt_ms);
+    mc.suspect_to_down = Duration::from_millis(m.suspect_to_down_ms);
+    let api = m.advertise.clone().unwrap_or_else(|| format!("http://{}", cfg.listen));
+    let state = silk_mesh::NodeState { api, public: m.public_url.clone(), ..Default::default() };
+    let (mesh, incoming) = silk_mesh::Mesh::start(mc, state).await?;
+    tracing::info!(name = m.name, addr = %mesh.id().addr, epoch, "mesh endpoint up");
+    Ok((Arc::new(crate::peers::Peers::new(mesh, m.forward)), incoming))
+}

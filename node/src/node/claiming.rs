@@ -1,0 +1,152 @@
+//! The claim path: admission against `max_claims` and the disk reserve, a warm sandbox from
+//! the pool or a new one (clone, else cold boot), the journal commit that acknowledges it.
+
+use super::*;
+
+impl Node {
+    pub async fn claim(self: &Arc<Self>, spec: ClaimSpec) -> Result<Claimed, NodeError> {
+        let t0 = Instant::now();
+        if self.draining.load(Ordering::Relaxed) {
+            return Err(NodeError::new(
+                Code::Draining,
+                "this node is draining and takes no new claims",
+            ));
+        }
+        self.template_def(&spec.template)?;
+        self.disk_reserve()?;
+        let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
+        let (admitted, warm, idle) = {
+            let mut st = self.lock();
+            let admitted = self.admit(&mut st, 1)?;
+            let pool = st.pools.get_mut(&key);
+            let idle = pool.as_ref().and_then(|p| p.idle_hibernate);
+            (admitted, pool.and_then(|p| p.take(Instant::now())), idle)
+        };
+        let result = self.finish_claim(spec, key, warm, idle, t0).await;
+        drop(admitted);
+        self.refill.notify_one();
+        if let Ok(claimed) = &result
+            && claimed.record.tier == Tier::Cold
+        {
+            // The golden is built on first need, so the next claim of this template clones.
+            let (node, template) = (self.clone(), claimed.record.template.clone());
+            tokio::spawn(async move {
+                if let Err(e) = node.golden(&template).await {
+                    tracing::warn!(template, "golden build failed: {e}");
+                }
+            });
+        }
+        result
+    }
+
+    /// Answers 507 while the data directory's filesystem has less than `min_free_mib` free.
+    pub(crate) fn disk_reserve(&self) -> Result<(), NodeError> {
+        let min = self.cfg.min_free_mib.saturating_mul(1 << 20);
+        match free_bytes(&self.cfg.data_dir) {
+            Some(free) if free < min => Err(NodeError::new(
+                Code::InsufficientStorage,
+                format!(
+                    "the node's disk has {} MiB free, less than its reserve of {} MiB",
+                    free >> 20,
+                    self.cfg.min_free_mib
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Counts `n` claims in flight until the returned guard drops, or answers 429 when the
+    /// node is full. `st` is this node's state, locked (the guard locks it again to drop).
+    pub(super) fn admit(&self, st: &mut State, n: usize) -> Result<Admission<'_>, NodeError> {
+        if st.claims.len() + st.pending + n > self.cfg.max_claims {
+            return Err(NodeError::new(
+                Code::NodeFull,
+                format!("this node holds its maximum of {} claims", self.cfg.max_claims),
+            ));
+        }
+        st.pending += n;
+        Ok(Admission { node: self, n })
+    }
+
+    pub(super) async fn finish_claim(
+        &self,
+        spec: ClaimSpec,
+        key: PoolKey,
+        warm: Option<BoxInfo>,
+        idle_hibernate_seconds: Option<u64>,
+        t0: Instant,
+    ) -> Result<Claimed, NodeError> {
+        let (info, tier) = match warm {
+            Some(info) => (info, Tier::Warm),
+            None => {
+                let id: SandboxId = self.new_id()?;
+                let box_spec = BoxSpec::new(key.size, key.lane);
+                let engine = self.engine.clone();
+                let golden = self.lock().goldens.get(&spec.template).cloned();
+                match golden {
+                    Some(g) => (
+                        blocking(move || engine.clone_golden(&g, &id, &box_spec)).await?,
+                        Tier::Clone,
+                    ),
+                    None => {
+                        let t = self.template(&spec.template).await?;
+                        (blocking(move || engine.boot(&t, &id, &box_spec)).await?, Tier::Cold)
+                    }
+                }
+            }
+        };
+        let token = new_token();
+        let mut record = new_record(&info, &token, &spec, tier);
+        record.idle_hibernate_seconds = idle_hibernate_seconds;
+        self.acknowledge(vec![(record.clone(), info)]).await?;
+        let took = t0.elapsed();
+        self.metrics.claimed(tier, took);
+        Ok(Claimed { record, token, took })
+    }
+
+    /// Journals new claims on running sandboxes, all or none, and makes them visible. On a
+    /// journal failure the sandboxes are destroyed: nothing unacknowledged outlives the call.
+    pub(super) async fn acknowledge(
+        &self,
+        claims: Vec<(ClaimRecord, BoxInfo)>,
+    ) -> Result<(), NodeError> {
+        let changes = claims.iter().map(|(r, _)| Change::Put(r.id.clone(), r.into())).collect();
+        if let Err(e) = self.journal.commit(changes).await {
+            for (_, info) in claims {
+                self.teardown(info.id);
+            }
+            return Err(NodeError::internal(format!("journal: {e}")));
+        }
+        let mut st = self.lock();
+        for (record, info) in claims {
+            st.claims.insert(record.id.clone(), Live::new(record, &info));
+        }
+        Ok(())
+    }
+}
+
+/// The record of a fresh claim on `info`.
+pub(super) fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Tier) -> ClaimRecord {
+    let now = now_ms();
+    ClaimRecord {
+        id: info.id.to_string(),
+        token_hash: hash_token(token),
+        template: spec.template.clone(),
+        size: spec.size,
+        lane: spec.lane,
+        tier,
+        state: SandboxState::Claimed,
+        created_ms: now,
+        deadline_ms: now + spec.ttl_seconds * 1000,
+        on_expire: spec.on_expire,
+        metadata: spec.metadata.clone(),
+        lease_seconds: spec.ttl_seconds,
+        idle_hibernate_seconds: None,
+        from_checkpoint: None,
+        forked_from: None,
+        state_since_ms: now,
+        stopped: None,
+        archive: None,
+        intent: None,
+    }
+}

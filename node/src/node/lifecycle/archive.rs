@@ -1,0 +1,157 @@
+//! Archive: a sandbox's files to the object store and its host freed; and the store transfers
+//! every lifecycle operation uses (upload, download).
+
+use super::*;
+
+impl Node {
+    // ---- archive ----
+
+    /// Moves the sandbox's files into the store and frees the host. They are captured into a
+    /// tar first; when the upload fails a sandbox that ran is woken again and the error returned.
+    pub async fn archive(&self, id: &str) -> Result<ClaimRecord, NodeError> {
+        let _busy = self.busy(id).await;
+        self.archive_locked(self.current(id)?).await
+    }
+
+    /// [`archive`](Self::archive) with the sandbox's lifecycle lock held.
+    pub(in crate::node) async fn archive_locked(
+        &self,
+        live: Live,
+    ) -> Result<ClaimRecord, NodeError> {
+        let id = live.record.id.clone();
+        let id = id.as_str();
+        let was_running = match live.record.state {
+            SandboxState::Archived => return Ok(live.record),
+            SandboxState::Claimed => true,
+            SandboxState::Hibernated => false,
+            other => {
+                return Err(conflict(format!("a sandbox that is {other:?} cannot be archived")));
+            }
+        };
+        let (mut rec, snap) = self.stop_here(live).await?;
+        let archive = new_archive_name(id);
+        let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
+        rec.intent = Some(Intent::Archive(archive.clone()));
+        self.put_record(&rec).await?;
+        crash_point("archive:intent");
+        let uploaded = self.upload(&name, &snap, &rec, BTreeMap::new()).await;
+        rec.intent = None;
+        if let Err(e) = uploaded {
+            self.undo_stop(rec, None, was_running, "archive").await?;
+            return Err(e);
+        }
+        crash_point("archive:uploaded");
+        let mut archived = rec.clone();
+        archived.state = rec.state.transition(SandboxState::Archived).map_err(conflict)?;
+        archived.state_since_ms = now_ms();
+        archived.stopped = None;
+        archived.archive = Some(archive.clone());
+        // Published before it is journalled: any node may wake it from here on, also when this
+        // one is gone, and an archived record here always has its published twin.
+        if let Err(e) = self.publish_archived(&archived).await {
+            self.undo_stop(rec, Some(&archive), was_running, "archive").await?;
+            return Err(e);
+        }
+        let rec = archived;
+        self.put_record(&rec).await?;
+        let _ = std::fs::remove_file(&snap.layer_tar);
+        self.metrics.archived.fetch_add(1, Ordering::Relaxed);
+        Ok(rec)
+    }
+
+    /// Captures `live` into a local tar and removes its box, unless it is one already; returns
+    /// its record and that snapshot.
+    pub(in crate::node) async fn stop_here(
+        &self,
+        live: Live,
+    ) -> Result<(ClaimRecord, Snapshot), NodeError> {
+        let id = live.record.id.clone();
+        if live.record.stopped.is_none() {
+            self.capture_stopped(live).await?;
+        }
+        let rec = self.current(&id)?.record;
+        let snap = stopped(&rec)?;
+        Ok((rec, snap))
+    }
+
+    /// Puts a sandbox back as it was after an archive or move failed before its switch: the
+    /// intent cleared, the upload (if any) dropped, running again if it was.
+    pub(in crate::node) async fn undo_stop(
+        &self,
+        mut rec: ClaimRecord,
+        archive: Option<&str>,
+        was_running: bool,
+        what: &str,
+    ) -> Result<(), NodeError> {
+        rec.intent = None;
+        self.put_record(&rec).await?;
+        if let Some(archive) = archive {
+            self.drop_archive(archive).await;
+        }
+        if was_running && let Err(w) = self.wake_locked(self.current(&rec.id)?).await {
+            tracing::warn!(sandbox = rec.id, "waking after a failed {what}: {w}");
+        }
+        Ok(())
+    }
+
+    /// Deletes an archive whose sandbox is gone or running again. A failure is logged: the
+    /// archive's unique name means a leftover can never be mistaken for a newer one.
+    pub(in crate::node) async fn drop_archive(&self, archive: &str) {
+        let Ok(name) = SnapshotName::archive(archive) else { return };
+        if let Err(e) = self.store.delete(&name).await {
+            tracing::warn!(archive = %name, "delete failed (left in the store): {e}");
+        }
+    }
+
+    // ---- the store ----
+
+    pub(in crate::node) async fn upload(
+        &self,
+        name: &SnapshotName,
+        snap: &Snapshot,
+        source: &ClaimRecord,
+        mut meta: BTreeMap<String, String>,
+    ) -> Result<silk_store::PutReport, NodeError> {
+        let stored = StoredSnapshot::of(snap);
+        let json =
+            serde_json::to_string(&stored).map_err(|e| NodeError::internal(e.to_string()))?;
+        meta.insert("snapshot".into(), json);
+        meta.insert("sandbox".into(), source.id.clone());
+        meta.insert("template".into(), source.template.clone());
+        meta.insert("token_hash".into(), source.token_hash.clone());
+        meta.insert("engine".into(), self.engine.name().into());
+        let file = tokio::fs::File::open(&snap.layer_tar)
+            .await
+            .map_err(|e| NodeError::internal(format!("open {}: {e}", snap.layer_tar.display())))?;
+        Ok(self.store.put(name, tokio::io::BufReader::with_capacity(1 << 20, file), meta).await?)
+    }
+
+    /// Downloads a snapshot into a scratch tar (the caller deletes it).
+    pub(in crate::node) async fn download(
+        &self,
+        name: &SnapshotName,
+    ) -> Result<(Snapshot, silk_store::Manifest), NodeError> {
+        // Every download becomes files on this disk (a branch, a wake from an archive, a move).
+        self.disk_reserve()?;
+        let path = self.scratch_tar("download");
+        let fetched = async {
+            let mut file = tokio::fs::File::create(&path)
+                .await
+                .map_err(|e| NodeError::internal(format!("create {}: {e}", path.display())))?;
+            let manifest = self.store.get(name, &mut file).await?;
+            let json = manifest
+                .meta
+                .get("snapshot")
+                .ok_or_else(|| NodeError::internal(format!("{name} has no snapshot metadata")))?;
+            let stored = StoredSnapshot::parse(json)
+                .map_err(|e| NodeError::internal(format!("{name}: snapshot metadata: {e}")))?;
+            let base = self.local_base(&stored).await?;
+            Ok((stored.local(base, path.clone(), manifest.size), manifest))
+        }
+        .await;
+        if fetched.is_err() {
+            let _ = std::fs::remove_file(&path);
+        }
+        fetched
+    }
+}

@@ -1,0 +1,132 @@
+//! Background ends: leases that ran out, idle sandboxes hibernated, long-hibernated ones
+//! archived, archives past their retention deleted, and the store's garbage collected.
+
+use super::*;
+
+impl Node {
+    /// What the reaper should do with a sandbox now, if anything.
+    pub(super) fn due(&self, live: &Live, now: u64) -> Option<Due> {
+        let r = &live.record;
+        if matches!(r.intent, Some(crate::claims::Intent::Move { .. })) {
+            return None; // settled with the target first
+        }
+        let since = now.saturating_sub(r.state_since_ms) / 1000;
+        let retention = |s: &u64| since >= *s;
+        if r.deadline_ms <= now {
+            return match (r.on_expire, r.state) {
+                (OnExpire::Archive, SandboxState::Archived) => {
+                    self.cfg.archive_retention_seconds.filter(retention).map(|_| Due::Release)
+                }
+                (OnExpire::Archive, _) => Some(Due::Archive),
+                (OnExpire::Destroy, _) => Some(Due::Release),
+            };
+        }
+        match r.state {
+            SandboxState::Claimed => {
+                let idle_ms = now.saturating_sub(live.activity.last_ms.load(Ordering::Relaxed));
+                let open = live.activity.open.load(Ordering::Relaxed);
+                r.idle_hibernate_seconds
+                    .filter(|s| open == 0 && idle_ms >= s.saturating_mul(1000))
+                    .map(|_| Due::Hibernate)
+            }
+            SandboxState::Hibernated => {
+                self.cfg.archive_after_seconds.filter(|s| since >= *s).map(|_| Due::Archive)
+            }
+            SandboxState::Archived => {
+                self.cfg.archive_retention_seconds.filter(retention).map(|_| Due::Release)
+            }
+            SandboxState::Warm | SandboxState::Released => None,
+        }
+    }
+
+    /// Ends every lease that ran out (`destroy`, or `archive`), hibernates idle sandboxes,
+    /// archives long-hibernated ones and deletes archives past their retention. Each decision
+    /// is made again under the sandbox's lifecycle lock: a call that got there first (a wake, a
+    /// renew) wins.
+    pub(super) async fn reap(&self) {
+        let now = now_ms();
+        let due: Vec<String> = {
+            let st = self.lock();
+            let later = Instant::now();
+            st.claims
+                .values()
+                .filter(|l| st.retry_at.get(&l.record.id).is_none_or(|t| later >= *t))
+                .filter(|l| self.due(l, now).is_some())
+                .map(|l| l.record.id.clone())
+                .collect()
+        };
+        for id in due {
+            let _busy = self.busy(&id).await;
+            let Some(live) = self.get(&id) else { continue };
+            let Some(work) = self.due(&live, now_ms()) else { continue };
+            let done = match work {
+                Due::Release => self.release_locked(&id).await.map(|()| "released"),
+                Due::Archive => self.archive_locked(live).await.map(|_| "archived"),
+                Due::Hibernate => self.hibernate_locked(live).await.map(|_| "hibernated (idle)"),
+            };
+            match done {
+                Ok(what) => {
+                    self.lock().retry_at.remove(&id);
+                    if matches!(work, Due::Release) {
+                        self.metrics.expired.fetch_add(1, Ordering::Relaxed);
+                    }
+                    tracing::info!(sandbox = id, "{what}");
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = id, "background {work:?} failed: {e}");
+                    self.lock().retry_at.insert(id, Instant::now() + Duration::from_secs(5));
+                }
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Due {
+    Release,
+    Archive,
+    Hibernate,
+}
+
+/// Every `gc_interval_seconds`: deletes archives no claim names, then collects the store's
+/// unreferenced chunks (the snapshot store's GC is safe beside uploads and beside other nodes'
+/// GCs; see silk-store).
+pub(super) async fn gc_loop(node: Arc<Node>) {
+    let every = node.cfg.store.gc_interval_seconds;
+    if every == 0 {
+        return;
+    }
+    loop {
+        // Up to a tenth later, so nodes started together do not all list the store at once.
+        let jitter =
+            u64::from_str_radix(&crate::claims::random_hex(4), 16).unwrap_or(0) % (every * 100 + 1);
+        tokio::time::sleep(Duration::from_millis(every * 1000 + jitter)).await;
+        match node.sweep_orphan_archives().await {
+            Ok(n) => {
+                node.metrics.orphan_archives.fetch_add(n as u64, Ordering::Relaxed);
+            }
+            Err(e) => tracing::warn!("orphan archive sweep: {e}"),
+        }
+        match node.store.gc(std::time::SystemTime::now()).await {
+            Ok(r) => {
+                node.metrics.gc_deleted_chunks.fetch_add(r.deleted as u64, Ordering::Relaxed);
+                node.metrics.gc_deleted_bytes.fetch_add(r.deleted_bytes, Ordering::Relaxed);
+                tracing::info!(
+                    manifests = r.manifests,
+                    chunks = r.chunks,
+                    deleted = r.deleted,
+                    bytes = r.deleted_bytes,
+                    "store gc"
+                );
+            }
+            Err(e) => tracing::warn!("store gc: {e}"),
+        }
+    }
+}
+
+pub(super) async fn reap_loop(node: Arc<Node>) {
+    loop {
+        tokio::time::sleep(REAP_TICK).await;
+        node.reap().await;
+    }
+}

@@ -1,0 +1,114 @@
+//! What the node says about itself: `/v1/info`, `/metrics`, the state it gossips to peers, and
+//! the sizes of its tables.
+
+use super::*;
+
+impl Node {
+    pub fn info(&self) -> serde_json::Value {
+        let st = self.lock();
+        let now = Instant::now();
+        let pools: Vec<_> = st
+            .pools
+            .values()
+            .map(|p| {
+                serde_json::json!({
+                    "template": p.key.template, "size": p.key.size, "lane": p.key.lane,
+                    "warm": p.ready.len(), "starting": p.starting, "target": p.target,
+                    "warm_min": p.warm, "warm_max": p.warm_max,
+                    "golden": st.goldens.get(&p.key.template).map(|g| g.digest.to_string()),
+                    "backing_off": p.backing_off(now),
+                })
+            })
+            .collect();
+        serde_json::json!({
+            "version": env!("CARGO_PKG_VERSION"),
+            "engine": self.engine.name(),
+            "capabilities": self.engine.capabilities(),
+            "claims": st.claims.len(),
+            "max_claims": self.cfg.max_claims,
+            "draining": self.draining.load(Ordering::Relaxed),
+            "uptime_ms": self.started.elapsed().as_millis() as u64,
+            "pools": pools,
+            "goldens": st.goldens.keys().collect::<Vec<_>>(),
+            "name": self.name,
+            "mesh": self.peers.as_ref().map(|p| serde_json::json!({
+                "addr": p.mesh.id().addr.to_string(),
+                "epoch": p.mesh.id().epoch,
+                "peers": p.mesh.peers().len(),
+                "forward": p.forward,
+            })),
+        })
+    }
+
+    pub fn render_metrics(&self) -> String {
+        let st = self.lock();
+        let warm = st
+            .pools
+            .values()
+            .map(|p| (format!("pool=\"{}\"", p.key), p.ready.len() as u64))
+            .collect();
+        let target =
+            st.pools.values().map(|p| (format!("pool=\"{}\"", p.key), p.target as u64)).collect();
+        let claims = vec![(String::new(), st.claims.len() as u64)];
+        drop(st);
+        self.metrics.render(&[
+            ("silkmesh_pool_warm", "Warm sandboxes ready, by pool.", warm),
+            ("silkmesh_pool_target", "Current warm target, by pool.", target),
+            ("silkmesh_claims_live", "Claims held on this node.", claims),
+            (
+                "silkmesh_journal_records",
+                "Records in the claims journal.",
+                vec![(String::new(), self.journal.len() as u64)],
+            ),
+        ])
+    }
+
+    /// Entries in each of the controller's tables (tests check none grows without bound).
+    #[doc(hidden)]
+    pub fn table_sizes(&self) -> BTreeMap<&'static str, usize> {
+        let st = self.lock();
+        BTreeMap::from([
+            ("claims", st.claims.len()),
+            ("pending", st.pending),
+            ("busy", st.busy.len()),
+            ("retry_at", st.retry_at.len()),
+            ("adopting", st.adopting.len()),
+        ])
+    }
+
+    /// Warm sandboxes ready for `key` here (0 while draining or full).
+    pub fn warm_for(&self, key: &PoolKey) -> usize {
+        let st = self.lock();
+        if self.draining.load(Ordering::Relaxed)
+            || st.claims.len() + st.pending >= self.cfg.max_claims
+        {
+            return 0;
+        }
+        st.pools.get(key).map_or(0, |p| p.ready.len())
+    }
+
+    /// What this node tells its peers about itself. A draining node advertises no warm capacity.
+    pub fn mesh_state(&self) -> silk_mesh::NodeState {
+        let st = self.lock();
+        let draining = self.draining.load(Ordering::Relaxed);
+        let warm = if draining {
+            BTreeMap::new()
+        } else {
+            st.pools.values().map(|p| (p.key.to_string(), p.ready.len() as u32)).collect()
+        };
+        let mut goldens: Vec<String> = st.goldens.values().map(|g| g.digest.to_string()).collect();
+        goldens.sort();
+        let mut templates: Vec<String> =
+            st.templates.values().map(|t| t.digest.to_string()).collect();
+        templates.sort();
+        silk_mesh::NodeState {
+            warm,
+            goldens,
+            templates,
+            claims: (st.claims.len() + st.pending) as u32,
+            capacity: self.cfg.max_claims as u32,
+            draining,
+            ..Default::default()
+        }
+    }
+}
