@@ -29,6 +29,10 @@ pub struct NodeArgs {
     rtt_iters: usize,
     #[arg(long, default_value = "/var/tmp")]
     dir: PathBuf,
+    /// A `sandboxd` of another build (e.g. before a change), measured in the same run: the two
+    /// nodes take turns call by call, and each gets its own rows.
+    #[arg(long)]
+    baseline: Option<PathBuf>,
 }
 
 pub(crate) const TOKEN: &str = "bench-root-token";
@@ -97,6 +101,17 @@ impl NodeProc {
         work: &std::path::Path,
         extra: &str,
     ) -> anyhow::Result<NodeProc> {
+        let sandboxd = std::env::current_exe()?.with_file_name("sandboxd");
+        NodeProc::start_binary(&sandboxd, silkd, work, extra)
+    }
+
+    /// [`start`](Self::start) with a given `sandboxd` binary.
+    pub fn start_binary(
+        sandboxd: &std::path::Path,
+        silkd: &std::path::Path,
+        work: &std::path::Path,
+        extra: &str,
+    ) -> anyhow::Result<NodeProc> {
         let exe = std::env::current_exe()?;
         let config = work.join("sandboxd.toml");
         std::fs::write(
@@ -108,7 +123,7 @@ impl NodeProc {
                 exe.with_file_name("silk-jail").display()
             ),
         )?;
-        let mut child = std::process::Command::new(exe.with_file_name("sandboxd"))
+        let mut child = std::process::Command::new(sandboxd)
             .arg("--config")
             .arg(&config)
             .env("SANDBOXD_LOG", "warn")
@@ -153,8 +168,18 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let work = args.dir.join(format!("silkbench-node-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
     let config = "max_claims = 100000\n[[pools]]\ntemplate = \"host\"\nwarm = 4\nwarm_max = 4\n";
-    let result = NodeProc::start(&args.silkd, &work, config)
-        .and_then(|node| sections(&args, node.addr, &work));
+    let result = (|| {
+        let mut nodes = vec![];
+        let this = std::env::current_exe()?.with_file_name("sandboxd");
+        for (name, binary) in std::iter::once(("this build", this))
+            .chain(args.baseline.clone().map(|b| ("baseline", b)))
+        {
+            let dir = work.join(name.replace(' ', "-"));
+            std::fs::create_dir_all(&dir)?;
+            nodes.push((name, NodeProc::start_binary(&binary, &args.silkd, &dir, config)?));
+        }
+        sections(&args, &nodes)
+    })();
     // Disk images of sandboxes a killed node left are still mounted.
     silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
@@ -172,83 +197,130 @@ fn wait_warm(http: &mut Http, n: usize) -> anyhow::Result<()> {
     bail!("pool never reached {n} warm")
 }
 
-fn sections(args: &NodeArgs, addr: SocketAddr, work: &std::path::Path) -> anyhow::Result<()> {
+fn row(name: &str, s: &Samples, f: &Samples) -> Vec<String> {
+    vec![
+        name.into(),
+        us(s.pct(0.5)),
+        us(s.pct(0.9)),
+        us(s.pct(1.0)),
+        format!("{:.2}", s.pct(0.5).as_secs_f64() / f.pct(0.5).as_secs_f64()),
+    ]
+}
+
+/// Per node: kept connection, floor and claim samples, the last claimed sandbox.
+struct Arm<'a> {
+    name: &'a str,
+    node: &'a NodeProc,
+    http: Http,
+    floor: Samples,
+    claim: Samples,
+    last: Option<String>,
+}
+
+fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc)]) -> anyhow::Result<()> {
     println!("## node (sandboxd)\n\n{}", host_stamp());
-    let mut http = Http::connect(addr)?;
-    let (mut claim, mut floor) = (Samples::default(), Samples::default());
-    let mut last = None;
-    for _ in 0..args.claims {
-        wait_warm(&mut http, 4)?;
-        let t = Instant::now();
-        http.call("GET", "/healthz", "")?;
-        floor.push(t.elapsed());
-        let t = Instant::now();
-        let (status, body) = http.call("POST", "/v1/sandboxes", "{}")?;
-        let d = t.elapsed();
-        anyhow::ensure!(status == 201, "claim answered {status}: {body}");
-        let body = json(&body);
-        anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
-        claim.push(d);
-        if let Some(id) = last.replace(body["id"].as_str().context("id")?.to_string()) {
-            http.call("DELETE", &format!("/v1/sandboxes/{id}"), "")?;
+    let mut arms = nodes
+        .iter()
+        .map(|(name, node)| {
+            Ok(Arm {
+                name,
+                node,
+                http: Http::connect(node.addr)?,
+                floor: Samples::default(),
+                claim: Samples::default(),
+                last: None,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    for i in 0..args.claims {
+        // With a baseline, the nodes take turns, the order reversed every iteration.
+        let order: Vec<usize> =
+            if i % 2 == 0 { (0..arms.len()).collect() } else { (0..arms.len()).rev().collect() };
+        for a in order {
+            let arm = &mut arms[a];
+            wait_warm(&mut arm.http, 4)?;
+            let t = Instant::now();
+            arm.http.call("GET", "/healthz", "")?;
+            arm.floor.push(t.elapsed());
+            let t = Instant::now();
+            let (status, body) = arm.http.call("POST", "/v1/sandboxes", "{}")?;
+            let d = t.elapsed();
+            anyhow::ensure!(status == 201, "claim answered {status}: {body}");
+            let body = json(&body);
+            anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
+            arm.claim.push(d);
+            if let Some(id) = arm.last.replace(body["id"].as_str().context("id")?.to_string()) {
+                arm.http.call("DELETE", &format!("/v1/sandboxes/{id}"), "")?;
+            }
         }
     }
-    let row = |name: &str, s: &Samples, f: &Samples| {
-        vec![
-            name.into(),
-            us(s.pct(0.5)),
-            us(s.pct(0.9)),
-            us(s.pct(1.0)),
-            format!("{:.2}", s.pct(0.5).as_secs_f64() / f.pct(0.5).as_secs_f64()),
-        ]
-    };
+    let mut rows = vec![];
+    for arm in &arms {
+        rows.push(row(
+            &format!("{}: `GET /healthz` round trip (floor)", arm.name),
+            &arm.floor,
+            &arm.floor,
+        ));
+        rows.push(row(
+            &format!("{}: `POST /v1/sandboxes`, warm hit → 201", arm.name),
+            &arm.claim,
+            &arm.floor,
+        ));
+    }
     table(
-        &format!("warm claim over HTTP (kept connection, n = {})", claim.len()),
+        &format!("warm claim over HTTP (kept connection, n = {})", arms[0].claim.len()),
         &["arm", "p50", "p90", "max", "p50 ratio"],
-        &[
-            row("`GET /healthz` round trip (floor)", &floor, &floor),
-            row("`POST /v1/sandboxes`, warm hit → 201", &claim, &floor),
-        ],
+        &rows,
     );
 
-    // Relay vs direct, on the last claimed sandbox.
-    let id = last.context("no sandbox")?;
-    let socket = work.join("data/engine/boxes").join(&id).join("agent.sock");
+    // Relay vs direct, on each node's last claimed sandbox, once every pool's refill is done.
+    for arm in &mut arms {
+        wait_warm(&mut arm.http, 4)?;
+    }
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    rt.block_on(async {
-        let mut relayed = upgrade(addr, &id).await?;
-        let mut direct = Connection::new(tokio::net::UnixStream::connect(&socket).await?);
-        let exec = Frame::Exec(ExecRequest {
-            command: Command { argv: vec!["/bin/true".into()], ..Default::default() },
-            ..Default::default()
-        });
-        let mut rows = vec![];
-        for (name, request, iters) in [
-            ("`info`", Frame::Info, args.rtt_iters),
-            ("`exec /bin/true`", exec, args.rtt_iters / 4),
-        ] {
-            let (mut d, mut r) = (Samples::default(), Samples::default());
-            for i in 0..iters + 50 {
-                let t = Instant::now();
-                call(&mut direct, &request).await?;
-                let dd = t.elapsed();
-                let t = Instant::now();
-                call(&mut relayed, &request).await?;
-                if i >= 50 {
-                    d.push(dd);
-                    r.push(t.elapsed());
+    let mut rows = vec![];
+    for arm in &arms {
+        let id = arm.last.clone().context("no sandbox")?;
+        let socket = arm.node.work.join("data/engine/boxes").join(&id).join("agent.sock");
+        rt.block_on(async {
+            let mut relayed = upgrade(arm.node.addr, &id).await?;
+            let mut direct = Connection::new(tokio::net::UnixStream::connect(&socket).await?);
+            let exec = Frame::Exec(ExecRequest {
+                command: Command { argv: vec!["/bin/true".into()], ..Default::default() },
+                ..Default::default()
+            });
+            for (name, request, iters) in [
+                ("`info`", Frame::Info, args.rtt_iters),
+                ("`exec /bin/true`", exec, args.rtt_iters / 4),
+            ] {
+                let (mut d, mut r) = (Samples::default(), Samples::default());
+                for i in 0..iters + 50 {
+                    let t = Instant::now();
+                    call(&mut direct, &request).await?;
+                    let dd = t.elapsed();
+                    let t = Instant::now();
+                    call(&mut relayed, &request).await?;
+                    if i >= 50 {
+                        d.push(dd);
+                        r.push(t.elapsed());
+                    }
                 }
+                rows.push(row(
+                    &format!("{}: {name} direct to silkd's socket (floor)", arm.name),
+                    &d,
+                    &d,
+                ));
+                rows.push(row(&format!("{}: {name} through the node's relay", arm.name), &r, &d));
             }
-            rows.push(row(&format!("{name} direct to silkd's socket (floor)"), &d, &d));
-            rows.push(row(&format!("{name} through the node's relay"), &r, &d));
-        }
-        table(
-            "relay overhead (kept connections, alternating calls)",
-            &["arm", "p50", "p90", "max", "p50 ratio"],
-            &rows,
-        );
-        anyhow::Ok(())
-    })
+            anyhow::Ok(())
+        })?;
+    }
+    table(
+        "relay overhead (kept connections, alternating calls)",
+        &["arm", "p50", "p90", "max", "p50 ratio"],
+        &rows,
+    );
+    Ok(())
 }
 
 pub(crate) async fn upgrade(
