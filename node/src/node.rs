@@ -70,6 +70,9 @@ pub struct Node {
     pub name: String,
     /// The mesh, when configured.
     pub peers: Option<Arc<crate::peers::Peers>>,
+    /// The crash point the in-process crash tests stop calls at.
+    #[cfg(feature = "crash-points")]
+    crash_at: Mutex<Option<(String, bool)>>,
     /// Peers' calls, until `serve` takes them (it has the router they run through).
     pub(crate) incoming: Mutex<Option<tokio::sync::mpsc::Receiver<silk_mesh::Incoming>>>,
 }
@@ -242,6 +245,8 @@ impl Node {
             name,
             peers,
             incoming: Mutex::new(incoming),
+            #[cfg(feature = "crash-points")]
+            crash_at: Mutex::new(None),
         });
         {
             let mut st = node.lock();

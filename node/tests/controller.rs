@@ -3,79 +3,13 @@
 //! `kill -9` stops the process, and a second node opened on the same data directory and engine
 //! is what the next start finds.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-use std::time::Duration;
+mod fake;
 
-use sandboxd::claims::{ClaimSpec, OnExpire, Tier};
-use sandboxd::config::Config;
-use sandboxd::node::Node;
-use sandboxd::pool::PoolKey;
+use fake::*;
+use sandboxd::claims::Tier;
 use sandboxd::state::SandboxState;
-use silk_engine::fake::{FakeEngine, Op};
-use silk_engine::{Engine, Lane, SandboxId, Size};
-
-struct Harness {
-    dir: tempfile::TempDir,
-    engine: Arc<FakeEngine>,
-}
-
-impl Harness {
-    fn new() -> Harness {
-        let dir = tempfile::tempdir().unwrap();
-        let engine = Arc::new(FakeEngine::new(dir.path().join("fake")));
-        Harness { dir, engine }
-    }
-
-    fn config(&self, warm: usize) -> Config {
-        let mut cfg = Config { data_dir: self.dir.path().join("data"), ..Config::default() };
-        cfg.min_free_mib = 0;
-        cfg.pools[0].warm = warm;
-        cfg.pools[0].warm_max = Some(warm);
-        cfg
-    }
-
-    /// A node on its own runtime: the pair goes together.
-    fn open(&self, cfg: Config) -> (tokio::runtime::Runtime, Arc<Node>) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
-        let engine: Arc<dyn Engine> = self.engine.clone();
-        let node = rt.block_on(Node::open(cfg, engine)).unwrap();
-        (rt, node)
-    }
-}
-
-fn spec(ttl_seconds: u64) -> ClaimSpec {
-    ClaimSpec {
-        template: "host".into(),
-        size: Size::Small,
-        lane: Lane::None,
-        ttl_seconds,
-        metadata: BTreeMap::new(),
-        on_expire: OnExpire::Destroy,
-    }
-}
-
-fn sid(id: &str) -> SandboxId {
-    id.parse().unwrap()
-}
-
-fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..1000 {
-        if cond() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("timed out waiting until {what}");
-}
-
-fn host_pool() -> PoolKey {
-    PoolKey { template: "host".into(), size: Size::Small, lane: Lane::None }
-}
+use silk_engine::fake::Op;
+use silk_engine::{Engine, Lane, Size};
 
 #[test]
 fn claims_are_served_warm_then_by_clone_then_cold() {

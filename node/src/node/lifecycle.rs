@@ -131,13 +131,49 @@ pub(super) fn sweep_files(cfg: &Config, referenced: &[PathBuf]) {
     }
 }
 
-/// Test hook for the crash tests: `SANDBOXD_CRASH_AT=<point>` makes the node SIGKILL itself
-/// there, exactly as `kill -9` would.
-fn crash_point(point: &str) {
-    if std::env::var_os("SANDBOXD_CRASH_AT").is_some_and(|v| v == point) {
-        tracing::error!("crash point {point}: killing this process");
-        // SAFETY: plain syscalls.
-        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+impl Node {
+    /// Where the crash tests stop the node, as `kill -9` would: `SANDBOXD_CRASH_AT=<point>`
+    /// makes the process SIGKILL itself there; [`Node::crash_at`] makes the call stop there for
+    /// good (the in-process tests then drop its runtime, which ends every task at once). Only
+    /// builds with the `crash-points` feature (test builds) have them.
+    #[cfg(feature = "crash-points")]
+    async fn crash_point(&self, point: &str) {
+        let stop = {
+            let mut at = self.crash_at.lock().unwrap_or_else(|p| p.into_inner());
+            let stop = at.as_ref().is_some_and(|(p, _)| p == point);
+            if stop {
+                at.as_mut().expect("set").1 = true;
+            }
+            stop
+        };
+        if stop {
+            tracing::error!("crash point {point}: this call stops here");
+            std::future::pending::<()>().await;
+        }
+        if std::env::var_os("SANDBOXD_CRASH_AT").is_some_and(|v| v == point) {
+            tracing::error!("crash point {point}: killing this process");
+            // SAFETY: plain syscalls.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+        }
+    }
+
+    #[cfg(not(feature = "crash-points"))]
+    async fn crash_point(&self, _point: &str) {}
+
+    /// The crash point at which calls stop (see `crash_point`).
+    #[cfg(feature = "crash-points")]
+    pub fn crash_at(&self, point: &str) {
+        *self.crash_at.lock().unwrap_or_else(|p| p.into_inner()) = Some((point.to_string(), false));
+    }
+
+    /// Whether a call has stopped at the crash point set.
+    #[cfg(feature = "crash-points")]
+    pub fn stopped_at_crash_point(&self) -> bool {
+        self.crash_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|(_, hit)| *hit)
     }
 }
 
@@ -264,7 +300,7 @@ impl Node {
         live.activity.hangup.notify_waiters();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
         blocking(move || engine.stop(&sid)).await?;
-        crash_point("hibernate:stopped");
+        self.crash_point("hibernate:stopped").await;
         rec.state = rec.state.transition(SandboxState::Hibernated).map_err(conflict)?;
         rec.state_since_ms = now_ms();
         self.put_record(&rec).await?;
@@ -288,7 +324,7 @@ impl Node {
         };
         rec.intent = Some(Intent::Hibernate(Box::new(planned)));
         self.put_record(&rec).await?;
-        crash_point("capture:intent");
+        self.crash_point("capture:intent").await;
         live.activity.hangup.notify_waiters();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
         let captured = blocking(move || engine.snapshot(&sid, SnapshotMode::Stop, &tar)).await;
@@ -301,7 +337,7 @@ impl Node {
                 return Err(e);
             }
         };
-        crash_point("capture:captured");
+        self.crash_point("capture:captured").await;
         if rec.state == SandboxState::Claimed {
             rec.state = rec.state.transition(SandboxState::Hibernated).map_err(conflict)?;
             rec.state_since_ms = now_ms();
@@ -415,7 +451,7 @@ impl Node {
         let woken = self.start_from(live, Some(&snap), Some(&archive)).await;
         let _ = std::fs::remove_file(&snap.layer_tar);
         let woken = woken?;
-        crash_point("wake:journalled");
+        self.crash_point("wake:journalled").await;
         self.finish_unpublish(&woken.record.id, &archive).await?;
         self.current(&woken.record.id)
     }

@@ -33,14 +33,14 @@ impl Node {
         let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
         rec.intent = Some(Intent::Archive(archive.clone()));
         self.put_record(&rec).await?;
-        crash_point("archive:intent");
+        self.crash_point("archive:intent").await;
         let uploaded = self.upload(&name, &snap, &rec, BTreeMap::new()).await;
         rec.intent = None;
         if let Err(e) = uploaded {
             self.undo_stop(rec, None, was_running, "archive").await?;
             return Err(e);
         }
-        crash_point("archive:uploaded");
+        self.crash_point("archive:uploaded").await;
         let mut archived = rec.clone();
         archived.state = rec.state.transition(SandboxState::Archived).map_err(conflict)?;
         archived.state_since_ms = now_ms();

@@ -18,7 +18,7 @@ impl Node {
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
         let (snap, scratch) = self.current_files(&live, "checkpoint").await?;
-        crash_point("checkpoint:captured");
+        self.crash_point("checkpoint:captured").await;
         let hex = random_hex(16);
         let store_name = SnapshotName::checkpoint(&hex).map_err(NodeError::from)?;
         let mut meta = BTreeMap::new();
@@ -30,7 +30,7 @@ impl Node {
             let _ = std::fs::remove_file(&snap.layer_tar);
         }
         let report = uploaded?;
-        crash_point("checkpoint:uploaded");
+        self.crash_point("checkpoint:uploaded").await;
         self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
         Ok(CheckpointInfo {
             id: format!("ck_{hex}"),

@@ -205,10 +205,10 @@ impl Node {
         rec.intent =
             Some(Intent::Move { archive: archive.clone(), target: target.id.name.clone() });
         self.put_record(&rec).await?;
-        crash_point("move:intent");
+        self.crash_point("move:intent").await;
         let handed = async {
             self.upload(&name, &snap, &rec, BTreeMap::new()).await?;
-            crash_point("move:uploaded");
+            self.crash_point("move:uploaded").await;
             let mut theirs = rec.clone();
             // The target downloads the archive: this node's paths are no business of its.
             (theirs.intent, theirs.stopped) = (None, None);
@@ -234,7 +234,7 @@ impl Node {
             self.undo_stop(rec, Some(&archive), was_running, "move").await?;
             return Err(e);
         }
-        crash_point("move:switched");
+        self.crash_point("move:switched").await;
         self.forget_moved(id, &snap, &archive).await?;
         self.metrics.moved.fetch_add(1, Ordering::Relaxed);
         let mut moved = rec;
@@ -292,7 +292,7 @@ impl Node {
             let restored = blocking(move || engine.restore(&s, &sid, &spec)).await;
             let _ = std::fs::remove_file(&snap.layer_tar);
             let info = restored?;
-            crash_point("adopt:restored");
+            self.crash_point("adopt:restored").await;
             if record.state == SandboxState::Archived {
                 // Woken from its archive: a fresh lease of its original length.
                 record.deadline_ms = lease_end(now_ms(), record.lease_seconds);
