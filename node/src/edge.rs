@@ -60,24 +60,28 @@ fn http_reply(reply: PeerReply) -> Response {
     }
 }
 
-/// Sends a claim for `key` elsewhere when this node has no warm sandbox for it and a peer has:
-/// `Some(response)` to return instead of claiming here.
+/// A peer with a warm sandbox for `key`, unless the client asked this node only. Whether the
+/// claim goes there is the node's to decide ([`Node::claim_or_place`]).
+pub fn warm_peer(node: &Node, key: &PoolKey, query: Option<&str>) -> Option<silk_mesh::Peer> {
+    let peers = node.peers.as_ref()?;
+    if no_redirect(query) {
+        return None;
+    }
+    peers.pick(&key.to_string())
+}
+
+/// Sends a claim to `peer`: a redirect to it, or the request forwarded and its answer.
 pub async fn place_claim(
     node: &Node,
-    key: &PoolKey,
-    query: Option<&str>,
+    peer: silk_mesh::Peer,
     token: Option<&str>,
     request: &crate::claims::ClaimRequest,
-) -> Result<Option<Response>, NodeError> {
-    let Some(peers) = &node.peers else { return Ok(None) };
-    if no_redirect(query) || node.warm_for(key) > 0 {
-        return Ok(None);
-    }
-    let Some(peer) = peers.pick(&key.to_string()) else { return Ok(None) };
+) -> Result<Response, NodeError> {
+    let peers = node.peers.as_ref().expect("a peer was picked");
     let state = peer.state.as_ref().expect("picked peers have state");
     node.metrics.placed_on_peers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if !peers.forward {
-        return Ok(Some(redirect(format!("{}/v1/sandboxes?no_redirect=1", state.client_url()))));
+        return Ok(redirect(format!("{}/v1/sandboxes?no_redirect=1", state.client_url())));
     }
     let body = serde_json::to_vec(request).map_err(|e| NodeError::internal(e.to_string()))?;
     let req = PeerRequest::Http {
@@ -87,7 +91,7 @@ pub async fn place_claim(
         content_type: Some("application/json".into()),
         body,
     };
-    Ok(Some(http_reply(peers.forward(&peer, req).await?)))
+    Ok(http_reply(peers.forward(&peer, req).await?))
 }
 
 /// Middleware on every `/v1/sandboxes/{id}…` route: a sandbox held here is served here; one held

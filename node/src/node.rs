@@ -154,9 +154,18 @@ pub(crate) struct Admission<'a> {
     n: usize,
 }
 
+impl Admission<'_> {
+    /// Stops counting them, under the caller's lock (their claims are visible now).
+    fn settle(&mut self, st: &mut State) {
+        st.pending -= std::mem::take(&mut self.n);
+    }
+}
+
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
-        self.node.lock().pending -= self.n;
+        if self.n > 0 {
+            self.node.lock().pending -= self.n;
+        }
     }
 }
 

@@ -210,3 +210,33 @@ fn every_table_returns_to_its_size_after_ten_thousand_claims_and_releases() {
     assert_eq!(node.table_sizes(), before);
     eventually("every box is destroyed", || h.engine.list().unwrap().is_empty());
 }
+
+#[test]
+fn a_claim_goes_to_a_peer_only_when_this_node_cannot_hand_out_a_warm_sandbox() {
+    let h = Harness::new();
+    let mut cfg = h.config(1);
+    cfg.max_claims = 2;
+    let (rt, node) = h.open(cfg);
+    eventually("the pool has a warm sandbox", || node.warm_for(&host_pool()) == 1);
+    // A warm sandbox here is taken here, whatever a peer has.
+    let here = rt.block_on(node.claim_or_place(spec(60), true)).unwrap();
+    assert_eq!(here.map(|c| c.record.tier), Some(Tier::Warm));
+    // None ready here: the peer's, and nothing is admitted or started for it here.
+    let boots = h.engine.calls(Op::Boot) + h.engine.calls(Op::Clone);
+    let placed = rt.block_on(node.claim_or_place(spec(60), true)).unwrap();
+    assert!(placed.is_none());
+    assert_eq!(node.table_sizes()["pending"], 0);
+    assert_eq!(h.engine.calls(Op::Boot) + h.engine.calls(Op::Clone), boots);
+    // No peer has one: made here.
+    let made = rt.block_on(node.claim_or_place(spec(60), false)).unwrap().unwrap();
+    assert_ne!(made.record.tier, Tier::Warm);
+    // Full or draining: the peer's when there is one, else the refusal.
+    // (`warm_for` says what a peer may count on: nothing while full.)
+    eventually("the pool refills", || node.info()["pools"][0]["warm"] == 1);
+    assert!(rt.block_on(node.claim_or_place(spec(60), true)).unwrap().is_none(), "full");
+    assert_eq!(rt.block_on(node.claim_or_place(spec(60), false)).unwrap_err().code, "node_full");
+    rt.block_on(node.release(&made.record.id)).unwrap();
+    node.set_draining(true);
+    assert!(rt.block_on(node.claim_or_place(spec(60), true)).unwrap().is_none(), "draining");
+    assert_eq!(rt.block_on(node.claim_or_place(spec(60), false)).unwrap_err().code, "draining");
+}

@@ -221,15 +221,18 @@ async fn claim(
     let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
     let key =
         crate::pool::PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
-    if let Some(request) = &forwardable
-        && let Some(elsewhere) =
-            edge::place_claim(&node, &key, query.as_deref(), bearer(&headers), request).await?
-    {
-        return Ok(elsewhere);
-    }
+    let peer = forwardable.as_ref().and_then(|_| edge::warm_peer(&node, &key, query.as_deref()));
     let n = node.clone();
-    let claimed = detached(async move { n.claim(spec).await }).await?;
-    Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
+    let offered = peer.is_some();
+    match detached(async move { n.claim_or_place(spec, offered).await }).await? {
+        Some(claimed) => {
+            Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
+        }
+        None => {
+            let (peer, request) = (peer.expect("offered"), forwardable.expect("offered"));
+            edge::place_claim(&node, peer, bearer(&headers), &request).await
+        }
+    }
 }
 
 /// `GET /v1/sandboxes?metadata=key=value&metadata=...`

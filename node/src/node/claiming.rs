@@ -4,26 +4,52 @@
 use super::*;
 
 impl Node {
+    /// A claim served here: a warm sandbox, else a clone of the golden, else a cold boot.
     pub async fn claim(self: &Arc<Self>, spec: ClaimSpec) -> Result<Claimed, NodeError> {
+        let claimed = self.claim_or_place(spec, false).await?;
+        Ok(claimed.expect("no peer was offered"))
+    }
+
+    /// A claim, or `None` when a peer should serve it: `peer_has_warm` says one has a warm
+    /// sandbox for it, and this node has none it may hand out (none ready, full, or draining).
+    /// The choice and the pop are one critical section, so a sandbox is never both promised
+    /// elsewhere and taken here, and a warm claim takes the state lock twice in all (here, and
+    /// to make it visible).
+    pub async fn claim_or_place(
+        self: &Arc<Self>,
+        spec: ClaimSpec,
+        peer_has_warm: bool,
+    ) -> Result<Option<Claimed>, NodeError> {
         let t0 = Instant::now();
-        if self.draining.load(Ordering::Relaxed) {
-            return Err(NodeError::new(
-                Code::Draining,
-                "this node is draining and takes no new claims",
-            ));
-        }
-        self.template_def(&spec.template)?;
         self.disk_reserve()?;
         let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
         let (admitted, warm, idle) = {
             let mut st = self.lock();
+            let draining = self.draining.load(Ordering::Relaxed);
+            let full = st.claims.len() + st.pending >= self.cfg.max_claims;
+            let ready = st.pools.get(&key).is_some_and(|p| !p.ready.is_empty());
+            if peer_has_warm && (draining || full || !ready) {
+                return Ok(None);
+            }
+            if draining {
+                return Err(NodeError::new(
+                    Code::Draining,
+                    "this node is draining and takes no new claims",
+                ));
+            }
+            if !self.template_known(&st, &spec.template) {
+                let name = &spec.template;
+                return Err(NodeError::new(
+                    Code::TemplateNotFound,
+                    format!("no template {name:?}"),
+                ));
+            }
             let admitted = self.admit(&mut st, 1)?;
             let pool = st.pools.get_mut(&key);
             let idle = pool.as_ref().and_then(|p| p.idle_hibernate);
             (admitted, pool.and_then(|p| p.take(Instant::now())), idle)
         };
-        let result = self.finish_claim(spec, key, warm, idle, t0).await;
-        drop(admitted);
+        let result = self.finish_claim(spec, key, warm, idle, admitted, t0).await;
         self.refill.notify_one();
         if let Ok(claimed) = &result
             && claimed.record.tier == Tier::Cold
@@ -36,7 +62,7 @@ impl Node {
                 }
             });
         }
-        result
+        result.map(Some)
     }
 
     /// Answers 507 while the data directory's filesystem has less than `min_free_mib` free.
@@ -68,12 +94,18 @@ impl Node {
         Ok(Admission { node: self, n })
     }
 
+    /// `host`, a configured template, or a promoted one.
+    fn template_known(&self, st: &State, name: &str) -> bool {
+        name == "host" || self.cfg.templates.contains_key(name) || st.promoted.contains_key(name)
+    }
+
     pub(super) async fn finish_claim(
         &self,
         spec: ClaimSpec,
         key: PoolKey,
         warm: Option<BoxInfo>,
         idle_hibernate_seconds: Option<u64>,
+        admitted: Admission<'_>,
         t0: Instant,
     ) -> Result<Claimed, NodeError> {
         let (info, tier) = match warm {
@@ -98,7 +130,7 @@ impl Node {
         let token = new_token();
         let mut record = new_record(&info, &token, &spec, tier);
         record.idle_hibernate_seconds = idle_hibernate_seconds;
-        self.acknowledge(vec![(record.clone(), info)]).await?;
+        self.acknowledge(vec![(record.clone(), info)], admitted).await?;
         let took = t0.elapsed();
         self.metrics.claimed(tier, took);
         Ok(Claimed { record, token, took })
@@ -106,9 +138,11 @@ impl Node {
 
     /// Journals new claims on running sandboxes, all or none, and makes them visible. On a
     /// journal failure the sandboxes are destroyed: nothing unacknowledged outlives the call.
+    /// They stop counting as admitted in the same critical section.
     pub(super) async fn acknowledge(
         &self,
         claims: Vec<(ClaimRecord, BoxInfo)>,
+        mut admitted: Admission<'_>,
     ) -> Result<(), NodeError> {
         let changes = claims.iter().map(|(r, _)| Change::Put(r.id.clone(), r.into())).collect();
         if let Err(e) = self.journal.commit(changes).await {
@@ -121,6 +155,7 @@ impl Node {
         for (record, info) in claims {
             st.claims.insert(record.id.clone(), Live::new(record, &info));
         }
+        admitted.settle(&mut st);
         Ok(())
     }
 }

@@ -111,7 +111,7 @@ impl Node {
         let t0 = std::time::Instant::now();
         let name = checkpoint_name(id)?;
         self.disk_reserve()?;
-        let _admitted = {
+        let admitted = {
             let mut st = self.lock();
             self.admit(&mut st, 1)?
         };
@@ -123,7 +123,7 @@ impl Node {
         let token = new_token();
         let mut record = new_record(&info, &token, &spec, Tier::Clone);
         record.from_checkpoint = Some(id.to_string());
-        self.acknowledge(vec![(record.clone(), info)]).await?;
+        self.acknowledge(vec![(record.clone(), info)], admitted).await?;
         self.metrics.branched.fetch_add(1, Ordering::Relaxed);
         Ok(Claimed { record, token, took: t0.elapsed() })
     }
@@ -144,7 +144,7 @@ impl Node {
         self.disk_reserve()?;
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
-        let _admitted = {
+        let admitted = {
             let mut st = self.lock();
             self.admit(&mut st, count)?
         };
@@ -172,7 +172,7 @@ impl Node {
             out.push(Claimed { record: record.clone(), token, took: t0.elapsed() });
             claims.push((record, info));
         }
-        self.acknowledge(claims).await?;
+        self.acknowledge(claims, admitted).await?;
         self.metrics.forked.fetch_add(count as u64, Ordering::Relaxed);
         Ok(out)
     }

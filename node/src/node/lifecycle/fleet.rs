@@ -280,7 +280,7 @@ impl Node {
             st.adopting.insert(record.id.clone());
             admitted
         };
-        let result = async {
+        let result = async move {
             let name = SnapshotName::archive(archive).map_err(NodeError::from)?;
             let (snap, _) = self.download(&name).await?;
             let (engine, sid, spec, s) = (
@@ -304,10 +304,9 @@ impl Node {
             record.state = SandboxState::Claimed;
             record.state_since_ms = now_ms();
             (record.stopped, record.archive, record.intent) = (None, None, unpublish);
-            self.acknowledge(vec![(record, info)]).await
+            self.acknowledge(vec![(record, info)], admitted).await
         }
         .await;
-        drop(admitted);
         self.lock().adopting.remove(&id);
         result
     }
