@@ -42,8 +42,10 @@ mod lifecycle;
 mod pools;
 mod reaper;
 mod report;
+mod slots;
 
 use claiming::new_record;
+use slots::Slots;
 
 pub use lifecycle::{CheckpointInfo, Promoted};
 use pools::{load_pools, refill_loop};
@@ -79,7 +81,8 @@ pub struct Node {
 
 #[derive(Debug, Default)]
 struct State {
-    claims: HashMap<String, Live>,
+    /// Claims, lifecycle locks, retry times and adoptions, one slot per sandbox id.
+    slots: Slots,
     /// Claims between admission and acknowledgement (they count against `max_claims`).
     pending: usize,
     pools: BTreeMap<PoolKey, Pool>,
@@ -87,12 +90,6 @@ struct State {
     goldens: HashMap<String, Golden>,
     /// Templates made by promote: name → golden.
     promoted: BTreeMap<String, Promoted>,
-    /// One lock per sandbox: lifecycle calls on one sandbox run one at a time.
-    busy: HashMap<String, Arc<tokio::sync::Mutex<()>>>,
-    /// Background lifecycle work (idle hibernate, archive) that failed waits until then.
-    retry_at: HashMap<String, Instant>,
-    /// Sandboxes being adopted here (a move or a wake anywhere), not yet journalled.
-    adopting: std::collections::HashSet<String>,
 }
 
 /// A claimed sandbox.
@@ -330,7 +327,7 @@ impl Node {
             .values()
             .filter_map(|l| l.record.stopped.as_ref().map(|s| s.layer_tar.clone()))
             .collect();
-        self.lock().claims = kept;
+        self.lock().slots.set_claims(kept);
         for id in doomed {
             let engine = self.engine.clone();
             let name = id.to_string();
@@ -356,15 +353,15 @@ impl Node {
     }
 
     pub fn get(&self, id: &str) -> Option<Live> {
-        self.lock().claims.get(id).cloned()
+        self.lock().slots.claim(id).cloned()
     }
 
     /// Claims whose metadata contains every `(key, value)` of `filter`.
     pub fn list(&self, filter: &[(String, String)]) -> Vec<ClaimRecord> {
         let mut out: Vec<ClaimRecord> = self
             .lock()
-            .claims
-            .values()
+            .slots
+            .claims()
             .filter(|l| filter.iter().all(|(k, v)| l.record.metadata.get(k) == Some(v)))
             .map(|l| l.record.clone())
             .collect();
@@ -406,15 +403,14 @@ impl Node {
 
     /// [`release`](Self::release) with the sandbox's lifecycle lock held.
     async fn release_locked(&self, id: &str) -> Result<(), NodeError> {
-        let live = self.lock().claims.remove(id).ok_or_else(NodeError::sandbox_not_found)?;
+        let live = self.lock().slots.remove_claim(id).ok_or_else(NodeError::sandbox_not_found)?;
         live.record.state.transition(SandboxState::Released).map_err(NodeError::internal)?;
         if let Err(e) = self.journal.commit(vec![Change::Delete(id.to_string())]).await {
-            self.lock().claims.insert(id.to_string(), live);
+            self.lock().slots.insert_claim(id.to_string(), live);
             return Err(NodeError::internal(format!("journal: {e}")));
         }
         self.metrics.released.fetch_add(1, Ordering::Relaxed);
         live.activity.hangup.notify_waiters();
-        self.lock().retry_at.remove(id);
         match live.record.state {
             SandboxState::Claimed => self.teardown(live.record.id.parse()?),
             SandboxState::Hibernated => match &live.record.stopped {
@@ -445,7 +441,7 @@ impl Node {
             .commit(vec![Change::Put(id.to_string(), (&record).into())])
             .await
             .map_err(|e| NodeError::internal(format!("journal: {e}")))?;
-        match self.lock().claims.get_mut(id) {
+        match self.lock().slots.claim_mut(id) {
             Some(live) => {
                 live.record.deadline_ms = record.deadline_ms;
                 live.record.lease_seconds = ttl_seconds;

@@ -26,7 +26,7 @@ impl Node {
         let (admitted, warm, idle) = {
             let mut st = self.lock();
             let draining = self.draining.load(Ordering::Relaxed);
-            let full = st.claims.len() + st.pending >= self.cfg.max_claims;
+            let full = st.slots.len() + st.pending >= self.cfg.max_claims;
             let ready = st.pools.get(&key).is_some_and(|p| !p.ready.is_empty());
             if peer_has_warm && (draining || full || !ready) {
                 return Ok(None);
@@ -84,7 +84,7 @@ impl Node {
     /// Counts `n` claims in flight until the returned guard drops, or answers 429 when the
     /// node is full. `st` is this node's state, locked (the guard locks it again to drop).
     pub(super) fn admit(&self, st: &mut State, n: usize) -> Result<Admission<'_>, NodeError> {
-        if st.claims.len() + st.pending + n > self.cfg.max_claims {
+        if st.slots.len() + st.pending + n > self.cfg.max_claims {
             return Err(NodeError::new(
                 Code::NodeFull,
                 format!("this node holds its maximum of {} claims", self.cfg.max_claims),
@@ -153,7 +153,7 @@ impl Node {
         }
         let mut st = self.lock();
         for (record, info) in claims {
-            st.claims.insert(record.id.clone(), Live::new(record, &info));
+            st.slots.insert_claim(record.id.clone(), Live::new(record, &info));
         }
         admitted.settle(&mut st);
         Ok(())

@@ -190,9 +190,7 @@ impl Drop for Busy<'_> {
         let mut st = self.node.lock();
         drop(self.guard.take());
         // Clones are made under the state lock only: one reference left is the table's own.
-        if st.busy.get(&self.id).is_some_and(|l| Arc::strong_count(l) == 1) {
-            st.busy.remove(&self.id);
-        }
+        st.slots.tidy(&self.id);
     }
 }
 
@@ -237,7 +235,7 @@ fn stopped(r: &ClaimRecord) -> Result<Snapshot, NodeError> {
 impl Node {
     /// Waits for this sandbox's lifecycle lock.
     pub(super) async fn busy(&self, id: &str) -> Busy<'_> {
-        let lock = self.lock().busy.entry(id.to_string()).or_default().clone();
+        let lock = self.lock().slots.lock(id);
         Busy { node: self, id: id.to_string(), guard: Some(lock.lock_owned().await) }
     }
 
@@ -247,7 +245,7 @@ impl Node {
             .commit(vec![Change::Put(record.id.clone(), record.into())])
             .await
             .map_err(journal_error)?;
-        if let Some(live) = self.lock().claims.get_mut(&record.id) {
+        if let Some(live) = self.lock().slots.claim_mut(&record.id) {
             live.record = record.clone();
         }
         Ok(())
@@ -354,9 +352,8 @@ impl Node {
         // The fast path: running, and no lifecycle call under way (one may be stopping it).
         {
             let st = self.lock();
-            let free = st.busy.get(id).is_none_or(|l| l.try_lock().is_ok());
-            if let Some(live) = st.claims.get(id)
-                && free
+            if let Some(live) = st.slots.claim(id)
+                && st.slots.free(id)
                 && live.record.state == SandboxState::Claimed
             {
                 return Ok(live.clone());
@@ -435,7 +432,7 @@ impl Node {
             // Woken on another node while this one was away from the mesh.
             let id = live.record.id.clone();
             self.journal.commit(vec![Change::Delete(id.clone())]).await.map_err(journal_error)?;
-            self.lock().claims.remove(&id);
+            self.lock().slots.remove_claim(&id);
             return Err(NodeError::new(
                 Code::Moving,
                 "this sandbox now lives on another node; try again",
@@ -518,7 +515,7 @@ impl Node {
             activity: live.activity.clone(),
         };
         woken.activity.last_ms.store(now, Ordering::Relaxed);
-        self.lock().claims.insert(woken.record.id.clone(), woken.clone());
+        self.lock().slots.insert_claim(woken.record.id.clone(), woken.clone());
         self.metrics.woken.fetch_add(1, Ordering::Relaxed);
         Ok(woken)
     }

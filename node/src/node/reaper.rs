@@ -48,9 +48,9 @@ impl Node {
         let due: Vec<String> = {
             let st = self.lock();
             let later = Instant::now();
-            st.claims
-                .values()
-                .filter(|l| st.retry_at.get(&l.record.id).is_none_or(|t| later >= *t))
+            st.slots
+                .claims()
+                .filter(|l| st.slots.retry_at(&l.record.id).is_none_or(|t| later >= t))
                 .filter(|l| self.due(l, now).is_some())
                 .map(|l| l.record.id.clone())
                 .collect()
@@ -66,7 +66,7 @@ impl Node {
             };
             match done {
                 Ok(what) => {
-                    self.lock().retry_at.remove(&id);
+                    self.lock().slots.set_retry(&id, None);
                     if matches!(work, Due::Release) {
                         self.metrics.expired.fetch_add(1, Ordering::Relaxed);
                     }
@@ -74,7 +74,8 @@ impl Node {
                 }
                 Err(e) => {
                     tracing::warn!(sandbox = id, "background {work:?} failed: {e}");
-                    self.lock().retry_at.insert(id, Instant::now() + Duration::from_secs(5));
+                    let later = Instant::now() + Duration::from_secs(5);
+                    self.lock().slots.set_retry(&id, Some(later));
                 }
             }
         }

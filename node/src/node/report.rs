@@ -24,7 +24,7 @@ impl Node {
             "version": env!("CARGO_PKG_VERSION"),
             "engine": self.engine.name(),
             "capabilities": self.engine.capabilities(),
-            "claims": st.claims.len(),
+            "claims": st.slots.len(),
             "max_claims": self.cfg.max_claims,
             "draining": self.draining.load(Ordering::Relaxed),
             "uptime_ms": self.started.elapsed().as_millis() as u64,
@@ -49,7 +49,7 @@ impl Node {
             .collect();
         let target =
             st.pools.values().map(|p| (format!("pool=\"{}\"", p.key), p.target as u64)).collect();
-        let claims = vec![(String::new(), st.claims.len() as u64)];
+        let claims = vec![(String::new(), st.slots.len() as u64)];
         drop(st);
         self.metrics.render(&[
             ("silkmesh_pool_warm", "Warm sandboxes ready, by pool.", warm),
@@ -68,11 +68,9 @@ impl Node {
     pub fn table_sizes(&self) -> BTreeMap<&'static str, usize> {
         let st = self.lock();
         BTreeMap::from([
-            ("claims", st.claims.len()),
+            ("claims", st.slots.len()),
             ("pending", st.pending),
-            ("busy", st.busy.len()),
-            ("retry_at", st.retry_at.len()),
-            ("adopting", st.adopting.len()),
+            ("slots", st.slots.slots()),
         ])
     }
 
@@ -80,7 +78,7 @@ impl Node {
     pub fn warm_for(&self, key: &PoolKey) -> usize {
         let st = self.lock();
         if self.draining.load(Ordering::Relaxed)
-            || st.claims.len() + st.pending >= self.cfg.max_claims
+            || st.slots.len() + st.pending >= self.cfg.max_claims
         {
             return 0;
         }
@@ -105,7 +103,7 @@ impl Node {
             warm,
             goldens,
             templates,
-            claims: (st.claims.len() + st.pending) as u32,
+            claims: (st.slots.len() + st.pending) as u32,
             capacity: self.cfg.max_claims as u32,
             draining,
             ..Default::default()

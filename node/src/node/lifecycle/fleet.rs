@@ -69,7 +69,7 @@ impl Node {
     /// Whether a claim on this node names `archive` (archived in it, or archiving or moving
     /// through it).
     fn names_archive_here(&self, archive: &str) -> bool {
-        self.lock().claims.values().any(|l| {
+        self.lock().slots.claims().any(|l| {
             l.record.archive.as_deref() == Some(archive)
                 || match &l.record.intent {
                     Some(
@@ -253,7 +253,7 @@ impl Node {
         archive: &str,
     ) -> Result<(), NodeError> {
         self.journal.commit(vec![Change::Delete(id.to_string())]).await.map_err(journal_error)?;
-        if let Some(live) = self.lock().claims.remove(id) {
+        if let Some(live) = self.lock().slots.remove_claim(id) {
             live.activity.hangup.notify_waiters();
         }
         let _ = std::fs::remove_file(&snap.layer_tar);
@@ -277,7 +277,7 @@ impl Node {
         let admitted = {
             let mut st = self.lock();
             let admitted = self.admit(&mut st, 1)?;
-            st.adopting.insert(record.id.clone());
+            st.slots.set_adopting(&record.id, true);
             admitted
         };
         let result = async move {
@@ -307,13 +307,13 @@ impl Node {
             self.acknowledge(vec![(record, info)], admitted).await
         }
         .await;
-        self.lock().adopting.remove(&id);
+        self.lock().slots.set_adopting(&id, false);
         result
     }
 
     /// Whether a sandbox is being adopted here right now (started, not yet journalled).
     pub fn is_adopting(&self, id: &str) -> bool {
-        self.lock().adopting.contains(id)
+        self.lock().slots.adopting(id)
     }
 
     /// Settles moves a crash (or a lost answer) interrupted on this node: the target is
@@ -323,8 +323,8 @@ impl Node {
     pub async fn settle_moves(self: std::sync::Arc<Self>) {
         let pending: Vec<String> = self
             .lock()
-            .claims
-            .values()
+            .slots
+            .claims()
             .filter(|l| matches!(l.record.intent, Some(Intent::Move { .. })))
             .map(|l| l.record.id.clone())
             .collect();
