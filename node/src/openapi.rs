@@ -1,5 +1,6 @@
 //! The OpenAPI 3.1 document served at `GET /v1/openapi.json`. Written by hand next to the routes
-//! it describes; a test checks that every path and method here is routed.
+//! it describes, with this node's limits (lease cap, body size) filled in; tests check that every
+//! path and method here is routed and every route is here.
 
 use serde_json::{Value, json};
 
@@ -29,7 +30,15 @@ fn ok_any() -> Value {
     json!({ "description": "ok", "content": { "application/json": { "schema": { "type": "object" } } } })
 }
 
-pub fn document() -> Value {
+/// The limits a node's document states.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_ttl_seconds: u64,
+    pub max_body_bytes: usize,
+}
+
+pub fn document(limits: Limits) -> Value {
+    let max_ttl = limits.max_ttl_seconds;
     let id =
         json!([{ "name": "id", "in": "path", "required": true, "schema": { "type": "string" } }]);
     let mut sandbox = json!({
@@ -40,7 +49,11 @@ pub fn document() -> Value {
     let id = &id;
     json!({
         "openapi": "3.1.0",
-        "info": { "title": "silkmesh sandboxd", "version": env!("CARGO_PKG_VERSION") },
+        "info": {
+            "title": "silkmesh sandboxd",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": format!("Request bodies up to {} bytes (413 beyond).", limits.max_body_bytes),
+        },
         "components": {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
             "schemas": {
@@ -49,14 +62,16 @@ pub fn document() -> Value {
                     "template": { "type": "string", "default": "host" },
                     "size": { "enum": ["small", "medium", "large"], "default": "small" },
                     "lane": { "enum": ["none", "egress"], "default": "none" },
-                    "ttl_seconds": { "type": "integer", "minimum": 0, "maximum": 86400 },
+                    "ttl_seconds": { "type": "integer", "minimum": 0, "maximum": max_ttl, "description": "0 or absent: the node's default lease" },
                     "metadata": { "type": "object", "maxProperties": 16, "additionalProperties": { "type": "string", "maxLength": 512 } },
                     "on_expire": { "enum": ["destroy", "archive"], "default": "destroy" } } },
                 "Sandbox": { "type": "object", "properties": {
                     "id": { "type": "string" }, "token": { "type": "string", "description": "only in the claim response" },
-                    "tier": { "enum": ["warm", "clone", "cold"] }, "state": { "type": "string" }, "owner": { "type": "string" },
-                    "template": { "type": "string" }, "size": { "type": "string" }, "lane": { "type": "string" },
+                    "claim_micros": { "type": "integer", "description": "only in the claim response: how long the node took to serve the claim" },
+                    "tier": { "enum": ["warm", "clone", "cold"] }, "state": { "enum": ["claimed", "hibernated", "archived"] }, "owner": { "type": "string" },
+                    "template": { "type": "string" }, "size": { "enum": ["small", "medium", "large"] }, "lane": { "enum": ["none", "egress"] },
                     "created_ms": { "type": "integer" }, "deadline_ms": { "type": "integer" },
+                    "on_expire": { "enum": ["destroy", "archive"] },
                     "metadata": { "type": "object" }, "agent_path": { "type": "string" },
                     "lease_seconds": { "type": "integer" }, "state_since_ms": { "type": "integer" },
                     "from_checkpoint": { "type": ["string", "null"] }, "forked_from": { "type": ["string", "null"] },
@@ -104,7 +119,7 @@ pub fn document() -> Value {
                 "delete": op("Take claims again", (200, ok_any()), &[401], None),
             },
             "/v1/sandboxes": {
-                "post": op("Claim a sandbox: warm hit, clone from golden, or cold boot", (201, ok_json("Sandbox")), &[400, 401, 404, 413, 415, 429, 501, 503], Some("ClaimRequest")),
+                "post": op("Claim a sandbox: warm hit, clone from golden, or cold boot", (201, ok_json("Sandbox")), &[400, 401, 404, 413, 415, 422, 429, 500, 501, 503, 507], Some("ClaimRequest")),
                 "get": op("List claims; filter with metadata=key=value (repeatable)", (200, ok_any()), &[400, 401], None),
             },
             "/v1/sandboxes/{id}": sandbox,
@@ -113,9 +128,9 @@ pub fn document() -> Value {
             "/v1/sandboxes/{id}/hibernate": { "parameters": id.clone(), "post": op("Snapshot and stop (idempotent); the lease keeps running; any access wakes it", (200, ok_json("Sandbox")), &[401, 404, 409, 500], None) },
             "/v1/sandboxes/{id}/wake": { "parameters": id.clone(), "post": op("Start a hibernated or archived sandbox (an archive gets a fresh lease)", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
             "/v1/sandboxes/{id}/archive": { "parameters": id.clone(), "post": op("Move the sandbox's files to the store and free the host; on a store failure it runs again", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
-            "/v1/sandboxes/{id}/checkpoint": { "parameters": id.clone(), "post": op("Capture the files into the store; the sandbox keeps running", (201, ok_json("Checkpoint")), &[400, 401, 404, 409, 503], Some("CheckpointRequest")) },
+            "/v1/sandboxes/{id}/checkpoint": { "parameters": id.clone(), "post": op("Capture the files into the store; the sandbox keeps running", (201, ok_json("Checkpoint")), &[400, 401, 404, 409, 503, 507], Some("CheckpointRequest")) },
             "/v1/sandboxes/{id}/checkpoints": { "parameters": id.clone(), "get": op("This sandbox's checkpoints", (200, ok_any()), &[401, 404, 503], None) },
-            "/v1/sandboxes/{id}/fork": { "parameters": id.clone(), "post": op("count new sandboxes from the current files, all or none", (201, ok_any()), &[400, 401, 404, 409, 429], Some("ForkRequest")) },
+            "/v1/sandboxes/{id}/fork": { "parameters": id.clone(), "post": op("count new sandboxes from the current files, all or none", (201, ok_any()), &[400, 401, 404, 409, 429, 507], Some("ForkRequest")) },
             "/v1/sandboxes/{id}/promote": { "parameters": id.clone(), "post": op("Publish the files as a template (re-promote replaces)", (201, ok_json("Template")), &[400, 401, 404, 409], Some("PromoteRequest")) },
             "/v1/sandboxes/{id}/move": { "parameters": id.clone(), "post": op("Move to another node of the mesh (same id and token)", (200, ok_json("Sandbox")), &[401, 404, 409, 502, 503], None) },
             "/v1/checkpoints": { "get": op("Every checkpoint in the store (root token)", (200, ok_any()), &[401, 503], None) },
@@ -124,7 +139,7 @@ pub fn document() -> Value {
                 "get": op("One checkpoint (root or its sandbox's token)", (200, ok_json("Checkpoint")), &[404, 503], None),
                 "delete": op("Delete a checkpoint", (204, json!({ "description": "deleted" })), &[404, 503], None),
             },
-            "/v1/checkpoints/{id}/claim": { "parameters": id.clone(), "post": op("Branch: a new sandbox from the checkpoint", (201, ok_json("Sandbox")), &[400, 404, 429, 503], Some("BranchRequest")) },
+            "/v1/checkpoints/{id}/claim": { "parameters": id.clone(), "post": op("Branch: a new sandbox from the checkpoint", (201, ok_json("Sandbox")), &[400, 404, 429, 503, 507], Some("BranchRequest")) },
             "/v1/templates": { "get": op("Templates: built in, configured, promoted", (200, ok_any()), &[401], None) },
             "/v1/templates/{name}": {
                 "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],

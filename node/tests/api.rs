@@ -329,10 +329,18 @@ fn acknowledged_claims_survive_kill_9() {
 
 #[test]
 fn openapi_document_matches_the_routes() {
-    let node = Sandboxd::start("pools = []\n");
+    let node = Sandboxd::start("max_ttl_seconds = 600\npools = []\n");
     let (status, doc) = node.req("GET", "/v1/openapi.json", None, None);
     assert_eq!(status, 200);
     assert_eq!(doc["openapi"], "3.1.0");
+    // This node's own limits, and every field a claim answers with.
+    let schemas = &doc["components"]["schemas"];
+    assert_eq!(schemas["ClaimRequest"]["properties"]["ttl_seconds"]["maximum"], 600);
+    let (status, claimed) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
+    assert_eq!(status, 201, "{claimed}");
+    for field in claimed.as_object().unwrap().keys() {
+        assert!(schemas["Sandbox"]["properties"][field].is_object(), "{field} is undocumented");
+    }
     let paths = doc["paths"].as_object().unwrap();
     assert!(paths.len() >= 10);
     for (path, item) in paths {

@@ -50,7 +50,7 @@ pub fn router(node: Arc<Node>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
-        .route("/v1/openapi.json", get(|| async { axum::Json(openapi::document()) }))
+        .route("/v1/openapi.json", get(openapi_document))
         .route("/v1/info", get(info))
         .route("/v1/peers", get(peers))
         .route("/v1/pools", get(get_pools).put(put_pools))
@@ -452,6 +452,14 @@ async fn info(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Valu
     Ok(axum::Json(node.info()))
 }
 
+async fn openapi_document(State(node): Shared) -> axum::Json<Value> {
+    let limits = openapi::Limits {
+        max_ttl_seconds: node.cfg.max_ttl_seconds,
+        max_body_bytes: node.cfg.max_body_bytes,
+    };
+    axum::Json(openapi::document(limits))
+}
+
 async fn metrics(State(node): Shared) -> Response {
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.render_metrics()).into_response()
 }
@@ -493,4 +501,37 @@ async fn drain_off(
     root(&node, &headers)?;
     node.set_draining(false);
     Ok(axum::Json(node.info()))
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every route in this module's source (a `.route(path, method(handler)...)` call) is in
+    /// the OpenAPI document, with each of its methods.
+    #[test]
+    fn every_route_is_documented() {
+        let doc = crate::openapi::document(crate::openapi::Limits {
+            max_ttl_seconds: 1,
+            max_body_bytes: 1,
+        });
+        let source = include_str!("mod.rs");
+        let mut routes = 0;
+        for call in source.split(".route(\"").skip(1) {
+            let (path, rest) = call.split_once('"').expect("a quoted path");
+            let methods = rest.split_once(')').map_or("", |(m, _)| m);
+            let chained = rest.split("\n").next().unwrap_or_default();
+            for method in ["get", "post", "put", "delete"] {
+                let routed = methods.contains(&format!(" {method}("))
+                    || chained.contains(&format!(".{method}("))
+                    || chained.contains(&format!("::{method}("));
+                if routed {
+                    routes += 1;
+                    assert!(
+                        doc["paths"][path][method].is_object(),
+                        "{method} {path} is routed but not documented"
+                    );
+                }
+            }
+        }
+        assert!(routes >= 25, "found only {routes} routes: the scan is broken");
+    }
 }
