@@ -240,3 +240,90 @@ fn a_claim_goes_to_a_peer_only_when_this_node_cannot_hand_out_a_warm_sandbox() {
     assert!(rt.block_on(node.claim_or_place(spec(60), true)).unwrap().is_none(), "draining");
     assert_eq!(rt.block_on(node.claim_or_place(spec(60), false)).unwrap_err().code, "draining");
 }
+
+#[test]
+fn every_lifecycle_call_refuses_what_it_cannot_do_and_changes_nothing() {
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(0));
+    let a = rt.block_on(node.claim(spec(600))).unwrap();
+    let b = rt.block_on(node.claim(spec(600))).unwrap();
+    let (a, b) = (a.record.id, b.record.id);
+    rt.block_on(node.archive(&b)).unwrap();
+    let code = |r: Result<(), sandboxd::error::NodeError>| r.err().map(|e| e.code.as_str());
+    let cases: Vec<(&str, Option<&str>, Option<&str>)> = vec![
+        // An archived sandbox: woken first for anything that needs its files here.
+        ("fork an archive", code(rt.block_on(node.fork(&b, 1, None)).map(drop)), Some("conflict")),
+        ("hibernate an archive", code(rt.block_on(node.hibernate(&b)).map(drop)), Some("conflict")),
+        // Archiving an archive is no change, as hibernating a hibernated one is.
+        ("archive an archive", code(rt.block_on(node.archive(&b)).map(drop)), None),
+        (
+            "checkpoint an archive",
+            code(rt.block_on(node.checkpoint(&b, None)).map(drop)),
+            Some("conflict"),
+        ),
+        // Bad arguments.
+        ("fork 0", code(rt.block_on(node.fork(&a, 0, None)).map(drop)), Some("bad_request")),
+        ("fork 17", code(rt.block_on(node.fork(&a, 17, None)).map(drop)), Some("bad_request")),
+        (
+            "an empty checkpoint name",
+            code(rt.block_on(node.checkpoint(&a, Some(String::new()))).map(drop)),
+            Some("bad_request"),
+        ),
+        (
+            "promote as Bad/Name",
+            code(rt.block_on(node.promote(&a, "Bad/Name", true)).map(drop)),
+            Some("bad_request"),
+        ),
+        (
+            "promote over the host template",
+            code(rt.block_on(node.promote(&a, "host", true)).map(drop)),
+            Some("conflict"),
+        ),
+        (
+            "branch an unknown checkpoint",
+            code(
+                rt.block_on(node.branch("ck_00000000000000000000000000000000", spec(60))).map(drop),
+            ),
+            Some("not_found"),
+        ),
+        (
+            "branch a bad id",
+            code(rt.block_on(node.branch("nope", spec(60))).map(drop)),
+            Some("not_found"),
+        ),
+        ("delete the host template", code(node.delete_template("host")), Some("conflict")),
+        (
+            "delete an unknown template",
+            code(node.delete_template("nope")),
+            Some("template_not_found"),
+        ),
+        (
+            "move without a mesh",
+            code(rt.block_on(node.move_sandbox(&a, None)).map(drop)),
+            Some("conflict"),
+        ),
+        // Unknown sandboxes, for every call.
+        ("release unknown", code(rt.block_on(node.release("sb-x"))), Some("not_found")),
+        ("renew unknown", code(rt.block_on(node.renew("sb-x", 60)).map(drop)), Some("not_found")),
+        ("archive unknown", code(rt.block_on(node.archive("sb-x")).map(drop)), Some("not_found")),
+        (
+            "fork unknown",
+            code(rt.block_on(node.fork("sb-x", 1, None)).map(drop)),
+            Some("not_found"),
+        ),
+        (
+            "promote unknown",
+            code(rt.block_on(node.promote("sb-x", "t", true)).map(drop)),
+            Some("not_found"),
+        ),
+    ];
+    for (what, got, want) in cases {
+        assert_eq!(got, want, "{what}");
+    }
+    // Nothing changed: the claimed one runs, the archived one is still archived, no other box.
+    assert_eq!(node.get(&a).unwrap().record.state, SandboxState::Claimed);
+    assert_eq!(node.get(&b).unwrap().record.state, SandboxState::Archived);
+    assert_eq!(h.engine.list().unwrap().len(), 1);
+    assert_eq!(node.list(&[]).len(), 2);
+    assert_eq!(node.table_sizes()["pending"], 0);
+}
