@@ -115,7 +115,7 @@ pub async fn owner(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
         Located::Nobody => {
             // No live node holds it: an archive whose node died is woken here.
             let (n, owned, t) = (node.clone(), id.clone(), token.clone());
-            return match crate::api::detached(
+            return match crate::node::detached(
                 async move { n.wake_orphan(&owned, t.as_deref()).await },
             )
             .await

@@ -133,6 +133,33 @@ impl Activity {
     }
 }
 
+/// A data-plane call in progress: pauses the sandbox's idle clock until dropped.
+#[derive(Debug)]
+pub struct Active(Arc<Activity>);
+
+impl Active {
+    pub fn new(live: &Live) -> Active {
+        live.activity.open.fetch_add(1, Ordering::Relaxed);
+        Active(live.activity.clone())
+    }
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.0.last_ms.store(now_ms(), Ordering::Relaxed);
+        self.0.open.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// Runs `work` to its end even if the client goes away. hyper drops a handler's future when
+/// its connection closes; a claim or lifecycle call cut between its engine step and its journal
+/// write would leave a sandbox between states (or a claim slot counted forever).
+pub async fn detached<T: Send + 'static>(
+    work: impl Future<Output = Result<T, NodeError>> + Send + 'static,
+) -> Result<T, NodeError> {
+    tokio::spawn(work).await.map_err(|e| NodeError::internal(format!("task: {e}")))?
+}
+
 impl Live {
     fn new(record: ClaimRecord, info: &BoxInfo) -> Live {
         Live {

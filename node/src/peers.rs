@@ -421,7 +421,7 @@ async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Re
             let adopted = match serde_json::from_slice(&record) {
                 Ok(record) => {
                     let n = node.clone();
-                    crate::api::detached(async move { n.adopt(record, &archive).await }).await
+                    crate::node::detached(async move { n.adopt(record, &archive).await }).await
                 }
                 Err(e) => Err(NodeError::bad_request(format!("adopt: {e}"))),
             };
@@ -460,7 +460,7 @@ async fn relay(
     let opened = async {
         node.authorized(id, token)?;
         let (n, owned) = (node.clone(), id.to_string());
-        let live = crate::api::detached(async move { n.wake(&owned).await }).await?;
+        let live = crate::node::detached(async move { n.wake(&owned).await }).await?;
         let agent = tokio::net::UnixStream::connect(&live.agent).await.map_err(|e| {
             NodeError::new(Code::AgentUnavailable, format!("connect to silkd: {e}"))
         })?;
@@ -475,7 +475,7 @@ async fn relay(
     };
     let ok = PeerReply::Http { status: 101, location: None, content_type: None, body: vec![] };
     wire::write_frame(&mut call.send, &ok).await.map_err(|e| e.to_string())?;
-    let _active = crate::relay::Active::new(&live);
+    let _active = crate::node::Active::new(&live);
     let mut stream = tokio::io::join(call.recv, call.send);
     tokio::select! {
         r = tokio::io::copy_bidirectional(&mut stream, &mut agent) => r.map(|_| ()).map_err(|e| e.to_string()),

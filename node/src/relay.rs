@@ -12,7 +12,7 @@ use hyper_util::rt::TokioIo;
 
 use crate::api::bearer;
 use crate::error::{Code, NodeError};
-use crate::node::{Activity, Live, Node};
+use crate::node::{Active, Node};
 
 pub const PROTOCOL: &str = "silkd";
 
@@ -38,7 +38,7 @@ pub async fn agent(
     // a dropped stream.
     let (n, owned) = (node.clone(), id.clone());
     let (live, mut agent) =
-        crate::api::detached(async move { n.agent_stream(&owned).await }).await?;
+        crate::node::detached(async move { n.agent_stream(&owned).await }).await?;
     let upgrade = hyper::upgrade::on(&mut req);
     let active = Active::new(&live);
     tokio::spawn(async move {
@@ -67,22 +67,4 @@ pub async fn agent(
     res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     res.headers_mut().insert(header::UPGRADE, HeaderValue::from_static(PROTOCOL));
     Ok(res)
-}
-
-/// A data-plane call in progress: pauses the sandbox's idle clock until dropped.
-#[derive(Debug)]
-pub struct Active(Arc<Activity>);
-
-impl Active {
-    pub fn new(live: &Live) -> Active {
-        live.activity.open.fetch_add(1, Ordering::Relaxed);
-        Active(live.activity.clone())
-    }
-}
-
-impl Drop for Active {
-    fn drop(&mut self) {
-        self.0.last_ms.store(crate::node::now_ms(), Ordering::Relaxed);
-        self.0.open.fetch_sub(1, Ordering::Relaxed);
-    }
 }

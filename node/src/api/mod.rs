@@ -23,7 +23,7 @@ use silk_proto::{Command, Connection, ExecRequest, Frame};
 use crate::claims::{ClaimRecord, ClaimRequest, checked_ttl};
 use crate::config::PoolConfig;
 use crate::error::{Code, NodeError};
-use crate::node::{Claimed, Node};
+use crate::node::{Claimed, Node, detached};
 use crate::{edge, openapi, relay};
 
 mod lifecycle;
@@ -79,15 +79,6 @@ pub fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 fn root(node: &Node, headers: &HeaderMap) -> Result<(), NodeError> {
     if node.is_root(bearer(headers)) { Ok(()) } else { Err(NodeError::unauthorized()) }
-}
-
-/// Runs `work` to its end even if the client goes away. hyper drops a handler's future when
-/// its connection closes; a claim or lifecycle call cut between its engine step and its journal
-/// write would leave a sandbox between states (or a claim slot counted forever).
-pub async fn detached<T: Send + 'static>(
-    work: impl Future<Output = Result<T, NodeError>> + Send + 'static,
-) -> Result<T, NodeError> {
-    tokio::spawn(work).await.map_err(|e| NodeError::internal(format!("task: {e}")))?
 }
 
 /// A JSON body whose rejections are API errors (400, 413, 415) in the usual shape.
@@ -352,7 +343,7 @@ async fn exec(
     // slower, not an error.
     let n = node.clone();
     let (live, stream) = detached(async move { n.agent_stream(&id).await }).await?;
-    let _active = relay::Active::new(&live);
+    let _active = crate::node::Active::new(&live);
     node.metrics.execs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let unavailable = |e: String| NodeError::new(Code::AgentUnavailable, e);
     let mut conn = Connection::new(stream);
