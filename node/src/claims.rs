@@ -44,8 +44,11 @@ pub enum OnExpire {
     Archive,
 }
 
-/// One claim as the journal keeps it.
+/// One claim. On disk and on the wire (the journal, the store's published claims, a move to a
+/// peer) it is a [`StoredClaim`](crate::stored::StoredClaim): the conversion refuses a record
+/// whose fields do not make one [`Phase`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(into = "crate::stored::StoredClaim", try_from = "crate::stored::StoredClaim")]
 pub struct ClaimRecord {
     pub id: String,
     pub token_hash: String,
@@ -53,7 +56,8 @@ pub struct ClaimRecord {
     pub size: Size,
     pub lane: Lane,
     pub tier: Tier,
-    pub state: SandboxState,
+    /// Where the sandbox is.
+    pub phase: Phase,
     pub created_ms: u64,
     pub deadline_ms: u64,
     pub on_expire: OnExpire,
@@ -65,16 +69,67 @@ pub struct ClaimRecord {
     /// Lineage: the checkpoint this sandbox was branched from, or the sandbox it was forked from.
     pub from_checkpoint: Option<String>,
     pub forked_from: Option<String>,
-    /// When the current state began.
+    /// When the current phase began.
     pub state_since_ms: u64,
-    /// The sandbox's files on this node while it is hibernated.
-    pub stopped: Option<Snapshot>,
-    /// The store name of its archive while it is archived (`<id>.<random>`: each archive has
-    /// its own name, so a stale delete or a crashed upload can never touch a newer one).
-    pub archive: Option<String>,
     /// A lifecycle operation that was begun and not finished: written before acting, so the
     /// next start completes or rolls it back.
     pub intent: Option<Intent>,
+}
+
+/// Where a claimed sandbox is: one value, so no record can be hibernated with an archive, or
+/// archived without one.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Phase {
+    /// Running on this node.
+    Running,
+    /// Stopped here in place: the engine keeps its box, files and all.
+    Stopped,
+    /// Stopped here, its files captured in a tar on this node (its box gone).
+    Captured(Box<Snapshot>),
+    /// Its files are in the store under this archive (`<id>.<random>`: each archive has its own
+    /// name, so a stale delete or a crashed upload can never touch a newer one).
+    Archived(String),
+}
+
+impl Phase {
+    /// The state clients see and the transition table speaks of.
+    pub fn state(&self) -> SandboxState {
+        match self {
+            Phase::Running => SandboxState::Claimed,
+            Phase::Stopped | Phase::Captured(_) => SandboxState::Hibernated,
+            Phase::Archived(_) => SandboxState::Archived,
+        }
+    }
+
+    /// The tar holding its files on this node, when captured.
+    pub fn snapshot(&self) -> Option<&Snapshot> {
+        match self {
+            Phase::Captured(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// Its archive's name, when archived.
+    pub fn archive(&self) -> Option<&str> {
+        match self {
+            Phase::Archived(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+impl ClaimRecord {
+    pub fn state(&self) -> SandboxState {
+        self.phase.state()
+    }
+
+    /// Moves to `phase`, if the transition table allows its state (the time it began is now).
+    pub fn enter(&mut self, phase: Phase, now_ms: u64) -> Result<(), String> {
+        self.state().transition(phase.state())?;
+        self.phase = phase;
+        self.state_since_ms = now_ms;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -117,13 +172,14 @@ impl ClaimRecord {
         if !is_archive_of(archive, id) {
             return Err(NodeError::bad_request(format!("{archive:?} is not an archive of {id}")));
         }
-        match self.state {
-            SandboxState::Hibernated => {}
-            SandboxState::Archived if self.archive.as_deref() == Some(archive) => {}
+        match &self.phase {
+            Phase::Stopped => {}
+            Phase::Archived(a) if a == archive => {}
             other => {
                 return Err(NodeError::bad_request(format!(
-                    "a record {other:?} through {:?} cannot be adopted from {archive:?}",
-                    self.archive
+                    "a record {:?} through {:?} cannot be adopted from {archive:?}",
+                    other.state(),
+                    other.archive()
                 )));
             }
         }
@@ -302,7 +358,7 @@ mod tests {
             size: Size::Small,
             lane: Lane::None,
             tier: Tier::Warm,
-            state: SandboxState::Archived,
+            phase: Phase::Archived(archive.into()),
             created_ms: 0,
             deadline_ms: 0,
             on_expire: OnExpire::Destroy,
@@ -312,8 +368,6 @@ mod tests {
             from_checkpoint: None,
             forked_from: None,
             state_since_ms: 0,
-            stopped: None,
-            archive: Some(archive.into()),
             intent: None,
         }
     }
@@ -347,10 +401,9 @@ mod tests {
         let mut elsewhere = archived("sb-a", ar);
         assert!(elsewhere.check_foreign("sb-a", "sb-a.fedcba9876543210", 300, max, now).is_err());
         // Only hibernated (a move) or archived (a wake) records are adopted.
-        let mut claimed = ClaimRecord { state: SandboxState::Claimed, ..archived("sb-a", ar) };
+        let mut claimed = ClaimRecord { phase: Phase::Running, ..archived("sb-a", ar) };
         assert!(claimed.check_foreign("sb-a", ar, 300, max, now).is_err());
-        let mut moved =
-            ClaimRecord { state: SandboxState::Hibernated, archive: None, ..ok.clone() };
+        let mut moved = ClaimRecord { phase: Phase::Stopped, ..ok.clone() };
         moved.check_foreign("sb-a", ar, 300, max, now).unwrap();
         // Not a sandbox id at all.
         let mut path = archived("../x", "../x.0123456789abcdef");

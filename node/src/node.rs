@@ -24,7 +24,9 @@ use silk_engine::{
 use silk_store::SnapshotStore;
 use tokio::sync::{Notify, Semaphore};
 
-use crate::claims::{ClaimRecord, ClaimSpec, OnExpire, Tier, hash_token, new_token, token_matches};
+use crate::claims::{
+    ClaimRecord, ClaimSpec, OnExpire, Phase, Tier, hash_token, new_token, token_matches,
+};
 use crate::config::{Config, PoolConfig};
 use crate::error::{Code, NodeError};
 use crate::journal::{Change, Journal};
@@ -106,11 +108,7 @@ pub struct Live {
 impl Live {
     /// Whether the engine holds a box for it: running, or hibernated in place.
     fn has_box(&self) -> bool {
-        match self.record.state {
-            SandboxState::Claimed => true,
-            SandboxState::Hibernated => self.record.stopped.is_none(),
-            _ => false,
-        }
+        matches!(self.record.phase, Phase::Running | Phase::Stopped)
     }
 }
 
@@ -316,9 +314,8 @@ impl Node {
         let mut changes = vec![];
         for (id, rec) in records {
             // An archive another node woke while this one was away is no longer ours.
-            if rec.state == SandboxState::Archived
+            if matches!(rec.phase, Phase::Archived(_))
                 && rec.intent.is_none()
-                && rec.archive.is_some()
                 && self.still_archived(&id).await == Some(false)
             {
                 tracing::info!(sandbox = id, "woken elsewhere while this node was away");
@@ -352,7 +349,7 @@ impl Node {
         }
         let referenced: Vec<PathBuf> = kept
             .values()
-            .filter_map(|l| l.record.stopped.as_ref().map(|s| s.layer_tar.clone()))
+            .filter_map(|l| l.record.phase.snapshot().map(|s| s.layer_tar.clone()))
             .collect();
         self.lock().slots.set_claims(kept);
         for id in doomed {
@@ -431,28 +428,22 @@ impl Node {
     /// [`release`](Self::release) with the sandbox's lifecycle lock held.
     async fn release_locked(&self, id: &str) -> Result<(), NodeError> {
         let live = self.lock().slots.remove_claim(id).ok_or_else(NodeError::sandbox_not_found)?;
-        live.record.state.transition(SandboxState::Released).map_err(NodeError::internal)?;
+        live.record.state().transition(SandboxState::Released).map_err(NodeError::internal)?;
         if let Err(e) = self.journal.commit(vec![Change::Delete(id.to_string())]).await {
             self.lock().slots.insert_claim(id.to_string(), live);
             return Err(NodeError::internal(format!("journal: {e}")));
         }
         self.metrics.released.fetch_add(1, Ordering::Relaxed);
         live.activity.hangup.notify_waiters();
-        match live.record.state {
-            SandboxState::Claimed => self.teardown(live.record.id.parse()?),
-            SandboxState::Hibernated => match &live.record.stopped {
-                Some(s) => {
-                    let _ = std::fs::remove_file(&s.layer_tar);
-                }
-                None => self.teardown(live.record.id.parse()?),
-            },
-            SandboxState::Archived => {
-                self.unpublish_archived(id).await;
-                if let Some(name) = &live.record.archive {
-                    self.drop_archive(name).await;
-                }
+        match &live.record.phase {
+            Phase::Running | Phase::Stopped => self.teardown(live.record.id.parse()?),
+            Phase::Captured(s) => {
+                let _ = std::fs::remove_file(&s.layer_tar);
             }
-            SandboxState::Warm | SandboxState::Released => {}
+            Phase::Archived(name) => {
+                self.unpublish_archived(id).await;
+                self.drop_archive(name).await;
+            }
         }
         Ok(())
     }

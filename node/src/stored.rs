@@ -1,10 +1,12 @@
-//! What the claims journal keeps of a claim: the journal's own types, field for field and
-//! variant for variant what [`ClaimRecord`] and the engine types inside it encoded to when
-//! format version 2 was fixed (the fixture `tests/fixtures/journal-v2` holds such a log).
-//! postcard writes no names, only order and variant indexes: a change here is a new format
-//! version of the journal. The conversions are explicit, so an engine or API type can change
-//! without changing the file, and a record that does not convert back (a digest that is not
-//! one) is refused by name rather than read as something else.
+//! What a claim is on disk and on the wire: the journal's records, the claims a node publishes
+//! in the store for an archive, and the record a move hands to a peer. These are the node's own
+//! types, field for field and variant for variant what `ClaimRecord` and the engine types inside
+//! it were when journal format 2 was fixed (fixtures: `tests/fixtures/journal-v2`, and
+//! `tests/fixtures/claims-v2.json` for the JSON form). postcard writes no names, only order and
+//! variant indexes: a change here is a new journal format; JSON names are kept as they were, so
+//! nodes of either build read each other's claims. The conversions are explicit, so an engine
+//! or API type can change without changing either form, and a record that does not convert
+//! (a digest that is not one, a phase its fields cannot make) is refused rather than misread.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -12,7 +14,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 use silk_engine::{Base, BoxSpec, Golden, Lane, Limits, Size, Snapshot, Template};
 
-use crate::claims::{ClaimRecord, Intent, OnExpire, Tier};
+use crate::claims::{ClaimRecord, Intent, OnExpire, Phase, Tier};
 use crate::state::SandboxState;
 
 /// The journal format these types are.
@@ -42,6 +44,7 @@ pub struct StoredClaim {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum StoredSize {
     Small,
     Medium,
@@ -49,12 +52,14 @@ enum StoredSize {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum StoredLane {
     None,
     Egress,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum StoredTier {
     Warm,
     Clone,
@@ -62,6 +67,7 @@ enum StoredTier {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum StoredState {
     Warm,
     Claimed,
@@ -71,6 +77,7 @@ enum StoredState {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 enum StoredOnExpire {
     Destroy,
     Archive,
@@ -244,7 +251,7 @@ impl From<&ClaimRecord> for StoredClaim {
             size: r.size.into(),
             lane: r.lane.into(),
             tier: r.tier.into(),
-            state: r.state.into(),
+            state: r.state().into(),
             created_ms: r.created_ms,
             deadline_ms: r.deadline_ms,
             on_expire: r.on_expire.into(),
@@ -254,8 +261,8 @@ impl From<&ClaimRecord> for StoredClaim {
             from_checkpoint: r.from_checkpoint.clone(),
             forked_from: r.forked_from.clone(),
             state_since_ms: r.state_since_ms,
-            stopped: r.stopped.as_ref().map(StoredSnapshot::from),
-            archive: r.archive.clone(),
+            stopped: r.phase.snapshot().map(StoredSnapshot::from),
+            archive: r.phase.archive().map(str::to_string),
             intent: r.intent.as_ref().map(|i| match i {
                 Intent::Hibernate(s) => StoredIntent::Hibernate(Box::new(s.as_ref().into())),
                 Intent::Archive(a) => StoredIntent::Archive(a.clone()),
@@ -265,6 +272,12 @@ impl From<&ClaimRecord> for StoredClaim {
                 Intent::Unpublish(a) => StoredIntent::Unpublish(a.clone()),
             }),
         }
+    }
+}
+
+impl From<ClaimRecord> for StoredClaim {
+    fn from(r: ClaimRecord) -> StoredClaim {
+        StoredClaim::from(&r)
     }
 }
 
@@ -278,15 +291,26 @@ impl TryFrom<StoredClaim> for ClaimRecord {
             Some(StoredIntent::Move { archive, target }) => Some(Intent::Move { archive, target }),
             Some(StoredIntent::Unpublish(a)) => Some(Intent::Unpublish(a)),
         };
+        let phase = match (r.state, r.stopped, r.archive) {
+            (StoredState::Claimed, None, None) => Phase::Running,
+            (StoredState::Hibernated, None, None) => Phase::Stopped,
+            (StoredState::Hibernated, Some(s), None) => Phase::Captured(Box::new(s.try_into()?)),
+            (StoredState::Archived, None, Some(a)) => Phase::Archived(a),
+            (state, stopped, archive) => {
+                return Err(format!(
+                    "a {state:?} claim with{} a snapshot and archive {archive:?} is no phase",
+                    if stopped.is_some() { "" } else { "out" }
+                ));
+            }
+        };
         Ok(ClaimRecord {
-            stopped: r.stopped.map(Snapshot::try_from).transpose()?,
+            phase,
             id: r.id,
             token_hash: r.token_hash,
             template: r.template,
             size: r.size.into(),
             lane: r.lane.into(),
             tier: r.tier.into(),
-            state: r.state.into(),
             created_ms: r.created_ms,
             deadline_ms: r.deadline_ms,
             on_expire: r.on_expire.into(),
@@ -296,7 +320,6 @@ impl TryFrom<StoredClaim> for ClaimRecord {
             from_checkpoint: r.from_checkpoint,
             forked_from: r.forked_from,
             state_since_ms: r.state_since_ms,
-            archive: r.archive,
             intent,
         })
     }

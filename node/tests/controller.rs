@@ -31,7 +31,7 @@ fn claims_are_served_warm_then_by_clone_then_cold() {
     let warm = rt.block_on(node.claim(spec(60))).unwrap();
     assert_eq!(warm.record.tier, Tier::Warm);
     assert!(h.engine.running(&sid(&warm.record.id)));
-    assert_eq!(node.get(&warm.record.id).unwrap().record.state, SandboxState::Claimed);
+    assert_eq!(node.get(&warm.record.id).unwrap().record.state(), SandboxState::Claimed);
 }
 
 #[test]
@@ -77,21 +77,21 @@ fn hibernate_wake_archive_and_wake_keep_the_sandboxs_files() {
     h.engine.write_file(&box_id, "work/notes", b"kept").unwrap();
 
     let rec = rt.block_on(node.hibernate(&id)).unwrap();
-    assert_eq!(rec.state, SandboxState::Hibernated);
+    assert_eq!(rec.state(), SandboxState::Hibernated);
     assert!(!h.engine.running(&box_id), "a hibernated sandbox runs nothing");
     // Hibernating again is no change; waking brings it back on its files.
-    assert_eq!(rt.block_on(node.hibernate(&id)).unwrap().state, SandboxState::Hibernated);
+    assert_eq!(rt.block_on(node.hibernate(&id)).unwrap().state(), SandboxState::Hibernated);
     let live = rt.block_on(node.wake(&id)).unwrap();
-    assert_eq!(live.record.state, SandboxState::Claimed);
+    assert_eq!(live.record.state(), SandboxState::Claimed);
     assert_eq!(h.engine.read_file(&box_id, "work/notes").as_deref(), Some(&b"kept"[..]));
 
     let rec = rt.block_on(node.archive(&id)).unwrap();
-    assert_eq!(rec.state, SandboxState::Archived);
+    assert_eq!(rec.state(), SandboxState::Archived);
     assert!(h.engine.list().unwrap().is_empty(), "an archived sandbox holds no box");
     let refused = rt.block_on(node.hibernate(&id)).unwrap_err();
     assert_eq!(refused.code, "conflict");
     let live = rt.block_on(node.wake(&id)).unwrap();
-    assert_eq!(live.record.state, SandboxState::Claimed);
+    assert_eq!(live.record.state(), SandboxState::Claimed);
     assert_eq!(h.engine.read_file(&box_id, "work/notes").as_deref(), Some(&b"kept"[..]));
 
     rt.block_on(node.release(&id)).unwrap();
@@ -151,7 +151,7 @@ fn a_restart_finds_every_acknowledged_claim_and_removes_every_other_box() {
     drop((node, rt)); // every task stops where it is
 
     let (rt, node) = h.open(h.config(0));
-    let state = |id: &str| node.get(id).map(|l| l.record.state);
+    let state = |id: &str| node.get(id).map(|l| l.record.state());
     assert_eq!(state(&running.record.id), Some(SandboxState::Claimed));
     assert_eq!(state(&sleeping.record.id), Some(SandboxState::Hibernated));
     assert_eq!(state(&archived.record.id), Some(SandboxState::Archived));
@@ -321,8 +321,8 @@ fn every_lifecycle_call_refuses_what_it_cannot_do_and_changes_nothing() {
         assert_eq!(got, want, "{what}");
     }
     // Nothing changed: the claimed one runs, the archived one is still archived, no other box.
-    assert_eq!(node.get(&a).unwrap().record.state, SandboxState::Claimed);
-    assert_eq!(node.get(&b).unwrap().record.state, SandboxState::Archived);
+    assert_eq!(node.get(&a).unwrap().record.state(), SandboxState::Claimed);
+    assert_eq!(node.get(&b).unwrap().record.state(), SandboxState::Archived);
     assert_eq!(h.engine.list().unwrap().len(), 1);
     assert_eq!(node.list(&[]).len(), 2);
     assert_eq!(node.table_sizes()["pending"], 0);

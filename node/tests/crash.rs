@@ -74,10 +74,10 @@ fn crash(
 
     let (rt, node) = h.open(h.config(0));
     let record = node.get(&id).unwrap_or_else(|| panic!("{point}: the claim is gone")).record;
-    assert_eq!(record.state, expect, "after a crash at {point}");
+    assert_eq!(record.state(), expect, "after a crash at {point}");
     assert_eq!(record.intent, None, "{point}: an intent left unfinished: {record:?}");
     let live = rt.block_on(node.wake(&id)).unwrap_or_else(|e| panic!("{point}: wake: {e}"));
-    assert_eq!(live.record.state, SandboxState::Claimed);
+    assert_eq!(live.record.state(), SandboxState::Claimed);
     assert_eq!(h.engine.read_file(&sid(&id), "notes").as_deref(), Some(&b"kept"[..]), "{point}");
     assert!(node.authorized(&id, Some(&c.token)).is_ok(), "{point}: the token no longer works");
     (h, node, rt)

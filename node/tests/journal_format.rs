@@ -6,7 +6,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
-use sandboxd::claims::{Intent, OnExpire, Tier};
+use sandboxd::claims::{Intent, OnExpire, Phase, Tier};
 use sandboxd::journal::Journal;
 use sandboxd::state::SandboxState;
 use sandboxd::stored::{StoredClaim, live_records};
@@ -36,7 +36,7 @@ fn a_journal_in_the_format_on_main_is_read_whole_and_written_the_same() {
 
     let running = &records["sb-local-000000000001"];
     assert_eq!(
-        (running.state, running.tier, running.size),
+        (running.state(), running.tier, running.size),
         (SandboxState::Claimed, Tier::Clone, Size::Medium)
     );
     assert_eq!((running.lane, running.on_expire), (Lane::None, OnExpire::Archive));
@@ -45,10 +45,10 @@ fn a_journal_in_the_format_on_main_is_read_whole_and_written_the_same() {
     let forked = &records["sb-local-000000000005"];
     assert_eq!(forked.forked_from.as_deref(), Some("sb-local-000000000001"));
     assert_eq!(forked.from_checkpoint.as_deref(), Some("ck_0123456789abcdef0123456789abcdef"));
-    assert_eq!(records["sb-local-000000000003"].stopped, None);
+    assert_eq!(records["sb-local-000000000003"].phase.snapshot(), None);
 
     let moving = &records["sb-local-000000000002"];
-    let snap = moving.stopped.as_ref().unwrap();
+    let snap = moving.phase.snapshot().unwrap();
     let golden = snap.base.golden.as_ref().unwrap();
     assert_eq!(golden.digest.as_str(), "cd".repeat(32));
     assert_eq!(snap.base.template.digest.as_str(), "ab".repeat(32));
@@ -63,8 +63,8 @@ fn a_journal_in_the_format_on_main_is_read_whole_and_written_the_same() {
         })
     );
     let archived = &records["sb-local-000000000004"];
-    assert_eq!(archived.state, SandboxState::Archived);
-    assert_eq!(archived.archive.as_deref(), Some("sb-local-000000000004.0123456789abcdef"));
+    assert_eq!(archived.state(), SandboxState::Archived);
+    assert_eq!(archived.phase.archive(), Some("sb-local-000000000004.0123456789abcdef"));
     assert!(
         matches!(&archived.intent, Some(Intent::Unpublish(a)) if a == "sb-local-000000000004.0123456789abcdef")
     );
@@ -88,13 +88,37 @@ fn a_node_starts_on_a_journal_in_the_format_on_main() {
     let node = rt.block_on(sandboxd::node::Node::open(cfg, engine)).unwrap();
     // Claims whose files this (empty) engine does not hold end; the archived one, whose files
     // are in the store, stays as it was.
-    let kept: Vec<_> = node.list(&[]).into_iter().map(|r| (r.id, r.state, r.archive)).collect();
+    let kept: Vec<_> = node.list(&[]).into_iter().map(|r| (r.id, r.phase)).collect();
     assert_eq!(
         kept,
         vec![(
             "sb-local-000000000004".to_string(),
-            SandboxState::Archived,
-            Some("sb-local-000000000004.0123456789abcdef".to_string())
+            Phase::Archived("sb-local-000000000004.0123456789abcdef".to_string())
         )]
     );
+}
+
+#[test]
+fn claims_published_by_the_build_on_main_are_read_and_written_the_same() {
+    // `claims-v2.json`: the records above as that build wrote them in JSON (a published claim
+    // in the store, a record a move hands to a peer).
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/claims-v2.json");
+    let old: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    assert_eq!(old.len(), 7);
+    for (id, json) in old {
+        let record: sandboxd::claims::ClaimRecord =
+            serde_json::from_value(json.clone()).unwrap_or_else(|e| panic!("{id}: {e}"));
+        assert_eq!(serde_json::to_value(&record).unwrap(), json, "{id} is written differently");
+    }
+    // A record whose fields make no phase is refused, not misread.
+    let mut bad: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/claims-v2.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut archived = bad["sb-local-000000000004"].take();
+    archived["archive"] = serde_json::Value::Null;
+    let refused = serde_json::from_value::<sandboxd::claims::ClaimRecord>(archived);
+    assert!(refused.unwrap_err().to_string().contains("no phase"));
 }

@@ -176,7 +176,7 @@ fn row(node: &Node, r: &ClaimRecord) -> Value {
         "size": r.size,
         "lane": r.lane,
         "tier": r.tier,
-        "state": r.state,
+        "state": r.state(),
         "owner": node.cfg.listen.to_string(),
         "created_ms": r.created_ms,
         "deadline_ms": r.deadline_ms,

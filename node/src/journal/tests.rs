@@ -331,7 +331,7 @@ async fn digests_keep_their_journal_encoding() {
         size: Size::Small,
         lane: Lane::None,
         tier: Tier::Warm,
-        state: crate::state::SandboxState::Hibernated,
+        phase: crate::claims::Phase::Captured(Box::new(snap.clone())),
         created_ms: 1,
         deadline_ms: 2,
         on_expire: OnExpire::Archive,
@@ -341,8 +341,6 @@ async fn digests_keep_their_journal_encoding() {
         from_checkpoint: None,
         forked_from: None,
         state_since_ms: 4,
-        stopped: Some(snap.clone()),
-        archive: None,
         intent: Some(Intent::Hibernate(Box::new(snap))),
     };
     let dir = tempfile::tempdir().expect("tempdir");

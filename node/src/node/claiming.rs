@@ -170,7 +170,7 @@ pub(super) fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Ti
         size: spec.size,
         lane: spec.lane,
         tier,
-        state: SandboxState::Claimed,
+        phase: Phase::Running,
         created_ms: now,
         deadline_ms: now + spec.ttl_seconds * 1000,
         on_expire: spec.on_expire,
@@ -180,8 +180,6 @@ pub(super) fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Ti
         from_checkpoint: None,
         forked_from: None,
         state_since_ms: now,
-        stopped: None,
-        archive: None,
         intent: None,
     }
 }

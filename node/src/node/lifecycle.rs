@@ -27,7 +27,7 @@ use tokio::task::JoinSet;
 
 use super::{Claimed, Live, Node, State, blocking, new_record, now_ms};
 use crate::claims::{
-    ClaimRecord, ClaimSpec, Intent, Tier, lease_end, new_archive_name, new_token, random_hex,
+    ClaimRecord, ClaimSpec, Intent, Phase, Tier, lease_end, new_archive_name, new_token, random_hex,
 };
 use crate::config::Config;
 use crate::error::{Code, NodeError};
@@ -225,13 +225,6 @@ fn waking_elsewhere(id: &str) -> NodeError {
     )
 }
 
-/// A hibernated sandbox's local snapshot.
-fn stopped(r: &ClaimRecord) -> Result<Snapshot, NodeError> {
-    r.stopped
-        .clone()
-        .ok_or_else(|| NodeError::internal("a hibernated sandbox without its snapshot"))
-}
-
 impl Node {
     /// Waits for this sandbox's lifecycle lock.
     pub(super) async fn busy(&self, id: &str) -> Busy<'_> {
@@ -263,16 +256,18 @@ impl Node {
     /// to delete afterwards: a running or stopped box is captured (as it is), a hibernated
     /// sandbox kept as a tar has it already.
     async fn current_files(&self, live: &Live, what: &str) -> Result<(Snapshot, bool), NodeError> {
-        match live.record.state {
-            SandboxState::Claimed | SandboxState::Hibernated if live.record.stopped.is_none() => {
+        match &live.record.phase {
+            Phase::Running | Phase::Stopped => {
                 let (engine, id) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
                 let tar = self.scratch_tar(what);
                 let snap =
                     blocking(move || engine.snapshot(&id, SnapshotMode::KeepRunning, &tar)).await?;
                 Ok((snap, true))
             }
-            SandboxState::Hibernated => Ok((stopped(&live.record)?, false)),
-            other => Err(conflict(format!("a sandbox that is {other:?} must be woken first"))),
+            Phase::Captured(snap) => Ok(((**snap).clone(), false)),
+            Phase::Archived(_) => {
+                Err(conflict("a sandbox that is Archived must be woken first".into()))
+            }
         }
     }
 
@@ -282,7 +277,7 @@ impl Node {
     pub async fn hibernate(&self, id: &str) -> Result<ClaimRecord, NodeError> {
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
-        match live.record.state {
+        match live.record.state() {
             SandboxState::Hibernated => Ok(live.record),
             SandboxState::Claimed => self.hibernate_locked(live).await,
             other => Err(conflict(format!("a sandbox that is {other:?} cannot be hibernated"))),
@@ -299,8 +294,7 @@ impl Node {
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
         blocking(move || engine.stop(&sid)).await?;
         self.crash_point("hibernate:stopped").await;
-        rec.state = rec.state.transition(SandboxState::Hibernated).map_err(conflict)?;
-        rec.state_since_ms = now_ms();
+        rec.enter(Phase::Stopped, now_ms()).map_err(conflict)?;
         self.put_record(&rec).await?;
         self.metrics.hibernated.fetch_add(1, Ordering::Relaxed);
         Ok(rec)
@@ -336,12 +330,15 @@ impl Node {
             }
         };
         self.crash_point("capture:captured").await;
-        if rec.state == SandboxState::Claimed {
-            rec.state = rec.state.transition(SandboxState::Hibernated).map_err(conflict)?;
-            rec.state_since_ms = now_ms();
+        let captured = Phase::Captured(Box::new(snap));
+        if rec.phase == Phase::Running {
+            rec.enter(captured, now_ms()).map_err(conflict)?;
             self.metrics.hibernated.fetch_add(1, Ordering::Relaxed);
+        } else {
+            // Hibernated in place already, and still since then: only where its files are
+            // changes.
+            rec.phase = captured;
         }
-        rec.stopped = Some(snap);
         self.put_record(&rec).await?;
         Ok(rec)
     }
@@ -354,7 +351,7 @@ impl Node {
             let st = self.lock();
             if let Some(live) = st.slots.claim(id)
                 && st.slots.free(id)
-                && live.record.state == SandboxState::Claimed
+                && live.record.phase == Phase::Running
             {
                 return Ok(live.clone());
             }
@@ -404,25 +401,19 @@ impl Node {
                 "the sandbox is moving to another node; try again in a moment",
             ));
         }
-        match live.record.state {
-            SandboxState::Claimed => Ok(live),
-            SandboxState::Hibernated => match live.record.stopped.clone() {
-                None => self.start_from(live, None, None).await,
-                Some(snap) => {
-                    let woken = self.start_from(live, Some(&snap), None).await?;
-                    let _ = std::fs::remove_file(&snap.layer_tar);
-                    Ok(woken)
-                }
-            },
-            SandboxState::Archived => {
-                let archive = live.record.archive.clone().ok_or_else(|| {
-                    NodeError::internal("an archived sandbox without its archive's name")
-                })?;
+        match live.record.phase.clone() {
+            Phase::Running => Ok(live),
+            Phase::Stopped => self.start_from(live, None, None).await,
+            Phase::Captured(snap) => {
+                let woken = self.start_from(live, Some(&snap), None).await?;
+                let _ = std::fs::remove_file(&snap.layer_tar);
+                Ok(woken)
+            }
+            Phase::Archived(archive) => {
                 // Any node may wake an archive: under its lease, and only if nobody did.
                 let id = live.record.id.clone();
                 self.under_wake_lease(&id, self.wake_archived(live, archive)).await
             }
-            other => Err(conflict(format!("a sandbox that is {other:?} cannot be woken"))),
         }
     }
 
@@ -487,10 +478,7 @@ impl Node {
         })
         .await?;
         let now = now_ms();
-        rec.state = rec.state.transition(SandboxState::Claimed).map_err(conflict)?;
-        rec.state_since_ms = now;
-        rec.stopped = None;
-        rec.archive = None;
+        rec.enter(Phase::Running, now).map_err(conflict)?;
         rec.intent = from_archive.map(|a| Intent::Unpublish(a.to_string()));
         if from_archive.is_some() {
             rec.deadline_ms = lease_end(now, rec.lease_seconds);
@@ -537,9 +525,8 @@ impl Node {
                 if snap.layer_tar.is_file() {
                     // The capture completed: hibernated (the box, if any, goes in reconcile).
                     let bytes = std::fs::metadata(&snap.layer_tar).map(|m| m.len()).unwrap_or(0);
-                    rec.state = SandboxState::Hibernated;
+                    rec.phase = Phase::Captured(Box::new(Snapshot { bytes, ..*snap }));
                     rec.state_since_ms = now_ms();
-                    rec.stopped = Some(Snapshot { bytes, ..*snap });
                 }
             }
             Some(Intent::Unpublish(archive)) => {
@@ -565,12 +552,10 @@ impl Node {
                     // Complete it: publish the claim (as archive does before journalling), then
                     // drop the local copy. If the store refuses, it stays hibernated.
                     let mut done = rec.clone();
-                    done.state = SandboxState::Archived;
+                    done.phase = Phase::Archived(archive);
                     done.state_since_ms = now_ms();
-                    done.stopped = None;
-                    done.archive = Some(archive);
                     if self.publish_archived(&done).await.is_ok() {
-                        if let Some(s) = rec.stopped.take() {
+                        if let Some(s) = rec.phase.snapshot() {
                             let _ = std::fs::remove_file(&s.layer_tar);
                         }
                         rec = done;
@@ -579,35 +564,29 @@ impl Node {
             }
             None => {}
         }
-        if rec.state == SandboxState::Hibernated
-            && rec.stopped.is_none()
-            && found.is_some_and(|b| b.running)
-        {
+        if rec.phase == Phase::Stopped && found.is_some_and(|b| b.running) {
             // A wake resumed its box and the node died before journalling it: it is awake.
-            rec.state = SandboxState::Claimed;
+            rec.phase = Phase::Running;
             rec.state_since_ms = now_ms();
             changed = true;
         }
-        let base = match rec.state {
+        let base = match &rec.phase {
             // Its box stays even if it stopped (a host reboot): the next access restarts it
             // from its files (`agent_stream`).
-            SandboxState::Claimed => Some(found?.base.clone()),
-            SandboxState::Hibernated => match &rec.stopped {
-                Some(snap) if snap.layer_tar.is_file() => Some(snap.base.clone()),
-                Some(_) => {
-                    tracing::error!(sandbox = rec.id, "hibernated, but its snapshot is missing");
+            Phase::Running => Some(found?.base.clone()),
+            Phase::Captured(snap) if snap.layer_tar.is_file() => Some(snap.base.clone()),
+            Phase::Captured(_) => {
+                tracing::error!(sandbox = rec.id, "hibernated, but its snapshot is missing");
+                return None;
+            }
+            Phase::Stopped => match found {
+                Some(b) => Some(b.base.clone()),
+                None => {
+                    tracing::error!(sandbox = rec.id, "hibernated, but its box is missing");
                     return None;
                 }
-                None => match found {
-                    Some(b) => Some(b.base.clone()),
-                    None => {
-                        tracing::error!(sandbox = rec.id, "hibernated, but its box is missing");
-                        return None;
-                    }
-                },
             },
-            SandboxState::Archived => None,
-            SandboxState::Warm | SandboxState::Released => return None,
+            Phase::Archived(_) => None,
         };
         let agent = found.map(super::agent_path).unwrap_or_default();
         let activity = super::Activity::new();

@@ -13,7 +13,7 @@ impl Node {
         let since = now.saturating_sub(r.state_since_ms) / 1000;
         let retention = |s: &u64| since >= *s;
         if r.deadline_ms <= now {
-            return match (r.on_expire, r.state) {
+            return match (r.on_expire, r.state()) {
                 (OnExpire::Archive, SandboxState::Archived) => {
                     self.cfg.archive_retention_seconds.filter(retention).map(|_| Due::Release)
                 }
@@ -21,7 +21,7 @@ impl Node {
                 (OnExpire::Destroy, _) => Some(Due::Release),
             };
         }
-        match r.state {
+        match r.state() {
             SandboxState::Claimed => {
                 let idle_ms = now.saturating_sub(live.activity.last_ms.load(Ordering::Relaxed));
                 let open = live.activity.open.load(Ordering::Relaxed);

@@ -20,13 +20,10 @@ impl Node {
     ) -> Result<ClaimRecord, NodeError> {
         let id = live.record.id.clone();
         let id = id.as_str();
-        let was_running = match live.record.state {
-            SandboxState::Archived => return Ok(live.record),
-            SandboxState::Claimed => true,
-            SandboxState::Hibernated => false,
-            other => {
-                return Err(conflict(format!("a sandbox that is {other:?} cannot be archived")));
-            }
+        let was_running = match live.record.phase {
+            Phase::Archived(_) => return Ok(live.record),
+            Phase::Running => true,
+            Phase::Stopped | Phase::Captured(_) => false,
         };
         let (mut rec, snap) = self.stop_here(live).await?;
         let archive = new_archive_name(id);
@@ -42,10 +39,7 @@ impl Node {
         }
         self.crash_point("archive:uploaded").await;
         let mut archived = rec.clone();
-        archived.state = rec.state.transition(SandboxState::Archived).map_err(conflict)?;
-        archived.state_since_ms = now_ms();
-        archived.stopped = None;
-        archived.archive = Some(archive.clone());
+        archived.enter(Phase::Archived(archive.clone()), now_ms()).map_err(conflict)?;
         // Published before it is journalled: any node may wake it from here on, also when this
         // one is gone, and an archived record here always has its published twin.
         if let Err(e) = self.publish_archived(&archived).await {
@@ -66,11 +60,15 @@ impl Node {
         live: Live,
     ) -> Result<(ClaimRecord, Snapshot), NodeError> {
         let id = live.record.id.clone();
-        if live.record.stopped.is_none() {
+        if live.record.phase.snapshot().is_none() {
             self.capture_stopped(live).await?;
         }
         let rec = self.current(&id)?.record;
-        let snap = stopped(&rec)?;
+        let snap = rec
+            .phase
+            .snapshot()
+            .cloned()
+            .ok_or_else(|| NodeError::internal("a captured sandbox without its snapshot"))?;
         Ok((rec, snap))
     }
 

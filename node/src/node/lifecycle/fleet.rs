@@ -70,7 +70,7 @@ impl Node {
     /// through it).
     fn names_archive_here(&self, archive: &str) -> bool {
         self.lock().slots.claims().any(|l| {
-            l.record.archive.as_deref() == Some(archive)
+            l.record.phase.archive() == Some(archive)
                 || match &l.record.intent {
                     Some(
                         Intent::Archive(a) | Intent::Move { archive: a, .. } | Intent::Unpublish(a),
@@ -85,7 +85,7 @@ impl Node {
     async fn published_archive(&self, id: &str) -> Result<Option<String>, NodeError> {
         match self.store.object_store().get_bytes(&Self::claim_key(id)?).await {
             Ok(bytes) => serde_json::from_slice::<ClaimRecord>(&bytes)
-                .map(|r| r.archive)
+                .map(|r| r.phase.archive().map(str::to_string))
                 .map_err(|e| NodeError::internal(format!("the published claim of {id}: {e}"))),
             Err(StoreError::NotFound { .. }) => Ok(None),
             Err(e) => Err(e.into()),
@@ -115,15 +115,11 @@ impl Node {
             .map_err(|e| NodeError::internal(format!("{key}: {e}")))?;
         // Any node can write to the store: the record must be this sandbox's, archived through
         // an archive of its own, before its token hash means anything (see `check_foreign`).
-        if rec.state != SandboxState::Archived {
+        let Phase::Archived(archive) = rec.phase.clone() else {
             return Err(NodeError::internal(format!(
                 "{key}: a published claim that is not archived"
             )));
-        }
-        let archive = rec
-            .archive
-            .clone()
-            .ok_or_else(|| NodeError::internal("an archived claim without its archive"))?;
+        };
         let (default_ttl, max_ttl) = (self.cfg.default_ttl_seconds, self.cfg.max_ttl_seconds);
         rec.check_foreign(id, &archive, default_ttl, max_ttl, now_ms())
             .map_err(|e| NodeError::internal(format!("{key}: {}", e.message)))?;
@@ -192,11 +188,11 @@ impl Node {
                 .cloned()
                 .ok_or_else(|| conflict("no live peer can take the sandbox".into()))?,
         };
-        let was_running = match live.record.state {
-            SandboxState::Claimed => true,
-            SandboxState::Hibernated => false,
-            other => {
-                return Err(conflict(format!("a sandbox that is {other:?} must be woken first")));
+        let was_running = match live.record.phase {
+            Phase::Running => true,
+            Phase::Stopped | Phase::Captured(_) => false,
+            Phase::Archived(_) => {
+                return Err(conflict("a sandbox that is Archived must be woken first".into()));
             }
         };
         let (mut rec, snap) = self.stop_here(live).await?;
@@ -211,7 +207,7 @@ impl Node {
             self.crash_point("move:uploaded").await;
             let mut theirs = rec.clone();
             // The target downloads the archive: this node's paths are no business of its.
-            (theirs.intent, theirs.stopped) = (None, None);
+            (theirs.intent, theirs.phase) = (None, Phase::Stopped);
             peers.adopt(&target, &theirs, &archive).await
         }
         .await;
@@ -239,7 +235,7 @@ impl Node {
         self.metrics.moved.fetch_add(1, Ordering::Relaxed);
         let mut moved = rec;
         moved.intent = None;
-        moved.state = SandboxState::Claimed;
+        moved.phase = Phase::Running;
         let mut to = target.state.clone().unwrap_or_default();
         to.name = target.id.name.clone();
         Ok((moved, to))
@@ -293,17 +289,16 @@ impl Node {
             let _ = std::fs::remove_file(&snap.layer_tar);
             let info = restored?;
             self.crash_point("adopt:restored").await;
-            if record.state == SandboxState::Archived {
+            let from_archive = matches!(record.phase, Phase::Archived(_));
+            if from_archive {
                 // Woken from its archive: a fresh lease of its original length.
                 record.deadline_ms = lease_end(now_ms(), record.lease_seconds);
             }
             // Woken from its archive: the store forgets it next (`finish_unpublish`), or at the
             // next start if this node dies first.
-            let unpublish = (record.state == SandboxState::Archived)
-                .then(|| Intent::Unpublish(archive.to_string()));
-            record.state = SandboxState::Claimed;
+            let unpublish = from_archive.then(|| Intent::Unpublish(archive.to_string()));
+            (record.phase, record.intent) = (Phase::Running, unpublish);
             record.state_since_ms = now_ms();
-            (record.stopped, record.archive, record.intent) = (None, None, unpublish);
             self.acknowledge(vec![(record, info)], admitted).await
         }
         .await;
@@ -355,7 +350,7 @@ impl Node {
                     return;
                 }
                 let settled = if held {
-                    match &live.record.stopped {
+                    match live.record.phase.snapshot() {
                         Some(s) => self.forget_moved(&id, s, &archive).await,
                         None => Ok(()),
                     }
