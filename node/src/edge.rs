@@ -202,10 +202,7 @@ async fn forward_relay(
             Err(e) => tracing::debug!(sandbox = id, "forwarded relay ended: {e}"),
         }
     });
-    let mut res = StatusCode::SWITCHING_PROTOCOLS.into_response();
-    res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-    res.headers_mut().insert(header::UPGRADE, HeaderValue::from_static(crate::relay::PROTOCOL));
-    res
+    crate::relay::switching_protocols()
 }
 
 /// A peer that may answer in a moment: 503, where an unreachable one is 502.

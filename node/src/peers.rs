@@ -262,12 +262,7 @@ impl Peers {
         id: &str,
         token: Option<&str>,
     ) -> Result<(quinn::SendStream, quinn::RecvStream), PeerReply> {
-        let failed = |m: String| PeerReply::Http {
-            status: 502,
-            location: None,
-            content_type: None,
-            body: m.into_bytes(),
-        };
+        let failed = |m: String| error_reply(&NodeError::new(Code::PeerUnavailable, m));
         let (mut send, mut recv) =
             self.mesh.open(&peer.id.name).await.map_err(|e| failed(e.to_string()))?;
         let req = PeerRequest::Relay { id: id.to_string(), token: token.map(str::to_string) };
@@ -457,14 +452,10 @@ async fn relay(
     id: &str,
     token: Option<&str>,
 ) -> Result<(), String> {
+    // The same opening as a relay here: woken, or restarted if its silkd died.
     let opened = async {
         node.authorized(id, token)?;
-        let (n, owned) = (node.clone(), id.to_string());
-        let live = crate::node::detached(async move { n.wake(&owned).await }).await?;
-        let agent = tokio::net::UnixStream::connect(&live.agent).await.map_err(|e| {
-            NodeError::new(Code::AgentUnavailable, format!("connect to silkd: {e}"))
-        })?;
-        Ok::<_, NodeError>((live, agent))
+        node.open_agent(id).await
     };
     let (live, mut agent) = match opened.await {
         Ok(v) => v,
@@ -475,12 +466,9 @@ async fn relay(
     };
     let ok = PeerReply::Http { status: 101, location: None, content_type: None, body: vec![] };
     wire::write_frame(&mut call.send, &ok).await.map_err(|e| e.to_string())?;
-    let _active = crate::node::Active::new(&live);
     let mut stream = tokio::io::join(call.recv, call.send);
-    tokio::select! {
-        r = tokio::io::copy_bidirectional(&mut stream, &mut agent) => r.map(|_| ()).map_err(|e| e.to_string()),
-        () = live.activity.hangup.notified() => Ok(()),
-    }
+    node.splice(&live, &mut stream, &mut agent).await;
+    Ok(())
 }
 
 /// Starts this node's mesh endpoint. The epoch (persisted, +1 per start) versions its state, so

@@ -3,7 +3,6 @@
 //! or parsing; a half-close on either side is passed on to the other.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use axum::extract::{Path, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
@@ -12,7 +11,7 @@ use hyper_util::rt::TokioIo;
 
 use crate::api::bearer;
 use crate::error::{Code, NodeError};
-use crate::node::{Active, Node};
+use crate::node::Node;
 
 pub const PROTOCOL: &str = "silkd";
 
@@ -36,35 +35,25 @@ pub async fn agent(
     // A hibernated or archived sandbox wakes first (one whose silkd died restarts): the client
     // sees a slower call. Dialled before answering 101, so a failure is a clear error rather than
     // a dropped stream.
-    let (n, owned) = (node.clone(), id.clone());
-    let (live, mut agent) =
-        crate::node::detached(async move { n.agent_stream(&owned).await }).await?;
+    let (live, mut agent) = node.open_agent(&id).await?;
     let upgrade = hyper::upgrade::on(&mut req);
-    let active = Active::new(&live);
     tokio::spawn(async move {
-        let _active = active;
         let upgraded = match upgrade.await {
             Ok(u) => u,
             Err(e) => {
-                tracing::debug!("upgrade failed: {e}");
+                tracing::debug!(sandbox = id, "upgrade failed: {e}");
                 return;
             }
         };
-        let mut client = TokioIo::new(upgraded);
-        let hangup = live.activity.clone();
-        tokio::select! {
-            copied = tokio::io::copy_bidirectional(&mut client, &mut agent) => match copied {
-                Ok((up, down)) => {
-                    node.metrics.relay_bytes.fetch_add(up + down, Ordering::Relaxed);
-                }
-                Err(e) => tracing::debug!(sandbox = id, "relay ended: {e}"),
-            },
-            // Hibernate, archive or release: the sandbox is stopping.
-            () = hangup.hangup.notified() => {}
-        }
+        node.splice(&live, &mut TokioIo::new(upgraded), &mut agent).await;
     });
+    Ok(switching_protocols())
+}
+
+/// The `101` every relay path answers with (here, or for a sandbox held by a peer).
+pub fn switching_protocols() -> Response {
     let mut res = StatusCode::SWITCHING_PROTOCOLS.into_response();
     res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
     res.headers_mut().insert(header::UPGRADE, HeaderValue::from_static(PROTOCOL));
-    Ok(res)
+    res
 }

@@ -270,6 +270,15 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
         assert_eq!(code, 0);
         assert_eq!(out, b"relayed\n");
     });
+    // Its silkd dies (an OOM kill): a forwarded relay restarts it on the owner, as a local one
+    // does.
+    owner.kill_sandbox_processes(id);
+    let stream = upgrade(front.addr, id, token);
+    rt.block_on(async move {
+        let mut conn = relay_connection(stream);
+        let (out, code) = relay_exec(&mut conn, &["echo", "restarted"]).await;
+        assert_eq!((code, out), (0, b"restarted\n".to_vec()));
+    });
     let (status, _) = front.req("DELETE", &format!("/v1/sandboxes/{id}"), Some(token), None);
     assert_eq!(status, 204);
     let (status, _) = owner.req("GET", &format!("/v1/sandboxes/{id}"), Some(token), None);

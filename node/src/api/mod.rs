@@ -341,8 +341,7 @@ async fn exec(
     }
     // A hibernated or archived sandbox wakes (one whose silkd died restarts): the call is
     // slower, not an error.
-    let n = node.clone();
-    let (live, stream) = detached(async move { n.agent_stream(&id).await }).await?;
+    let (live, stream) = node.open_agent(&id).await?;
     let _active = crate::node::Active::new(&live);
     node.metrics.execs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let unavailable = |e: String| NodeError::new(Code::AgentUnavailable, e);

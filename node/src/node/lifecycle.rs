@@ -361,6 +361,32 @@ impl Node {
         self.wake_locked(live).await
     }
 
+    /// [`agent_stream`](Self::agent_stream) run to its end even if the caller goes away: what
+    /// every data-plane path opens (a client here, a peer forwarding one).
+    pub async fn open_agent(self: &Arc<Self>, id: &str) -> Result<(Live, UnixStream), NodeError> {
+        let (node, id) = (self.clone(), id.to_string());
+        super::detached(async move { node.agent_stream(&id).await }).await
+    }
+
+    /// Splices a data-plane connection to the sandbox's silkd, both ways, until either side
+    /// ends or the sandbox stops (hibernate, archive, release); keeps its idle clock paused
+    /// meanwhile and counts the bytes.
+    pub async fn splice<C>(&self, live: &Live, client: &mut C, agent: &mut UnixStream)
+    where
+        C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    {
+        let _active = super::Active::new(live);
+        tokio::select! {
+            copied = tokio::io::copy_bidirectional(client, agent) => match copied {
+                Ok((up, down)) => {
+                    self.metrics.relay_bytes.fetch_add(up + down, Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!(sandbox = live.record.id, "relay ended: {e}"),
+            },
+            () = live.activity.hangup.notified() => {}
+        }
+    }
+
     /// A connection to the sandbox's silkd, for the data plane: woken first if it sleeps, and
     /// restarted from its files if its silkd died (an OOM kill, a host reboot). Either way the
     /// client sees a slower call, and processes restart as on any wake.
