@@ -152,9 +152,19 @@ impl Drop for Active {
 /// Runs `work` to its end even if the client goes away. hyper drops a handler's future when
 /// its connection closes; a claim or lifecycle call cut between its engine step and its journal
 /// write would leave a sandbox between states (or a claim slot counted forever).
+///
+/// It is polled once here first: a call that ends without waiting (a refusal, a claim placed on
+/// a peer) costs no task. One that waits moves, as it is, into a task of its own; nothing can
+/// cancel it between the two (there is no `.await` there).
 pub async fn detached<T: Send + 'static>(
     work: impl Future<Output = Result<T, NodeError>> + Send + 'static,
 ) -> Result<T, NodeError> {
+    use std::task::Poll;
+    let mut work = Box::pin(work);
+    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+    if let Poll::Ready(done) = first {
+        return done;
+    }
     tokio::spawn(work).await.map_err(|e| NodeError::internal(format!("task: {e}")))?
 }
 

@@ -21,7 +21,6 @@ impl Node {
         peer_has_warm: bool,
     ) -> Result<Option<Claimed>, NodeError> {
         let t0 = Instant::now();
-        self.disk_reserve()?;
         let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
         let (admitted, warm, idle) = {
             let mut st = self.lock();
@@ -44,6 +43,9 @@ impl Node {
                     format!("no template {name:?}"),
                 ));
             }
+            // Served here: not below the disk reserve (one statfs, under the lock so that no
+            // warm sandbox is popped first).
+            self.disk_reserve()?;
             let admitted = self.admit(&mut st, 1)?;
             let pool = st.pools.get_mut(&key);
             let idle = pool.as_ref().and_then(|p| p.idle_hibernate);
