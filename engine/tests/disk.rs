@@ -181,3 +181,29 @@ fn new_sandboxes_take_images_made_ahead() {
         engine.destroy(&info.id).unwrap();
     }
 }
+
+#[test]
+fn a_disk_in_use_is_never_mounted_twice_and_a_box_without_its_image_file_still_goes() {
+    let fs = LoopFs::new("mkfs.ext4", &["-q"]);
+    let engine = fs.engine();
+    let template = engine.template(&TemplateDef::host()).unwrap();
+    let a = engine.boot(&template, &id("disk-u"), &small()).unwrap();
+    ok(&a, "echo live > /root/note");
+    // The host's mount goes while the jail still writes through its own (an operator's
+    // `umount -l`): the image is attached and in use, and a new engine must leave it alone.
+    let disk = fs.mnt.join("data/boxes/disk-u/disk");
+    silk_engine::jail::unmount_under(&disk);
+    drop(engine);
+    let engine = fs.engine();
+    assert!(!fs.mounts().iter().any(|m| m.ends_with("disk-u/disk")), "mounted a second time");
+    assert_eq!(ok(&a, "cat /root/note"), "live");
+    engine.destroy(&a.id).unwrap();
+
+    // A crash between a stock take's steps can leave a mounted disk without its image file
+    // beside it: removal unmounts whatever is mounted there.
+    let b = engine.boot(&template, &id("disk-v"), &small()).unwrap();
+    std::fs::remove_file(fs.mnt.join("data/boxes/disk-v/disk.img")).unwrap();
+    engine.destroy(&b.id).unwrap();
+    assert!(!fs.mnt.join("data/boxes/disk-v").exists());
+    assert!(!fs.mounts().iter().any(|m| m.contains("disk-v")));
+}

@@ -161,9 +161,17 @@ pub async fn detached<T: Send + 'static>(
 ) -> Result<T, NodeError> {
     use std::task::Poll;
     let mut work = Box::pin(work);
-    let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
-    if let Poll::Ready(done) = first {
-        return done;
+    let first = std::future::poll_fn(|cx| {
+        // A panic is the call's own failure (a 500), as it is inside a task.
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work.as_mut().poll(cx)));
+        Poll::Ready(polled)
+    })
+    .await;
+    match first {
+        Ok(Poll::Ready(done)) => return done,
+        Ok(Poll::Pending) => {}
+        Err(_) => return Err(NodeError::internal("the call panicked")),
     }
     tokio::spawn(work).await.map_err(|e| NodeError::internal(format!("task: {e}")))?
 }

@@ -37,7 +37,10 @@ pub async fn agent(
     // a dropped stream.
     let (live, mut agent) = node.open_agent(&id).await?;
     let upgrade = hyper::upgrade::on(&mut req);
+    // In use from the 101 on: the reaper must not find it idle while the upgrade completes.
+    let active = crate::node::Active::new(&live);
     tokio::spawn(async move {
+        let _active = active;
         let upgraded = match upgrade.await {
             Ok(u) => u,
             Err(e) => {

@@ -69,6 +69,20 @@ impl Cgroups {
 
     /// Creates the sandbox's group with its limits.
     pub fn create(&self, id: &SandboxId, limits: Limits) -> Result<Vec<PathBuf>> {
+        // The removal of the engine's last sandbox removes the (then empty) parent: one that
+        // lands between this creating the parent and the group in it is answered by starting
+        // again.
+        for _ in 0..4 {
+            match self.create_once(id, limits) {
+                Err(EngineError::Io { source, .. })
+                    if source.kind() == std::io::ErrorKind::NotFound => {}
+                done => return done,
+            }
+        }
+        self.create_once(id, limits)
+    }
+
+    fn create_once(&self, id: &SandboxId, limits: Limits) -> Result<Vec<PathBuf>> {
         let dirs = self.dirs(id);
         match self.version {
             Version::V2 => {

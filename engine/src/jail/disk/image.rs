@@ -104,12 +104,39 @@ pub fn mount(image: &Path, at: &Path) -> io::Result<()> {
             target.as_ptr(),
             c"ext4".as_ptr(),
             flags,
-            c"discard".as_ptr().cast(),
+            // A host disk that fills under a sparse image shows inside as I/O errors: the
+            // sandbox's filesystem stops writing rather than lose data silently.
+            c"discard,errors=remount-ro".as_ptr().cast(),
         )
     };
     let result = if mounted == 0 { Ok(()) } else { Err(io::Error::last_os_error()) };
     drop(device); // the mount (if any) holds the device now; without one it detaches
     result
+}
+
+/// Makes, mounts and unmounts a small image in `dir`: whether this host can really attach and
+/// mount one (an old kernel without `LOOP_CONFIGURE`, a container whose device cgroup refuses
+/// loop devices cannot), before every sandbox depends on it.
+pub fn probe(dir: &Path) -> io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let (image, at) = (dir.join("probe.img"), dir.join("probe"));
+    let _ = std::fs::remove_file(&image);
+    let _ = std::fs::create_dir(&at);
+    let tried =
+        make(&image, 16 << 20).and_then(|()| mount(&image, &at)).and_then(|()| unmount(&at));
+    let _ = std::fs::remove_file(&image);
+    let _ = std::fs::remove_dir(&at);
+    tried
+}
+
+/// Whether a loop device has `image` as its backing file (`/sys/block/loopN/loop/backing_file`
+/// names the file's current path).
+pub fn attached(image: &Path) -> bool {
+    let Ok(devices) = std::fs::read_dir("/sys/block") else { return false };
+    devices.flatten().filter(|d| d.file_name().to_string_lossy().starts_with("loop")).any(|d| {
+        std::fs::read_to_string(d.path().join("loop/backing_file"))
+            .is_ok_and(|f| Path::new(f.trim_end()) == image)
+    })
 }
 
 /// Checks and repairs what a host crash left in an image before it is mounted again.

@@ -67,7 +67,10 @@ impl Disks {
                 Ok(()) => DiskMechanism::BtrfsQgroup,
                 Err(e) => unbounded(format!("enabling btrfs quotas: {e}")),
             },
-            Ok(false) if image::available() => DiskMechanism::Ext4Image,
+            Ok(false) if image::available() => match image::probe(&data_dir.join("disks")) {
+                Ok(()) => DiskMechanism::Ext4Image,
+                Err(e) => unbounded(format!("a trial ext4 image did not mount: {e}")),
+            },
             Ok(false) => unbounded("mkfs.ext4 or /dev/loop-control is missing".into()),
             Err(e) => unbounded(e.to_string()),
         };
@@ -107,11 +110,16 @@ impl Disks {
     }
 }
 
-/// Removes a box directory, its disk image unmounted first.
+/// Removes a box directory, its disk unmounted first (whatever is mounted there: the removal
+/// must never walk into a filesystem it did not mean to empty).
 pub fn remove_box(box_dir: &Path) -> io::Result<()> {
     let disk = box_dir.join("disk");
-    if box_dir.join("disk.img").is_file() && image::is_mountpoint(&disk) {
-        image::unmount(&disk)?;
+    if image::is_mountpoint(&disk) {
+        match image::unmount(&disk) {
+            // A btrfs subvolume has a device of its own but is no mount.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+            other => other?,
+        }
     }
     super::host::remove_tree(box_dir)
 }
@@ -123,6 +131,11 @@ fn remount_images(boxes: &Path) {
     for entry in entries.flatten() {
         let (image, at) = (entry.path().join("disk.img"), entry.path().join("disk"));
         if image.is_file() && at.is_dir() && !image::is_mountpoint(&at) {
+            if image::attached(&image) {
+                // Still in use (a jail whose host mount went: mounting it twice corrupts it).
+                tracing::warn!(image = %image.display(), "attached to a loop device; not remounted");
+                continue;
+            }
             image::repair(&image);
             if let Err(e) = image::mount(&image, &at) {
                 tracing::warn!(image = %image.display(), "mounting a sandbox's disk: {e}");

@@ -89,14 +89,25 @@ impl Stock {
         };
         let Some(entry) = entry else { return Ok(false) };
         let mnt = entry.join("mnt");
+        // The file first (the loop device keeps it open across the rename), so that a box with
+        // a mounted disk always has its image beside it. A failed rename leaves the entry to
+        // the stock's own cleanup.
+        std::fs::rename(entry.join("disk.img"), image)?;
         // A move where the data directory's mount is private; else a bind and an unmount
         // (which waits for an RCU grace period: ~0.4 ms).
-        if image::move_mount(&mnt, at).is_err() {
-            image::bind(&mnt, at)?;
-            image::unmount(&mnt)?;
+        let moved = image::move_mount(&mnt, at)
+            .or_else(|_| image::bind(&mnt, at).and_then(|()| image::unmount(&mnt)));
+        if let Err(e) = moved {
+            // Mounted nowhere after this: the loop device goes with the last mount.
+            for mounted in [at, mnt.as_path()] {
+                if image::is_mountpoint(mounted) {
+                    let _ = image::unmount(mounted);
+                }
+            }
+            let _ = std::fs::remove_file(image);
+            remove_entry(&entry);
+            return Err(e);
         }
-        // The loop device keeps its open file across the rename (same filesystem).
-        std::fs::rename(entry.join("disk.img"), image)?;
         let _ = std::fs::remove_dir(&mnt);
         let _ = std::fs::remove_dir(&entry);
         Ok(true)
