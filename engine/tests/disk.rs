@@ -52,6 +52,14 @@ impl LoopFs {
 
 impl Drop for LoopFs {
     fn drop(&mut self) {
+        // A test that failed half way leaves sandboxes: they go first (through the engine, as
+        // a node would), or their disks keep this filesystem busy.
+        if self.mnt.join("data/boxes").is_dir() {
+            let engine = self.engine();
+            for b in engine.list().unwrap_or_default() {
+                let _ = engine.destroy(&b.id);
+            }
+        }
         silk_engine::jail::unmount_under(&self.mnt);
     }
 }
