@@ -445,8 +445,9 @@ async fn connections_are_reused_and_redirects_reach_the_relay() {
     .await;
     assert_eq!(s.connection_stats().dialled, 1, "every info call reused the one connection");
 
-    // Two calls at once need two connections; both are kept afterwards.
-    let (a, b) = tokio::join!(s.run(["true"]), s.run(["true"]));
+    // Two calls at once need two connections; both are kept afterwards. (Calls that take a
+    // while: two `true`s can run one after the other on one connection.)
+    let (a, b) = tokio::join!(s.run(["sleep", "0.3"]), s.run(["sleep", "0.3"]));
     a.unwrap();
     b.unwrap();
     let stats = s.connection_stats();
