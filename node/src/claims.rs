@@ -291,6 +291,16 @@ fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), NodeError> {
 }
 
 /// A fresh random hex string of `bytes` random bytes.
+/// The 8-hex tag of a node name that sandbox ids carry.
+pub fn home_tag(name: &str) -> String {
+    blake3::hash(name.as_bytes()).to_hex()[..8].to_string()
+}
+
+/// A fresh sandbox id homed on the node named `name`.
+pub fn new_sandbox_id(name: &str) -> String {
+    format!("sb-{}-{}", home_tag(name), random_hex(6))
+}
+
 pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     let mut filled = 0;

@@ -2,31 +2,85 @@
 //! clone from golden → cold boot), keeps claims in a crash-safe journal under leases, relays the
 //! data plane to each sandbox's silkd, and serves the HTTP API.
 //!
-//! `node` is the controller (typed actions, no HTTP); `api` and `relay` are the HTTP edge.
+//! Layers, imports pointing down only (docs/architecture.md): `api` (HTTP: routes, auth,
+//! errors to statuses, the relay, the mesh at the edge) → `fleet` (this node in the mesh) →
+//! `node` (the controller: claims, pools, lifecycle; no HTTP, no mesh) → `journal`, the engine,
+//! the store. This file wires them together.
 
 pub mod api;
 pub mod claims;
 pub mod config;
 mod durable;
-pub mod edge;
 pub mod error;
+pub mod fleet;
 pub mod journal;
 pub mod metrics;
 pub mod node;
-pub mod openapi;
-pub mod peers;
 pub mod pool;
-pub mod relay;
 pub mod state;
 pub mod stored;
 
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::Arc;
 
-/// Serves the API on `listener` until `shutdown` resolves. Sandboxes keep running afterwards,
-/// for the next start to re-adopt.
+use silk_engine::jail::{JailConfig, JailEngine};
+
+use config::Config;
+use fleet::Peers;
+use node::Node;
+use node::fleet::Fleet;
+
+/// A node with its parts wired: the controller, and the mesh when configured.
+#[derive(Debug)]
+pub struct Daemon {
+    pub node: Arc<Node>,
+    pub peers: Option<Arc<Peers>>,
+    incoming: Option<tokio::sync::mpsc::Receiver<silk_mesh::Incoming>>,
+}
+
+/// Starts a node on the jail engine: the mesh endpoint (when configured), then the controller
+/// (which reconciles what survived the last run), then the loop that publishes its state.
+pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
+    cfg.validate()?;
+    // Sandboxes' files, checkpoints and the journal live here: root's only.
+    std::fs::create_dir_all(&cfg.data_dir)?;
+    std::fs::set_permissions(&cfg.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    let engine = Arc::new(jail_engine(&cfg)?);
+    let (peers, incoming) = match &cfg.mesh {
+        Some(m) => {
+            let (peers, incoming) = fleet::start(&cfg, m).await?;
+            (Some(peers), Some(incoming))
+        }
+        None => (None, None),
+    };
+    let fleet = peers.clone().map(|p| p as Arc<dyn Fleet>);
+    let node = Node::open(cfg, engine, fleet).await?;
+    if let Some(p) = &peers {
+        tokio::spawn(fleet::publish_loop(node.clone(), p.clone()));
+    }
+    Ok(Daemon { node, peers, incoming })
+}
+
+fn jail_engine(cfg: &Config) -> anyhow::Result<JailEngine> {
+    let exe_dir = std::env::current_exe()?.parent().map(PathBuf::from).unwrap_or_default();
+    let silkd = cfg.silkd.clone().unwrap_or_else(|| exe_dir.join("silkd"));
+    let launcher = cfg.launcher.clone().unwrap_or_else(|| exe_dir.join("silk-jail"));
+    let mut jail = JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher);
+    jail.id_base = cfg.sandbox_id_base;
+    jail.disk = silk_engine::jail::DiskSizes {
+        small: cfg.disk.small_mib.saturating_mul(1 << 20),
+        medium: cfg.disk.medium_mib.saturating_mul(1 << 20),
+        large: cfg.disk.large_mib.saturating_mul(1 << 20),
+    };
+    jail.bound_disks = cfg.disk.bounded;
+    Ok(JailEngine::new(jail)?)
+}
+
+/// Serves the API on `listener` (and peers' calls, in a mesh) until `shutdown` resolves.
+/// Sandboxes keep running afterwards, for the next start to re-adopt.
 pub async fn serve(
-    node: Arc<node::Node>,
+    daemon: Daemon,
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
@@ -38,14 +92,16 @@ pub async fn serve(
             tracing::debug!("TCP_NODELAY: {e}");
         }
     });
-    let router = api::router(node.clone());
-    let incoming = node.incoming.lock().unwrap_or_else(|p| p.into_inner()).take();
+    let Daemon { node, peers, incoming } = daemon;
+    let router = api::router(node.clone(), peers.clone());
     if let Some(incoming) = incoming {
-        tokio::spawn(peers::serve(node.clone(), router.clone(), incoming));
+        let r = router.clone();
+        let http = move |stream| api::edge::serve_forwarded(r.clone(), stream);
+        tokio::spawn(fleet::serve(node.clone(), incoming, http));
     }
     let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
     // Peers learn at once that this node left, rather than by failure detection.
-    if let Some(p) = &node.peers {
+    if let Some(p) = &peers {
         p.mesh.leave().await;
     }
     served

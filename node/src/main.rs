@@ -7,7 +7,6 @@ use std::path::PathBuf;
 
 use clap::Parser;
 use sandboxd::config::Config;
-use sandboxd::node::Node;
 
 /// The silkmesh node daemon.
 #[derive(Debug, Parser)]
@@ -140,13 +139,13 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(cfg.listen).await?;
         let addr = listener.local_addr()?;
         // Claims report where they live: the bound address, also when the config said port 0.
-        let node = Node::start(Config { listen: addr, ..cfg }).await?;
+        let daemon = sandboxd::start(Config { listen: addr, ..cfg }).await?;
         // The readiness line: scripts and tests wait for it.
         let mut out = std::io::stdout().lock();
         writeln!(out, "sandboxd listening on {addr}")?;
         out.flush()?;
         drop(out);
-        sandboxd::serve(node, listener, shutdown_signal()).await?;
+        sandboxd::serve(daemon, listener, shutdown_signal()).await?;
         tracing::info!("stopped; sandboxes keep running for the next start");
         anyhow::Ok(())
     })

@@ -16,7 +16,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use silk_engine::jail::{JailConfig, JailEngine};
 use silk_engine::{
     AgentAddr, Base, BoxInfo, BoxSpec, Engine, EngineError, Golden, SandboxId, Template,
     TemplateDef, TemplateSource, Warmup,
@@ -40,6 +39,7 @@ use crate::state::SandboxState;
 
 mod catalog;
 mod claiming;
+pub mod fleet;
 mod lifecycle;
 mod pools;
 mod reaper;
@@ -47,11 +47,13 @@ mod report;
 mod slots;
 
 use claiming::new_record;
+use fleet::Fleet;
 use slots::Slots;
 
 pub use lifecycle::{CheckpointInfo, Promoted};
 use pools::{load_pools, refill_loop};
 use reaper::{gc_loop, reap_loop};
+pub use report::Advert;
 
 const REFILL_TICK: Duration = Duration::from_millis(250);
 const REAP_TICK: Duration = Duration::from_millis(500);
@@ -72,13 +74,11 @@ pub struct Node {
     started: Instant,
     /// This node's name (the mesh name, or `local`): sandbox ids carry a tag of it.
     pub name: String,
-    /// The mesh, when configured.
-    pub peers: Option<Arc<crate::peers::Peers>>,
+    /// The other nodes, when this one is in a mesh.
+    fleet: Option<Arc<dyn Fleet>>,
     /// The crash point the in-process crash tests stop calls at.
     #[cfg(feature = "crash-points")]
     crash_at: Mutex<Option<(String, bool)>>,
-    /// Peers' calls, until `serve` takes them (it has the router they run through).
-    pub(crate) incoming: Mutex<Option<tokio::sync::mpsc::Receiver<silk_mesh::Incoming>>>,
 }
 
 #[derive(Debug, Default)]
@@ -239,45 +239,19 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Node {
-    /// Opens the engine and the journal, reconciles what survived the last run, and starts the
-    /// background loops.
-    pub async fn start(cfg: Config) -> anyhow::Result<Arc<Node>> {
-        cfg.validate()?;
-        let exe_dir = std::env::current_exe()?.parent().map(PathBuf::from).unwrap_or_default();
-        let silkd = cfg.silkd.clone().unwrap_or_else(|| exe_dir.join("silkd"));
-        let launcher = cfg.launcher.clone().unwrap_or_else(|| exe_dir.join("silk-jail"));
-        // Sandboxes' files, checkpoints and the journal live here: root's only.
-        std::fs::create_dir_all(&cfg.data_dir)?;
-        std::fs::set_permissions(
-            &cfg.data_dir,
-            std::os::unix::fs::PermissionsExt::from_mode(0o700),
-        )?;
-        let mut jail = JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher);
-        jail.id_base = cfg.sandbox_id_base;
-        jail.disk = silk_engine::jail::DiskSizes {
-            small: cfg.disk.small_mib.saturating_mul(1 << 20),
-            medium: cfg.disk.medium_mib.saturating_mul(1 << 20),
-            large: cfg.disk.large_mib.saturating_mul(1 << 20),
-        };
-        jail.bound_disks = cfg.disk.bounded;
-        let engine = JailEngine::new(jail)?;
-        Node::open(cfg, Arc::new(engine)).await
-    }
-
-    /// [`start`](Self::start) on a given engine (the node's tests use a fake one). Expects
-    /// `cfg` validated and its data directory made.
-    pub async fn open(cfg: Config, engine: Arc<dyn Engine>) -> anyhow::Result<Arc<Node>> {
+    /// Opens the journal and the store on `engine` (the jail engine in production, a fake one in
+    /// the controller's tests), reconciles what survived the last run, and starts the
+    /// background loops. `fleet` is the other nodes, when this one is in a mesh. Expects `cfg`
+    /// validated and its data directory made.
+    pub async fn open(
+        cfg: Config,
+        engine: Arc<dyn Engine>,
+        fleet: Option<Arc<dyn Fleet>>,
+    ) -> anyhow::Result<Arc<Node>> {
         let (journal, stored) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
         let records = crate::stored::live_records(stored).map_err(anyhow::Error::msg)?;
         let store = lifecycle::open_store(&cfg).await?;
         let pools = load_pools(&cfg)?;
-        let (peers, incoming) = match &cfg.mesh {
-            Some(m) => {
-                let (peers, incoming) = crate::peers::start_mesh(&cfg, m).await?;
-                (Some(peers), Some(incoming))
-            }
-            None => (None, None),
-        };
         let name = cfg.mesh.as_ref().map_or_else(|| "local".to_string(), |m| m.name.clone());
         let node = Arc::new(Node {
             background: Arc::new(Semaphore::new(cfg.background_concurrency.max(1))),
@@ -292,8 +266,7 @@ impl Node {
             metrics: Metrics::default(),
             started: Instant::now(),
             name,
-            peers,
-            incoming: Mutex::new(incoming),
+            fleet,
             #[cfg(feature = "crash-points")]
             crash_at: Mutex::new(None),
         });
@@ -307,8 +280,7 @@ impl Node {
         tokio::spawn(refill_loop(node.clone()));
         tokio::spawn(reap_loop(node.clone()));
         tokio::spawn(gc_loop(node.clone()));
-        if let Some(peers) = &node.peers {
-            tokio::spawn(crate::peers::publish_loop(node.clone(), peers.clone()));
+        if node.fleet.is_some() {
             tokio::spawn(node.clone().settle_moves());
         }
         Ok(node)
@@ -413,7 +385,7 @@ impl Node {
 
     /// A fresh sandbox id homed on this node.
     pub fn new_id(&self) -> Result<SandboxId, NodeError> {
-        Ok(crate::peers::new_sandbox_id(&self.name).parse()?)
+        Ok(crate::claims::new_sandbox_id(&self.name).parse()?)
     }
 
     pub fn capabilities(&self) -> silk_engine::Caps {

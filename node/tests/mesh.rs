@@ -260,6 +260,18 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     assert_eq!(out["stdout"], format!("forwarded\n{id}\n"));
     let (status, _) = front.req("GET", &format!("/v1/sandboxes/{id}"), Some("sbt_wrong"), None);
     assert_eq!(status, 404);
+    // A forwarded answer is the owner's own: status, headers (all but the date) and body.
+    let get = format!("GET /v1/sandboxes/{id} HTTP/1.1\r\nAuthorization: Bearer {token}\r\n");
+    let (direct, forwarded) = (raw_answer(owner.addr, &get), raw_answer(front.addr, &get));
+    assert!(direct.0.contains(" 200 "), "{direct:?}");
+    assert_eq!(forwarded, direct);
+    // So is a refusal on the relay path: the owner's JSON error, not the front's text.
+    let plain =
+        format!("GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nAuthorization: Bearer {token}\r\n");
+    let (status, headers, body) = raw_answer(front.addr, &plain);
+    assert!(status.contains(" 426 "), "{status} {body}");
+    assert!(headers.iter().any(|h| h == "content-type: application/json"), "{headers:?}");
+    assert!(body.contains("\"upgrade_required\""), "{body}");
 
     // The data plane through front: an upgraded connection carrying silk-proto to the sandbox.
     let stream = upgrade(front.addr, id, token);
@@ -283,6 +295,27 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     assert_eq!(status, 204);
     let (status, _) = owner.req("GET", &format!("/v1/sandboxes/{id}"), Some(token), None);
     assert_eq!(status, 404, "released on the owner");
+}
+
+/// Sends `head` (a request line and headers, no blank line) on a new connection and returns the
+/// status line, the headers but `date` (lower-cased names, in order) and the body.
+fn raw_answer(addr: std::net::SocketAddr, head: &str) -> (String, Vec<String>, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "{head}Host: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().to_string();
+    let headers = lines
+        .map(|l| {
+            let (name, value) = l.split_once(':').unwrap();
+            format!("{}: {}", name.to_ascii_lowercase(), value.trim())
+        })
+        .filter(|h| !h.starts_with("date:"))
+        .collect();
+    (status, headers, body.to_string())
 }
 
 #[test]

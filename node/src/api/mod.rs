@@ -1,5 +1,7 @@
-//! The HTTP API: routes, authentication, request parsing, and JSON shapes. Handlers turn HTTP
-//! into typed calls on [`Node`] and its results into JSON; every failure is an [`NodeError`].
+//! The HTTP layer: routes, authentication, request parsing, and JSON shapes. Handlers turn HTTP
+//! into typed calls on [`Node`] and its results into JSON; every failure is a [`NodeError`],
+//! mapped to its status here ([`status`]). `edge` sends calls on sandboxes held elsewhere to
+//! their owner, `relay` is the data plane, `openapi` the document.
 //!
 //! Auth: `Authorization: Bearer <token>`. Node routes need the root token (when one is
 //! configured). Sandbox routes take that sandbox's own token or the root token; anything else
@@ -11,7 +13,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, FromRequest, Path, RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRef, FromRequest, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -23,15 +25,32 @@ use silk_proto::{Command, Connection, ExecRequest, Frame};
 use crate::claims::{ClaimRecord, ClaimRequest, checked_ttl};
 use crate::config::PoolConfig;
 use crate::error::{Code, NodeError};
+use crate::fleet::Peers;
 use crate::node::{Claimed, Node, detached};
-use crate::{edge, openapi, relay};
 
+pub mod edge;
 mod lifecycle;
+pub mod openapi;
+pub mod relay;
+
+/// What the handlers reach: the controller, and the mesh when this node is in one.
+#[derive(Debug, Clone)]
+pub struct Api {
+    pub node: Arc<Node>,
+    pub peers: Option<Arc<Peers>>,
+}
+
+impl FromRef<Api> for Arc<Node> {
+    fn from_ref(api: &Api) -> Arc<Node> {
+        api.node.clone()
+    }
+}
 
 type Shared = State<Arc<Node>>;
 
-pub fn router(node: Arc<Node>) -> Router {
+pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
     let limit = node.cfg.max_body_bytes;
+    let api = Api { node, peers };
     // Calls on one sandbox: served here, or sent to the node that holds it (see `edge`).
     let sandbox = Router::new()
         .route("/v1/sandboxes/{id}", get(get_one).delete(release))
@@ -46,13 +65,13 @@ pub fn router(node: Arc<Node>) -> Router {
         .route("/v1/sandboxes/{id}/promote", post(lifecycle::promote))
         .route("/v1/sandboxes/{id}/move", post(lifecycle::move_sandbox))
         .route("/v1/sandboxes/{id}/agent", get(relay::agent))
-        .route_layer(axum::middleware::from_fn_with_state(node.clone(), edge::owner));
+        .route_layer(axum::middleware::from_fn_with_state(api.clone(), edge::owner));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/metrics", get(metrics))
         .route("/v1/openapi.json", get(openapi_document))
         .route("/v1/info", get(info))
-        .route("/v1/peers", get(peers))
+        .route("/v1/peers", get(mesh_peers))
         .route("/v1/pools", get(get_pools).put(put_pools))
         .route("/v1/drain", post(drain_on).delete(drain_off))
         .route("/v1/sandboxes", post(claim).get(list))
@@ -70,7 +89,7 @@ pub fn router(node: Arc<Node>) -> Router {
             NodeError::new(Code::MethodNotAllowed, "method not allowed on this route")
         })
         .layer(DefaultBodyLimit::max(limit))
-        .with_state(node)
+        .with_state(api)
 }
 
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -202,17 +221,18 @@ fn claimed_row(node: &Node, c: &Claimed) -> Value {
 }
 
 async fn claim(
-    State(node): Shared,
+    State(api): State<Api>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
     OptionalJsonBody(req): OptionalJsonBody<ClaimRequest>,
 ) -> Result<Response, NodeError> {
+    let node = api.node.clone();
     root(&node, &headers)?;
-    let forwardable = node.peers.is_some().then(|| req.clone());
+    let forwardable = api.peers.is_some().then(|| req.clone());
     let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
     let key =
         crate::pool::PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
-    let peer = forwardable.as_ref().and_then(|_| edge::warm_peer(&node, &key, query.as_deref()));
+    let peer = forwardable.as_ref().and_then(|_| edge::warm_peer(&api, &key, query.as_deref()));
     let n = node.clone();
     let offered = peer.is_some();
     match detached(async move { n.claim_or_place(spec, offered).await }).await? {
@@ -221,7 +241,7 @@ async fn claim(
         }
         None => {
             let (peer, request) = (peer.expect("offered"), forwardable.expect("offered"));
-            edge::place_claim(&node, peer, bearer(&headers), &request).await
+            edge::place_claim(&api, peer, &headers, &request).await
         }
     }
 }
@@ -405,9 +425,13 @@ fn keep(buf: &mut Vec<u8>, data: &[u8], cap: usize, cut: &mut bool) {
 }
 
 /// The mesh as this node sees it: itself and every live peer with its last state.
-async fn peers(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, NodeError> {
-    root(&node, &headers)?;
-    let Some(p) = &node.peers else {
+async fn mesh_peers(
+    State(api): State<Api>,
+    headers: HeaderMap,
+) -> Result<axum::Json<Value>, NodeError> {
+    let node = &api.node;
+    root(node, &headers)?;
+    let Some(p) = &api.peers else {
         return Ok(axum::Json(json!({ "name": node.name, "mesh": false, "peers": [] })));
     };
     let peer_row = |name: &str, addr: String, epoch: u64, s: Option<&silk_mesh::NodeState>| {
@@ -437,9 +461,19 @@ async fn peers(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Val
     })))
 }
 
-async fn info(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, NodeError> {
-    root(&node, &headers)?;
-    Ok(axum::Json(node.info()))
+async fn info(State(api): State<Api>, headers: HeaderMap) -> Result<axum::Json<Value>, NodeError> {
+    root(&api.node, &headers)?;
+    let mut info = api.node.info();
+    info["mesh"] = match &api.peers {
+        Some(p) => json!({
+            "addr": p.mesh.id().addr.to_string(),
+            "epoch": p.mesh.id().epoch,
+            "peers": p.mesh.peers().len(),
+            "forward": p.forward,
+        }),
+        None => Value::Null,
+    };
+    Ok(axum::Json(info))
 }
 
 async fn openapi_document(State(node): Shared) -> axum::Json<Value> {
@@ -499,7 +533,7 @@ mod tests {
     /// the OpenAPI document, with each of its methods.
     #[test]
     fn every_route_is_documented() {
-        let doc = crate::openapi::document(crate::openapi::Limits {
+        let doc = super::openapi::document(super::openapi::Limits {
             max_ttl_seconds: 1,
             max_body_bytes: 1,
         });

@@ -1,6 +1,6 @@
 //! Lifecycle beyond one claim: hibernate and wake, checkpoint and branch, fork, promote,
 //! archive. Everything goes through the engine trait and the snapshot store. Checkpoints, forks
-//! and promotes are in `copies`; what crosses nodes is in `fleet`.
+//! and promotes are in `copies`; what crosses nodes is in `shared`.
 //!
 //! Calls on one sandbox run one at a time (a per-sandbox async lock); a call the sandbox's state
 //! does not allow answers 409. Crash safety, step by step (a kill -9 anywhere):
@@ -36,8 +36,8 @@ use crate::state::SandboxState;
 
 mod archive;
 mod copies;
-mod fleet;
 mod recover;
+mod shared;
 mod stored;
 
 use stored::StoredSnapshot;

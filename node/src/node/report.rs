@@ -3,6 +3,18 @@
 
 use super::*;
 
+/// What a node tells its peers: warm sandboxes per pool key, the digests of its goldens and
+/// templates, claims against capacity, and whether it drains.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Advert {
+    pub warm: BTreeMap<String, u32>,
+    pub goldens: Vec<String>,
+    pub templates: Vec<String>,
+    pub claims: u32,
+    pub capacity: u32,
+    pub draining: bool,
+}
+
 impl Node {
     pub fn info(&self) -> serde_json::Value {
         let st = self.lock();
@@ -31,12 +43,6 @@ impl Node {
             "pools": pools,
             "goldens": st.goldens.keys().collect::<Vec<_>>(),
             "name": self.name,
-            "mesh": self.peers.as_ref().map(|p| serde_json::json!({
-                "addr": p.mesh.id().addr.to_string(),
-                "epoch": p.mesh.id().epoch,
-                "peers": p.mesh.peers().len(),
-                "forward": p.forward,
-            })),
         })
     }
 
@@ -86,7 +92,7 @@ impl Node {
     }
 
     /// What this node tells its peers about itself. A draining node advertises no warm capacity.
-    pub fn mesh_state(&self) -> silk_mesh::NodeState {
+    pub fn advert(&self) -> Advert {
         let st = self.lock();
         let draining = self.draining.load(Ordering::Relaxed);
         let warm = if draining {
@@ -99,14 +105,13 @@ impl Node {
         let mut templates: Vec<String> =
             st.templates.values().map(|t| t.digest.to_string()).collect();
         templates.sort();
-        silk_mesh::NodeState {
+        Advert {
             warm,
             goldens,
             templates,
             claims: (st.slots.len() + st.pending) as u32,
             capacity: self.cfg.max_claims as u32,
             draining,
-            ..Default::default()
         }
     }
 }

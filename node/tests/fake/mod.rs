@@ -41,7 +41,7 @@ impl Harness {
             .build()
             .unwrap();
         let engine: Arc<dyn Engine> = self.engine.clone();
-        let node = rt.block_on(Node::open(cfg, engine)).unwrap();
+        let node = rt.block_on(Node::open(cfg, engine, None)).unwrap();
         (rt, node)
     }
 }

@@ -5,6 +5,7 @@
 //! names any more.
 
 use super::*;
+use crate::node::fleet::PeerNode;
 
 impl Node {
     // ---- wake anywhere ----
@@ -169,25 +170,13 @@ impl Node {
         self: &std::sync::Arc<Self>,
         id: &str,
         to: Option<&str>,
-    ) -> Result<(ClaimRecord, silk_mesh::NodeState), NodeError> {
-        let peers = self.peers.clone().ok_or_else(|| {
+    ) -> Result<(ClaimRecord, PeerNode), NodeError> {
+        let fleet = self.fleet.clone().ok_or_else(|| {
             conflict("this node is not in a mesh: there is nowhere to move to".into())
         })?;
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
-        let target = match to {
-            Some(name) => peers.mesh.peer(name).ok_or_else(|| {
-                NodeError::new(Code::PeerNotFound, format!("no live peer {name:?}"))
-            })?,
-            None => peers
-                .mesh
-                .peers()
-                .iter()
-                .filter(|p| p.state.as_ref().is_some_and(|s| !s.draining && s.claims < s.capacity))
-                .min_by_key(|p| p.state.as_ref().map(|s| (s.claims, s.capacity)))
-                .cloned()
-                .ok_or_else(|| conflict("no live peer can take the sandbox".into()))?,
-        };
+        let target = fleet.move_target(to)?;
         let was_running = match live.record.phase {
             Phase::Running => true,
             Phase::Stopped | Phase::Captured(_) => false,
@@ -198,8 +187,7 @@ impl Node {
         let (mut rec, snap) = self.stop_here(live).await?;
         let archive = new_archive_name(id);
         let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
-        rec.intent =
-            Some(Intent::Move { archive: archive.clone(), target: target.id.name.clone() });
+        rec.intent = Some(Intent::Move { archive: archive.clone(), target: target.name.clone() });
         self.put_record(&rec).await?;
         self.crash_point("move:intent").await;
         let handed = async {
@@ -208,7 +196,7 @@ impl Node {
             let mut theirs = rec.clone();
             // The target downloads the archive: this node's paths are no business of its.
             (theirs.intent, theirs.phase) = (None, Phase::Stopped);
-            peers.adopt(&target, &theirs, &archive).await
+            fleet.adopt(&target.name, &theirs, &archive).await
         }
         .await;
         if let Err(e) = handed.as_ref().map_err(|e| e.code)
@@ -221,7 +209,7 @@ impl Node {
                 Code::Moving,
                 format!(
                     "{}: the target did not answer; the move settles once it does",
-                    target.id.name
+                    target.name
                 ),
             ));
         }
@@ -236,9 +224,7 @@ impl Node {
         let mut moved = rec;
         moved.intent = None;
         moved.phase = Phase::Running;
-        let mut to = target.state.clone().unwrap_or_default();
-        to.name = target.id.name.clone();
-        Ok((moved, to))
+        Ok((moved, target))
     }
 
     /// After the switch: the sandbox lives on the target; this node drops its copy.
@@ -329,7 +315,7 @@ impl Node {
     }
 
     pub(in crate::node) async fn settle_move(self: std::sync::Arc<Self>, id: String) {
-        let Some(peers) = self.peers.clone() else { return };
+        let Some(fleet) = self.fleet.clone() else { return };
         let mut pause = std::time::Duration::from_millis(100);
         loop {
             let Some(Intent::Move { archive, target }) =
@@ -337,10 +323,7 @@ impl Node {
             else {
                 return;
             };
-            let held = match peers.mesh.peer(&target) {
-                Some(peer) => peers.holds(&peer, &id).await,
-                None => None,
-            };
+            let held = fleet.holds(&target, &id).await;
             if let Some(held) = held {
                 let _busy = self.busy(&id).await;
                 // Re-read under the lock: the record is what we act on.

@@ -1,6 +1,8 @@
-//! The node in the mesh: it publishes its state (warm counts per pool, goldens, load,
-//! draining), places claims it cannot serve on a peer with warm capacity, finds the owner of a
-//! sandbox id it does not hold, and answers its peers' calls.
+//! The fleet layer: this node in the mesh. It publishes the node's state (warm counts per pool,
+//! goldens, load, draining), places claims the node cannot serve on a peer with warm capacity,
+//! finds the owner of a sandbox id the node does not hold, carries moves (the controller's
+//! [`Fleet`]), and answers its peers' calls. It sits above the controller and below the HTTP
+//! layer, and imports neither's HTTP types: a forwarded HTTP call is handed up as a stream.
 //!
 //! Placement is power of two choices among live, non-draining peers with a warm sandbox for the
 //! pool key. Ownership: an id names its home node (`sb-<tag>-…`, the tag a hash of the node's
@@ -9,22 +11,23 @@
 //! that authorized a token are cached for a few seconds per (id, token), and dropped when the
 //! cached owner answers 404 or leaves the mesh.
 //!
-//! Peer calls are QUIC streams (see `silk_mesh::wire`): `Lookup`, and for forward mode `Http`
-//! (an API request run by the owner's own router) and `Relay` (the data plane spliced through).
+//! Peer calls are QUIC streams (see `silk_mesh::wire`): a `Lookup`, an `Adopt`, or `Http`, after
+//! which the stream carries one HTTP/1.1 connection to the owner's own API (forward mode: the
+//! request, its answer and an upgraded relay pass through unchanged and stream).
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use axum::body::Body;
-use axum::http::Request;
 use serde::{Deserialize, Serialize};
 use silk_mesh::{Incoming, Mesh, Peer, quinn, wire};
 use tokio::task::JoinSet;
 
-use crate::claims::{random_hex, token_matches};
+use crate::claims::{ClaimRecord, home_tag, token_matches};
 use crate::error::{Code, NodeError};
 use crate::node::Node;
+use crate::node::fleet::{BoxFuture, Fleet, PeerNode};
 
 const CACHE_TTL: Duration = Duration::from_secs(5);
 const PUBLISH_EVERY: Duration = Duration::from_millis(200);
@@ -34,18 +37,10 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 pub enum PeerRequest {
     /// Do you hold sandbox `id`, and may `token` act on it?
     Lookup { id: String, token: Option<String> },
-    /// Run this API request as if a client had sent it to you.
-    Http {
-        method: String,
-        uri: String,
-        token: Option<String>,
-        content_type: Option<String>,
-        body: Vec<u8>,
-    },
-    /// Splice this stream to sandbox `id`'s silkd.
-    Relay { id: String, token: Option<String> },
+    /// The rest of this stream is an HTTP/1.1 connection to your API (forward mode).
+    Http,
     /// Take over sandbox `record` (JSON), whose files are the store archive `archive`: start it
-    /// here under the same id and token, and journal it. Answered `Http` 200 once journalled.
+    /// here under the same id and token, and journal it. Answered once journalled.
     Adopt { record: Vec<u8>, archive: String },
 }
 
@@ -53,19 +48,12 @@ pub enum PeerRequest {
 pub enum PeerReply {
     /// `adopting`: the sandbox is being started here (a move or a wake) and not yet journalled.
     Lookup { owned: bool, authorized: bool, adopting: bool },
-    /// An HTTP answer; for `Relay`, status 101 means the stream now carries silk-proto.
-    Http { status: u16, location: Option<String>, content_type: Option<String>, body: Vec<u8> },
+    /// The answer to `Adopt`: `None` once journalled, else the refusal's code and message.
+    Adopted { refused: Option<(String, String)> },
 }
 
-/// The 8-hex tag of a node name that sandbox ids carry.
-pub fn home_tag(name: &str) -> String {
-    blake3::hash(name.as_bytes()).to_hex()[..8].to_string()
-}
-
-/// A fresh sandbox id homed on the node named `name`.
-pub fn new_sandbox_id(name: &str) -> String {
-    format!("sb-{}-{}", home_tag(name), random_hex(6))
-}
+/// A peer's call stream, both ways.
+pub type PeerStream = tokio::io::Join<quinn::RecvStream, quinn::SendStream>;
 
 /// Where a sandbox is, as far as the mesh can tell.
 #[derive(Debug, Clone)]
@@ -130,8 +118,9 @@ impl Peers {
     }
 
     /// The live peer that holds sandbox `id`, if `token` may act on it there. A recent answer
-    /// for the same id and token is reused without asking (see [`Peers::forget`]).
-    pub async fn locate(&self, id: &str, token: Option<&str>) -> Located {
+    /// for the same id and token is reused (see [`Peers::forget`]): as it is when `trust_cache`
+    /// (the caller retries elsewhere if it was wrong), otherwise once the owner confirms it.
+    pub async fn locate(&self, id: &str, token: Option<&str>, trust_cache: bool) -> Located {
         let live = self.mesh.peers();
         let by_name = |n: &str| live.iter().find(|p| p.id.name == n).cloned();
         let key = cache_key(id, token);
@@ -141,9 +130,7 @@ impl Peers {
             .filter(|(_, t)| t.elapsed() < CACHE_TTL)
             .map(|(n, _)| n.clone());
         if let Some(peer) = cached.as_deref().and_then(by_name) {
-            // Forwarded calls trust the cache (a 404 from a stale owner is retried after
-            // `forget`); a redirect cannot be taken back, so the owner confirms first.
-            if self.forward || self.lookup(&peer, id, token).await.is_some_and(|l| l.0 && l.1) {
+            if trust_cache || self.lookup(&peer, id, token).await.is_some_and(|l| l.0 && l.1) {
                 return Located::Owner(Box::new(peer));
             }
             self.forget(id, token);
@@ -210,69 +197,74 @@ impl Peers {
         lookup(&self.mesh, peer, id, token).await
     }
 
-    /// Sends an API request to `peer` to run as its own (forward mode).
-    pub async fn forward(&self, peer: &Peer, req: PeerRequest) -> Result<PeerReply, NodeError> {
-        let (mut send, mut recv) = self.mesh.open(&peer.id.name).await.map_err(unreachable_peer)?;
-        wire::write_frame(&mut send, &req).await.map_err(unreachable_peer)?;
+    /// Opens an HTTP/1.1 connection to `peer`'s API over a QUIC stream (forward mode).
+    pub async fn open_http(&self, peer: &Peer) -> Result<PeerStream, NodeError> {
+        let (mut send, recv) = self.mesh.open(&peer.id.name).await.map_err(unreachable_peer)?;
+        wire::write_frame(&mut send, &PeerRequest::Http).await.map_err(unreachable_peer)?;
+        Ok(tokio::io::join(recv, send))
+    }
+
+    async fn call(&self, peer: &str, req: &PeerRequest) -> Result<PeerReply, NodeError> {
+        let (mut send, mut recv) = self.mesh.open(peer).await.map_err(unreachable_peer)?;
+        wire::write_frame(&mut send, req).await.map_err(unreachable_peer)?;
         let _ = send.finish();
         wire::read_frame(&mut recv)
             .await
             .map_err(unreachable_peer)?
             .ok_or_else(|| unreachable_peer("the peer closed the call"))
     }
+}
 
-    /// Asks `peer` to adopt a sandbox; `Ok` once the peer has journalled it.
-    pub async fn adopt(
-        &self,
-        peer: &Peer,
-        record: &crate::claims::ClaimRecord,
-        archive: &str,
-    ) -> Result<(), NodeError> {
-        let record = serde_json::to_vec(record).map_err(|e| NodeError::internal(e.to_string()))?;
-        let req = PeerRequest::Adopt { record, archive: archive.to_string() };
-        match self.forward(peer, req).await? {
-            PeerReply::Http { status: 200, .. } => Ok(()),
-            PeerReply::Http { status, body, .. } => {
-                let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
-                let message = v["error"]["message"].as_str().unwrap_or("refused").to_string();
-                let message = format!("{}: {message}", peer.id.name);
-                // The target's own answer, status included.
-                Err(NodeError {
-                    status: Some(status),
-                    ..NodeError::new(Code::MoveRefused, message)
-                })
+impl Fleet for Peers {
+    fn move_target(&self, to: Option<&str>) -> Result<PeerNode, NodeError> {
+        let peer = match to {
+            Some(name) => self.mesh.peer(name).ok_or_else(|| {
+                NodeError::new(Code::PeerNotFound, format!("no live peer {name:?}"))
+            })?,
+            None => self
+                .mesh
+                .peers()
+                .iter()
+                .filter(|p| p.state.as_ref().is_some_and(|s| !s.draining && s.claims < s.capacity))
+                .min_by_key(|p| p.state.as_ref().map(|s| (s.claims, s.capacity)))
+                .cloned()
+                .ok_or_else(|| {
+                    NodeError::new(Code::Conflict, "no live peer can take the sandbox")
+                })?,
+        };
+        let api = peer.state.map(|s| s.api).unwrap_or_default();
+        Ok(PeerNode { name: peer.id.name, api })
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        peer: &'a str,
+        record: &'a ClaimRecord,
+        archive: &'a str,
+    ) -> BoxFuture<'a, Result<(), NodeError>> {
+        Box::pin(async move {
+            let record =
+                serde_json::to_vec(record).map_err(|e| NodeError::internal(e.to_string()))?;
+            let req = PeerRequest::Adopt { record, archive: archive.to_string() };
+            match self.call(peer, &req).await? {
+                PeerReply::Adopted { refused: None } => Ok(()),
+                PeerReply::Adopted { refused: Some((code, message)) } => Err(NodeError::new(
+                    Code::MoveRefused,
+                    format!("{peer} refused it ({code}): {message}"),
+                )),
+                PeerReply::Lookup { .. } => Err(unreachable_peer("a lookup answer to an adopt")),
             }
-            PeerReply::Lookup { .. } => Err(unreachable_peer("a lookup answer to an adopt")),
-        }
+        })
     }
 
-    /// Whether `peer` holds sandbox `id` (for settling a move): `None` while it cannot say
-    /// (no answer, or still starting it).
-    pub async fn holds(&self, peer: &Peer, id: &str) -> Option<bool> {
-        match self.lookup(peer, id, None).await? {
-            (_, _, true) => None,
-            (owned, _, false) => Some(owned),
-        }
-    }
-
-    /// Opens a relay to sandbox `id` on `peer`: after its 101 the streams carry silk-proto.
-    pub async fn relay(
-        &self,
-        peer: &Peer,
-        id: &str,
-        token: Option<&str>,
-    ) -> Result<(quinn::SendStream, quinn::RecvStream), PeerReply> {
-        let failed = |m: String| error_reply(&NodeError::new(Code::PeerUnavailable, m));
-        let (mut send, mut recv) =
-            self.mesh.open(&peer.id.name).await.map_err(|e| failed(e.to_string()))?;
-        let req = PeerRequest::Relay { id: id.to_string(), token: token.map(str::to_string) };
-        wire::write_frame(&mut send, &req).await.map_err(|e| failed(e.to_string()))?;
-        match wire::read_frame::<PeerReply>(&mut recv).await {
-            Ok(Some(PeerReply::Http { status: 101, .. })) => Ok((send, recv)),
-            Ok(Some(other)) => Err(other),
-            Ok(None) => Err(failed("the peer closed the call".into())),
-            Err(e) => Err(failed(e.to_string())),
-        }
+    fn holds<'a>(&'a self, peer: &'a str, id: &'a str) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(async move {
+            let peer = self.mesh.peer(peer)?;
+            match self.lookup(&peer, id, None).await? {
+                (_, _, true) => None,
+                (owned, _, false) => Some(owned),
+            }
+        })
     }
 }
 
@@ -314,7 +306,7 @@ async fn lookup(
             PeerReply::Lookup { owned, authorized, adopting } => {
                 Some((owned, authorized, adopting))
             }
-            PeerReply::Http { .. } => None,
+            PeerReply::Adopted { .. } => None,
         }
     };
     tokio::time::timeout(Duration::from_secs(2), call).await.ok().flatten()
@@ -349,36 +341,43 @@ pub async fn publish_loop(node: Arc<Node>, peers: Arc<Peers>) {
                 saved = text;
             }
         }
-        let state = node.mesh_state();
+        let advert = node.advert();
         peers.mesh.update(move |s| {
-            s.warm = state.warm;
-            s.goldens = state.goldens;
-            s.templates = state.templates;
-            s.claims = state.claims;
-            s.capacity = state.capacity;
-            s.draining = state.draining;
+            s.warm = advert.warm;
+            s.goldens = advert.goldens;
+            s.templates = advert.templates;
+            s.claims = advert.claims;
+            s.capacity = advert.capacity;
+            s.draining = advert.draining;
         });
         tokio::time::sleep(PUBLISH_EVERY).await;
     }
 }
 
-/// Answers peers' calls.
-pub async fn serve(
+/// Answers peers' calls; `http` serves a forwarded HTTP connection (the HTTP layer's router).
+pub async fn serve<F, Fut>(
     node: Arc<Node>,
-    router: axum::Router,
     mut incoming: tokio::sync::mpsc::Receiver<Incoming>,
-) {
+    http: F,
+) where
+    F: Fn(PeerStream) -> Fut + Clone + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
     while let Some(call) = incoming.recv().await {
-        let (node, router) = (node.clone(), router.clone());
+        let (node, http) = (node.clone(), http.clone());
         tokio::spawn(async move {
-            if let Err(e) = answer(node, router, call).await {
+            if let Err(e) = answer(node, call, http).await {
                 tracing::debug!("peer call: {e}");
             }
         });
     }
 }
 
-async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Result<(), String> {
+async fn answer<F, Fut>(node: Arc<Node>, mut call: Incoming, http: F) -> Result<(), String>
+where
+    F: Fn(PeerStream) -> Fut,
+    Fut: Future<Output = ()>,
+{
     let Some(req) =
         wire::read_frame::<PeerRequest>(&mut call.recv).await.map_err(|e| e.to_string())?
     else {
@@ -393,25 +392,10 @@ async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Re
             });
             PeerReply::Lookup { owned: live.is_some(), authorized, adopting: node.is_adopting(&id) }
         }
-        PeerRequest::Http { method, uri, token, content_type, body } => {
-            let mut req = Request::builder().method(method.as_str()).uri(uri);
-            if let Some(t) = token {
-                req = req.header("authorization", format!("Bearer {t}"));
-            }
-            if let Some(ct) = content_type {
-                req = req.header("content-type", ct);
-            }
-            let req = req.body(Body::from(body)).map_err(|e| e.to_string())?;
-            let res = tower::ServiceExt::oneshot(router, req).await.map_err(|e| e.to_string())?;
-            let status = res.status().as_u16();
-            let (parts, body) = res.into_parts();
-            let header =
-                |n: &str| parts.headers.get(n).and_then(|v| v.to_str().ok()).map(str::to_string);
-            let (location, content_type) = (header("location"), header("content-type"));
-            let body = axum::body::to_bytes(body, 64 << 20).await.map_err(|e| e.to_string())?;
-            PeerReply::Http { status, location, content_type, body: body.to_vec() }
+        PeerRequest::Http => {
+            http(tokio::io::join(call.recv, call.send)).await;
+            return Ok(());
         }
-        PeerRequest::Relay { id, token } => return relay(node, call, &id, token.as_deref()).await,
         PeerRequest::Adopt { record, archive } => {
             let adopted = match serde_json::from_slice(&record) {
                 Ok(record) => {
@@ -420,63 +404,20 @@ async fn answer(node: Arc<Node>, router: axum::Router, mut call: Incoming) -> Re
                 }
                 Err(e) => Err(NodeError::bad_request(format!("adopt: {e}"))),
             };
-            match adopted {
-                Ok(()) => PeerReply::Http {
-                    status: 200,
-                    location: None,
-                    content_type: None,
-                    body: vec![],
-                },
-                Err(e) => error_reply(&e),
-            }
+            let refused = adopted.err().map(|e| (e.code.as_str().to_string(), e.message));
+            PeerReply::Adopted { refused }
         }
     };
     wire::write_frame(&mut call.send, &reply).await.map_err(|e| e.to_string())?;
     call.send.finish().map_err(|e| e.to_string())
 }
 
-/// An API error as a peer's HTTP answer, in the shape every error answer has.
-fn error_reply(e: &NodeError) -> PeerReply {
-    PeerReply::Http {
-        status: crate::api::status(e).as_u16(),
-        location: None,
-        content_type: Some("application/json".into()),
-        body: e.body().to_string().into_bytes(),
-    }
-}
-
-/// The owner's end of a forwarded data-plane connection.
-async fn relay(
-    node: Arc<Node>,
-    mut call: Incoming,
-    id: &str,
-    token: Option<&str>,
-) -> Result<(), String> {
-    // The same opening as a relay here: woken, or restarted if its silkd died.
-    let opened = async {
-        node.authorized(id, token)?;
-        node.open_agent(id).await
-    };
-    let (live, mut agent) = match opened.await {
-        Ok(v) => v,
-        Err(e) => {
-            wire::write_frame(&mut call.send, &error_reply(&e)).await.map_err(|e| e.to_string())?;
-            return call.send.finish().map_err(|e| e.to_string());
-        }
-    };
-    let ok = PeerReply::Http { status: 101, location: None, content_type: None, body: vec![] };
-    wire::write_frame(&mut call.send, &ok).await.map_err(|e| e.to_string())?;
-    let mut stream = tokio::io::join(call.recv, call.send);
-    node.splice(&live, &mut stream, &mut agent).await;
-    Ok(())
-}
-
 /// Starts this node's mesh endpoint. The epoch (persisted, +1 per start) versions its state, so
 /// peers order its announcements without trusting any clock.
-pub(crate) async fn start_mesh(
+pub async fn start(
     cfg: &crate::config::Config,
     m: &crate::config::MeshSection,
-) -> anyhow::Result<(Arc<crate::peers::Peers>, tokio::sync::mpsc::Receiver<silk_mesh::Incoming>)> {
+) -> anyhow::Result<(Arc<Peers>, tokio::sync::mpsc::Receiver<Incoming>)> {
     std::fs::create_dir_all(&cfg.data_dir)?;
     let path = cfg.data_dir.join("mesh-epoch");
     let epoch =
@@ -487,7 +428,7 @@ pub(crate) async fn start_mesh(
     silk_mesh::tls::check_own(&tls, &m.name)?;
     let mut mc = silk_mesh::MeshConfig::new(m.name.clone(), m.listen, tls);
     mc.join = m.join.clone();
-    for known in crate::peers::known_peers(&cfg.data_dir) {
+    for known in known_peers(&cfg.data_dir) {
         if !mc.join.contains(&known) {
             mc.join.push(known);
         }
@@ -500,5 +441,5 @@ pub(crate) async fn start_mesh(
     let state = silk_mesh::NodeState { api, public: m.public_url.clone(), ..Default::default() };
     let (mesh, incoming) = silk_mesh::Mesh::start(mc, state).await?;
     tracing::info!(name = m.name, addr = %mesh.id().addr, epoch, "mesh endpoint up");
-    Ok((Arc::new(crate::peers::Peers::new(mesh, m.forward)), incoming))
+    Ok((Arc::new(Peers::new(mesh, m.forward)), incoming))
 }

@@ -9,7 +9,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use hyper_util::rt::TokioIo;
 
-use crate::api::bearer;
+use super::bearer;
 use crate::error::{Code, NodeError};
 use crate::node::Node;
 
@@ -53,7 +53,7 @@ pub async fn agent(
     Ok(switching_protocols())
 }
 
-/// The `101` every relay path answers with (here, or for a sandbox held by a peer).
+/// The `101` the relay answers with (a forwarded relay passes its owner's on).
 pub fn switching_protocols() -> Response {
     let mut res = StatusCode::SWITCHING_PROTOCOLS.into_response();
     res.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));

@@ -1,0 +1,223 @@
+//! The mesh at the HTTP edge: a claim this node cannot serve from its warm pool goes to a peer
+//! that can, and a call on a sandbox this node does not hold goes to its owner — by a `307`
+//! (clients follow it, at most one hop: the retry carries `no_redirect`), or in forward mode
+//! through this node: the request goes to the owner's own API as HTTP/1.1 over a QUIC stream
+//! (headers, status and bodies pass unchanged and stream; the relay's upgrade passes through
+//! like any other answer, then the bytes are spliced).
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use hyper_util::rt::TokioIo;
+
+use super::{Api, bearer};
+use crate::error::{Code, NodeError};
+use crate::fleet::{Located, PeerStream};
+use crate::pool::PoolKey;
+
+/// Whether the request is a redirect's retry (or a forwarded call): serve it here.
+pub fn no_redirect(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|p| p == "no_redirect" || p.starts_with("no_redirect=")))
+}
+
+fn redirect(location: String) -> Response {
+    let mut res = StatusCode::TEMPORARY_REDIRECT.into_response();
+    if let Ok(v) = HeaderValue::from_str(&location) {
+        res.headers_mut().insert(header::LOCATION, v);
+    }
+    res
+}
+
+fn with_no_redirect(path_and_query: &str) -> String {
+    if path_and_query.contains('?') {
+        format!("{path_and_query}&no_redirect=1")
+    } else {
+        format!("{path_and_query}?no_redirect=1")
+    }
+}
+
+/// A peer with a warm sandbox for `key`, unless the client asked this node only. Whether the
+/// claim goes there is the node's to decide ([`crate::node::Node::claim_or_place`]).
+pub fn warm_peer(api: &Api, key: &PoolKey, query: Option<&str>) -> Option<silk_mesh::Peer> {
+    let peers = api.peers.as_ref()?;
+    if no_redirect(query) {
+        return None;
+    }
+    peers.pick(&key.to_string())
+}
+
+/// Sends a claim to `peer`: a redirect to it, or the request forwarded and its answer.
+pub async fn place_claim(
+    api: &Api,
+    peer: silk_mesh::Peer,
+    headers: &HeaderMap,
+    request: &crate::claims::ClaimRequest,
+) -> Result<Response, NodeError> {
+    let peers = api.peers.as_ref().expect("a peer was picked");
+    let state = peer.state.as_ref().expect("picked peers have state");
+    api.node.metrics.placed_on_peers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    if !peers.forward {
+        return Ok(redirect(format!("{}/v1/sandboxes?no_redirect=1", state.client_url())));
+    }
+    let body = serde_json::to_vec(request).map_err(|e| NodeError::internal(e.to_string()))?;
+    let mut req = Request::new(Body::from(body));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = Uri::from_static("/v1/sandboxes?no_redirect=1");
+    if let Some(auth) = headers.get(header::AUTHORIZATION) {
+        req.headers_mut().insert(header::AUTHORIZATION, auth.clone());
+    }
+    req.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    forward(api, &peer, req, &mut None).await
+}
+
+/// Middleware on every `/v1/sandboxes/{id}…` route: a sandbox held here is served here; one held
+/// by a peer is redirected (or forwarded) there; anything else falls through to the usual 404.
+pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response {
+    let Some(peers) = api.peers.clone() else { return next.run(req).await };
+    let node = api.node.clone();
+    let path = req.uri().path().to_string();
+    let id = path.split('/').nth(3).unwrap_or_default().to_string();
+    if id.is_empty() || node.get(&id).is_some() || no_redirect(req.uri().query()) {
+        return next.run(req).await;
+    }
+    let token = bearer(req.headers()).map(str::to_string);
+    // A forwarded call with no body can be sent again: it trusts a cached owner, and asks the
+    // mesh again if that one no longer holds it. Any other call confirms the owner first.
+    let resendable = body_is_empty(req.headers());
+    let trust_cache = peers.forward && resendable;
+    let peer = match peers.locate(&id, token.as_deref(), trust_cache).await {
+        Located::Owner(peer) => *peer,
+        Located::Denied => return next.run(req).await,
+        Located::Unknown => {
+            let message =
+                format!("a node that may hold {id} did not answer; try again in a moment");
+            return try_again(message).into_response();
+        }
+        Located::Nobody => {
+            // No live node holds it: an archive whose node died is woken here.
+            let (n, owned, t) = (node.clone(), id.clone(), token.clone());
+            return match crate::node::detached(
+                async move { n.wake_orphan(&owned, t.as_deref()).await },
+            )
+            .await
+            {
+                Ok(_) => next.run(req).await,
+                Err(e) => e.into_response(),
+            };
+        }
+    };
+    let target = with_no_redirect(req.uri().path_and_query().map_or(path.as_str(), |p| p.as_str()));
+    if !peers.forward {
+        // The owner's address arrives with its state, a moment after it joins.
+        let Some(state) = peer.state.as_ref().filter(|s| !s.api.is_empty()) else {
+            let message =
+                format!("the node holding {id} is joining the mesh; try again in a moment");
+            return try_again(message).into_response();
+        };
+        return redirect(format!("{}{target}", state.client_url()));
+    }
+    let (mut parts, body) = req.into_parts();
+    parts.uri = match target.parse() {
+        Ok(uri) => uri,
+        Err(e) => return NodeError::bad_request(format!("path: {e}")).into_response(),
+    };
+    // The client's side of an upgrade (the relay), spliced to whichever owner accepts it.
+    let mut upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    if !resendable {
+        let req = Request::from_parts(parts, body);
+        let answer = forward(&api, &peer, req, &mut upgrade).await;
+        return answer.unwrap_or_else(IntoResponse::into_response);
+    }
+    let copy = || {
+        let mut req = Request::new(Body::empty());
+        (*req.method_mut(), *req.uri_mut(), *req.headers_mut()) =
+            (parts.method.clone(), parts.uri.clone(), parts.headers.clone());
+        req
+    };
+    let answer = forward(&api, &peer, copy(), &mut upgrade).await;
+    // A cached owner that no longer holds it (moved, released, woken elsewhere): ask the mesh
+    // again, once.
+    let stale = match &answer {
+        Ok(res) => res.status() == StatusCode::NOT_FOUND,
+        Err(_) => true,
+    };
+    if stale {
+        peers.forget(&id, token.as_deref());
+        if let Located::Owner(again) = peers.locate(&id, token.as_deref(), false).await
+            && again.id != peer.id
+        {
+            let retry = forward(&api, &again, copy(), &mut upgrade).await;
+            return retry.unwrap_or_else(IntoResponse::into_response);
+        }
+    }
+    answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Whether a request certainly has no body (none declared, or a zero length).
+fn body_is_empty(headers: &HeaderMap) -> bool {
+    match headers.get(header::CONTENT_LENGTH) {
+        Some(n) => n.as_bytes() == b"0",
+        None => !headers.contains_key(header::TRANSFER_ENCODING),
+    }
+}
+
+/// Sends `req` to `peer`'s API and returns its answer as it streams in. When the peer accepts
+/// an upgrade (the relay), the client's side of it (`upgrade`, taken then) is spliced to it.
+async fn forward(
+    api: &Api,
+    peer: &silk_mesh::Peer,
+    req: Request,
+    upgrade: &mut Option<hyper::upgrade::OnUpgrade>,
+) -> Result<Response, NodeError> {
+    let peers = api.peers.as_ref().expect("forwarding needs the mesh");
+    let unreachable =
+        |e: hyper::Error| NodeError::new(Code::PeerUnavailable, format!("{}: {e}", peer.id.name));
+    let stream = peers.open_http(peer).await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(unreachable)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!("forwarded connection: {e}");
+        }
+    });
+    let mut res = sender.send_request(req).await.map_err(unreachable)?;
+    if res.status() == StatusCode::SWITCHING_PROTOCOLS
+        && let Some(client_side) = upgrade.take()
+    {
+        let owner_side = hyper::upgrade::on(&mut res);
+        let node = api.node.clone();
+        tokio::spawn(async move {
+            let (Ok(client), Ok(owner)) = (client_side.await, owner_side.await) else { return };
+            let (mut client, mut owner) = (TokioIo::new(client), TokioIo::new(owner));
+            match tokio::io::copy_bidirectional(&mut client, &mut owner).await {
+                Ok((up, down)) => {
+                    let bytes = &node.metrics.relay_bytes;
+                    bytes.fetch_add(up + down, std::sync::atomic::Ordering::Relaxed);
+                }
+                Err(e) => tracing::debug!("forwarded relay ended: {e}"),
+            }
+        });
+    }
+    Ok(res.map(Body::new))
+}
+
+/// Serves one peer's forwarded HTTP/1.1 connection with this node's router, upgrades included.
+pub async fn serve_forwarded(router: axum::Router, stream: PeerStream) {
+    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+        tower::ServiceExt::oneshot(router.clone(), req.map(Body::new))
+    });
+    let served = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades()
+        .await;
+    if let Err(e) = served {
+        tracing::debug!("a peer's forwarded connection: {e}");
+    }
+}
+
+/// A peer that may answer in a moment: 503, where an unreachable one is 502.
+fn try_again(message: String) -> NodeError {
+    NodeError { status: Some(503), ..NodeError::new(Code::PeerUnavailable, message) }
+}

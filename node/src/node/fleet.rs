@@ -1,0 +1,39 @@
+//! What the controller asks of other nodes. Only a move crosses nodes from inside the
+//! controller (the target adopts the sandbox; a lost answer is settled by asking it later), so
+//! that is all this trait carries. The mesh layer (`crate::fleet`) implements it; a node alone
+//! has none, and the controller's tests can bring their own.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use crate::claims::ClaimRecord;
+use crate::error::NodeError;
+
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// A peer a sandbox can move to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerNode {
+    pub name: String,
+    /// Its API's address, as it advertises it.
+    pub api: String,
+}
+
+pub trait Fleet: Send + Sync + std::fmt::Debug {
+    /// The peer a move goes to: `to` by name, or the least loaded live peer with room.
+    fn move_target(&self, to: Option<&str>) -> Result<PeerNode, NodeError>;
+
+    /// Asks `peer` to adopt sandbox `record` from the store archive `archive`: `Ok` once it has
+    /// journalled it; an error with code `peer_unavailable` when the answer was lost (it may
+    /// or may not have).
+    fn adopt<'a>(
+        &'a self,
+        peer: &'a str,
+        record: &'a ClaimRecord,
+        archive: &'a str,
+    ) -> BoxFuture<'a, Result<(), NodeError>>;
+
+    /// Whether `peer` holds sandbox `id`: `None` while it cannot say (no answer, or it is
+    /// starting it right now).
+    fn holds<'a>(&'a self, peer: &'a str, id: &'a str) -> BoxFuture<'a, Option<bool>>;
+}
