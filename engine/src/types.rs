@@ -111,24 +111,8 @@ impl std::fmt::Display for Digest {
     }
 }
 
-/// Size tiers: cpu as a quota of cores, memory, and a process limit.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Size {
-    Small,
-    Medium,
-    Large,
-}
-
-impl Size {
-    pub fn limits(self) -> Limits {
-        match self {
-            Size::Small => Limits { cpu_millis: 1000, memory_bytes: 512 << 20, pids: 512 },
-            Size::Medium => Limits { cpu_millis: 2000, memory_bytes: 1 << 30, pids: 1024 },
-            Size::Large => Limits { cpu_millis: 4000, memory_bytes: 4 << 30, pids: 4096 },
-        }
-    }
-}
+/// Size tiers and network lanes are the API's (`none`: a network namespace with only loopback).
+pub use silk_api::{Lane, Size};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
@@ -138,12 +122,15 @@ pub struct Limits {
     pub pids: u32,
 }
 
-/// Network lanes. `none`: a network namespace with only loopback.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Lane {
-    None,
-    Egress,
+impl Limits {
+    /// A size tier's limits: cpu as a quota of cores, memory, and a process limit.
+    pub fn of(size: Size) -> Limits {
+        match size {
+            Size::Small => Limits { cpu_millis: 1000, memory_bytes: 512 << 20, pids: 512 },
+            Size::Medium => Limits { cpu_millis: 2000, memory_bytes: 1 << 30, pids: 1024 },
+            Size::Large => Limits { cpu_millis: 4000, memory_bytes: 4 << 30, pids: 4096 },
+        }
+    }
 }
 
 /// How a sandbox is shaped.
@@ -161,7 +148,7 @@ impl BoxSpec {
     }
 
     pub fn limits(&self) -> Limits {
-        self.limits.unwrap_or_else(|| self.size.limits())
+        self.limits.unwrap_or_else(|| Limits::of(self.size))
     }
 }
 

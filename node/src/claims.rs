@@ -10,39 +10,11 @@ use serde::{Deserialize, Serialize};
 use silk_engine::{Lane, Size, Snapshot};
 
 use crate::error::NodeError;
-use crate::state::SandboxState;
+use crate::state::{SandboxState, Transitions};
 
-pub const MAX_METADATA_PAIRS: usize = 16;
-pub const MAX_METADATA_KEY: usize = 128;
-pub const MAX_METADATA_VALUE: usize = 512;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    Warm = 0,
-    Clone = 1,
-    Cold = 2,
-}
-
-impl Tier {
-    pub const ALL: [Tier; 3] = [Tier::Warm, Tier::Clone, Tier::Cold];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Warm => "warm",
-            Tier::Clone => "clone",
-            Tier::Cold => "cold",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum OnExpire {
-    #[default]
-    Destroy,
-    Archive,
-}
+pub use silk_api::{
+    ClaimRequest, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, OnExpire, Tier,
+};
 
 /// One claim. On disk and on the wire (the journal, the store's published claims, a move to a
 /// peer) it is a [`StoredClaim`](crate::stored::StoredClaim): the conversion refuses a record
@@ -213,24 +185,6 @@ pub fn is_archive_of(archive: &str, id: &str) -> bool {
     })
 }
 
-/// `POST /v1/sandboxes` body, as sent (serialized again when a claim is forwarded to a peer).
-#[derive(Debug, Clone, Serialize, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
-    #[serde(default)]
-    pub template: Option<String>,
-    #[serde(default)]
-    pub size: Option<Size>,
-    #[serde(default)]
-    pub lane: Option<Lane>,
-    #[serde(default)]
-    pub ttl_seconds: Option<u64>,
-    #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
-    #[serde(default)]
-    pub on_expire: OnExpire,
-}
-
 /// A validated claim request.
 #[derive(Debug, Clone)]
 pub struct ClaimSpec {
@@ -242,21 +196,26 @@ pub struct ClaimSpec {
     pub on_expire: OnExpire,
 }
 
-impl ClaimRequest {
-    pub fn validate(self, default_ttl: u64, max_ttl: u64) -> Result<ClaimSpec, NodeError> {
-        let ttl_seconds = checked_ttl(self.ttl_seconds, default_ttl, max_ttl)?;
-        check_metadata(&self.metadata)?;
-        let template = self.template.unwrap_or_else(|| "host".into());
+impl ClaimSpec {
+    /// A claim request checked against this node's lease bounds, its defaults filled in.
+    pub fn validate(
+        req: ClaimRequest,
+        default_ttl: u64,
+        max_ttl: u64,
+    ) -> Result<ClaimSpec, NodeError> {
+        let ttl_seconds = checked_ttl(req.ttl_seconds, default_ttl, max_ttl)?;
+        check_metadata(&req.metadata)?;
+        let template = req.template.unwrap_or_else(|| "host".into());
         if template.is_empty() || template.len() > 128 {
             return Err(NodeError::bad_request("template must be 1-128 bytes"));
         }
         Ok(ClaimSpec {
             template,
-            size: self.size.unwrap_or(Size::Small),
-            lane: self.lane.unwrap_or(Lane::None),
+            size: req.size.unwrap_or(Size::Small),
+            lane: req.lane.unwrap_or(Lane::None),
             ttl_seconds,
-            metadata: self.metadata,
-            on_expire: self.on_expire,
+            metadata: req.metadata,
+            on_expire: req.on_expire,
         })
     }
 }
@@ -341,17 +300,19 @@ mod tests {
 
     #[test]
     fn requests_are_bounded() {
-        let ok = ClaimRequest::default().validate(300, 86_400).unwrap();
+        let ok = ClaimSpec::validate(ClaimRequest::default(), 300, 86_400).unwrap();
         assert_eq!((ok.template.as_str(), ok.ttl_seconds), ("host", 300));
         let too_long = ClaimRequest { ttl_seconds: Some(86_401), ..Default::default() };
-        assert!(too_long.validate(300, 86_400).is_err());
+        assert!(ClaimSpec::validate(too_long, 300, 86_400).is_err());
         let many: BTreeMap<_, _> = (0..17).map(|i| (format!("k{i}"), "v".to_string())).collect();
         assert!(
-            ClaimRequest { metadata: many, ..Default::default() }.validate(300, 86_400).is_err()
+            ClaimSpec::validate(ClaimRequest { metadata: many, ..Default::default() }, 300, 86_400)
+                .is_err()
         );
         let big = BTreeMap::from([("k".to_string(), "v".repeat(513))]);
         assert!(
-            ClaimRequest { metadata: big, ..Default::default() }.validate(300, 86_400).is_err()
+            ClaimSpec::validate(ClaimRequest { metadata: big, ..Default::default() }, 300, 86_400)
+                .is_err()
         );
         assert!(
             serde_json::from_str::<ClaimRequest>(r#"{"sise":"small"}"#).is_err(),

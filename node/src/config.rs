@@ -168,31 +168,7 @@ fn default_warmup_timeout() -> u64 {
     120
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolConfig {
-    pub template: String,
-    #[serde(default = "default_size")]
-    pub size: Size,
-    #[serde(default = "default_lane")]
-    pub lane: Lane,
-    /// Warm sandboxes to keep ready.
-    pub warm: usize,
-    /// Ceiling the warm target may rise to while claims outrun refills (default: 2 × warm).
-    pub warm_max: Option<usize>,
-    /// Hibernate a claimed sandbox of this pool after this long without a data-plane call (the
-    /// clock pauses while a relay connection is open). Never when unset.
-    #[serde(default)]
-    pub idle_hibernate_seconds: Option<u64>,
-}
-
-fn default_size() -> Size {
-    Size::Small
-}
-
-fn default_lane() -> Lane {
-    Lane::None
-}
+pub use silk_api::PoolConfig;
 
 impl Default for Config {
     fn default() -> Self {

@@ -35,7 +35,7 @@ use crate::stored::StoredClaim;
 
 // The journal's framing and the stored records are one format version.
 const _: () = assert!(crate::stored::VERSION == crate::journal::VERSION);
-use crate::state::SandboxState;
+use crate::state::{SandboxState, Transitions};
 
 mod catalog;
 mod claiming;

@@ -1,29 +1,20 @@
 //! A sandbox's lifecycle state and the one table of allowed transitions.
 
-use serde::{Deserialize, Serialize};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum SandboxState {
-    /// Ready in a pool, owned by nobody.
-    Warm,
-    /// Owned by a client under a lease.
-    Claimed,
-    /// Stopped with its files kept on this node.
-    Hibernated,
-    /// Stopped with its files in the object store.
-    Archived,
-    /// Gone. Terminal.
-    Released,
-}
+pub use silk_api::SandboxState;
 
 use SandboxState::*;
 
 pub const ALL: [SandboxState; 5] = [Warm, Claimed, Hibernated, Archived, Released];
 
-impl SandboxState {
-    /// The transition table. Everything not listed is refused.
-    pub fn can_become(self, to: SandboxState) -> bool {
+/// The transition table, on the API's states.
+pub trait Transitions: Sized {
+    /// Whether the table allows it. Everything not listed is refused.
+    fn can_become(self, to: Self) -> bool;
+    fn transition(self, to: Self) -> Result<Self, String>;
+}
+
+impl Transitions for SandboxState {
+    fn can_become(self, to: SandboxState) -> bool {
         matches!(
             (self, to),
             (Warm, Claimed)
@@ -39,7 +30,7 @@ impl SandboxState {
         )
     }
 
-    pub fn transition(self, to: SandboxState) -> Result<SandboxState, String> {
+    fn transition(self, to: SandboxState) -> Result<SandboxState, String> {
         if self.can_become(to) {
             Ok(to)
         } else {

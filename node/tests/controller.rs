@@ -232,7 +232,7 @@ fn a_claim_goes_to_a_peer_only_when_this_node_cannot_hand_out_a_warm_sandbox() {
     assert_ne!(made.record.tier, Tier::Warm);
     // Full or draining: the peer's when there is one, else the refusal.
     // (`warm_for` says what a peer may count on: nothing while full.)
-    eventually("the pool refills", || node.info()["pools"][0]["warm"] == 1);
+    eventually("the pool refills", || node.info().pools[0].warm == 1);
     assert!(rt.block_on(node.claim_or_place(spec(60), true)).unwrap().is_none(), "full");
     assert_eq!(rt.block_on(node.claim_or_place(spec(60), false)).unwrap_err().code, "node_full");
     rt.block_on(node.release(&made.record.id)).unwrap();

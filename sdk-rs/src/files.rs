@@ -4,7 +4,8 @@
 //!
 //! Tar work is blocking (the `tar` crate), so it runs on a blocking thread that exchanges
 //! `DATA_CHUNK` buffers with the connection through a small channel: the socket and the disk
-//! overlap, and memory stays bounded by the channel depth.
+//! overlap, and memory stays bounded by the channel depth. That plumbing is silkd's too:
+//! `silk_proto::tarstream`.
 //!
 //! Uploads read the connection while they send, so a call silkd fails at its first frame (a
 //! missing parent, a path that is not a directory) stops the upload at once instead of sending
@@ -14,13 +15,13 @@
 //! [`untar`], never by tar-rs's own `unpack`.
 
 use std::future::{Future, IntoFuture};
-use std::io::{Read, Write};
 use std::marker::PhantomData;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
+use silk_proto::tarstream::{self, ChunkReader};
 use silk_proto::{DATA_CHUNK, DirEntry, FileStat, Frame, ReadRequest, WriteRequest};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
@@ -453,34 +454,18 @@ impl<'a> IntoFuture for Transfer<'a, PullReport> {
 /// Builds the tar stream of `local` on a blocking thread. A directory is sent as its content
 /// (`./…` entries, as silkd's own pull does); a file as one entry under its own name.
 fn build_tar(local: PathBuf, is_dir: bool) -> mpsc::Receiver<std::io::Result<Bytes>> {
-    let (tx, rx) = mpsc::channel(PIPELINE);
-    tokio::task::spawn_blocking(move || {
-        let out = ChannelWriter { tx: tx.clone(), buf: BytesMut::new() };
-        let mut tar = tar::Builder::new(out);
-        tar.follow_symlinks(false);
-        let built = if is_dir {
-            tar.append_dir_all(".", &local)
-        } else {
-            let name = local.file_name().map(PathBuf::from).unwrap_or_else(|| "file".into());
-            tar.append_path_with_name(&local, name)
-        };
-        let result = built.and_then(|()| tar.into_inner()).and_then(|mut out| out.flush());
-        if let Err(e) = result {
-            // A closed channel means the upload already stopped; nothing to tell.
-            let _ = tx.blocking_send(Err(std::io::Error::new(
-                e.kind(),
-                format!("{}: {e}", local.display()),
-            )));
-        }
-    });
-    rx
+    let shown = local.clone();
+    tarstream::build(local, is_dir, PIPELINE, move |e| {
+        // Same kind, so callers can still tell a missing file from a permission problem.
+        std::io::Error::new(e.kind(), format!("{}: {e}", shown.display()))
+    })
 }
 
 /// Unpacks the tar stream from `rx` into the directory `target`, or with `single`, writes its one
 /// regular-file entry to the path `target`. The stream is hostile input: see [`untar`]. The
 /// report's `bytes` is left to the caller.
 fn extract_tar(rx: mpsc::Receiver<Bytes>, target: &Path, single: bool) -> Result<PullReport> {
-    let mut reader = ChannelReader { rx, cur: Bytes::new() };
+    let mut reader = ChunkReader::new(rx);
     let report = if single {
         untar::unpack_file(&mut reader, target)?
     } else {
@@ -489,55 +474,6 @@ fn extract_tar(rx: mpsc::Receiver<Bytes>, target: &Path, single: bool) -> Result
     // Read to the channel's end so the sender never blocks on a full channel.
     std::io::copy(&mut reader, &mut std::io::sink()).map_err(Error::Local)?;
     Ok(report)
-}
-
-/// `Write` end of the push pipeline: fills `DATA_CHUNK` buffers for the socket.
-struct ChannelWriter {
-    tx: mpsc::Sender<std::io::Result<Bytes>>,
-    buf: BytesMut,
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let n = data.len().min(DATA_CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == DATA_CHUNK {
-            self.flush()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = self.buf.split().freeze();
-        self.buf.reserve(DATA_CHUNK);
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "upload stopped"))
-    }
-}
-
-/// `Read` end of the pull pipeline: the `Data` payloads, in order; the channel's close is the end.
-struct ChannelReader {
-    rx: mpsc::Receiver<Bytes>,
-    cur: Bytes,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.cur.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(b) => self.cur = b,
-                None => return Ok(0),
-            }
-        }
-        let n = out.len().min(self.cur.len());
-        out[..n].copy_from_slice(&self.cur[..n]);
-        self.cur.advance(n);
-        Ok(n)
-    }
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ pub(super) async fn hibernate(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::Sandbox>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let n = node.clone();
     let record = detached(async move { n.hibernate(&id).await }).await?;
@@ -18,7 +18,7 @@ pub(super) async fn wake(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::Sandbox>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let n = node.clone();
     let live = detached(async move { n.wake(&id).await }).await?;
@@ -29,18 +29,29 @@ pub(super) async fn archive(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::Sandbox>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let n = node.clone();
     let record = detached(async move { n.archive(&id).await }).await?;
     Ok(axum::Json(row(&node, &record)))
 }
 
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct CheckpointBody {
-    #[serde(default)]
-    name: Option<String>,
+/// A checkpoint as the API shows it.
+fn checkpoint_row(ck: crate::node::CheckpointInfo) -> silk_api::Checkpoint {
+    silk_api::Checkpoint {
+        id: ck.id,
+        name: ck.name,
+        sandbox: ck.sandbox,
+        template: ck.template,
+        created_ms: ck.created_ms,
+        bytes: ck.bytes,
+        uploaded_bytes: ck.uploaded_bytes,
+        memory_snapshot: None,
+    }
+}
+
+fn checkpoint_list(list: Vec<crate::node::CheckpointInfo>) -> silk_api::CheckpointList {
+    silk_api::CheckpointList { checkpoints: list.into_iter().map(checkpoint_row).collect() }
 }
 
 pub(super) async fn checkpoint(
@@ -50,11 +61,11 @@ pub(super) async fn checkpoint(
     body: axum::body::Bytes,
 ) -> Result<Response, NodeError> {
     node.authorized(&id, bearer(&headers))?;
-    let name = optional_json::<CheckpointBody>(&body)?.name;
+    let name = optional_json::<silk_api::CheckpointRequest>(&body)?.name;
     let n = node.clone();
     let ck = detached(async move { n.checkpoint(&id, name).await }).await?;
-    let mut body = json!(ck);
-    body["memory_snapshot"] = json!(node.capabilities().memory_snapshot);
+    let memory = node.capabilities().memory_snapshot;
+    let body = silk_api::Checkpoint { memory_snapshot: Some(memory), ..checkpoint_row(ck) };
     Ok((StatusCode::CREATED, axum::Json(body)).into_response())
 }
 
@@ -62,25 +73,25 @@ pub(super) async fn sandbox_checkpoints(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::CheckpointList>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
-    Ok(axum::Json(json!({ "checkpoints": node.checkpoints(Some(&id)).await? })))
+    Ok(axum::Json(checkpoint_list(node.checkpoints(Some(&id)).await?)))
 }
 
 pub(super) async fn all_checkpoints(
     State(node): Shared,
     headers: HeaderMap,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::CheckpointList>, NodeError> {
     root(&node, &headers)?;
-    Ok(axum::Json(json!({ "checkpoints": node.checkpoints(None).await? })))
+    Ok(axum::Json(checkpoint_list(node.checkpoints(None).await?)))
 }
 
 pub(super) async fn get_checkpoint(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, NodeError> {
-    Ok(axum::Json(json!(node.authorized_checkpoint(&id, bearer(&headers)).await?)))
+) -> Result<axum::Json<silk_api::Checkpoint>, NodeError> {
+    Ok(axum::Json(checkpoint_row(node.authorized_checkpoint(&id, bearer(&headers)).await?)))
 }
 
 pub(super) async fn delete_checkpoint(
@@ -93,17 +104,6 @@ pub(super) async fn delete_checkpoint(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct BranchBody {
-    #[serde(default)]
-    ttl_seconds: Option<u64>,
-    #[serde(default)]
-    metadata: BTreeMap<String, String>,
-    #[serde(default)]
-    on_expire: crate::claims::OnExpire,
-}
-
 pub(super) async fn branch(
     State(node): Shared,
     headers: HeaderMap,
@@ -111,33 +111,26 @@ pub(super) async fn branch(
     body: axum::body::Bytes,
 ) -> Result<Response, NodeError> {
     let ck = node.authorized_checkpoint(&id, bearer(&headers)).await?;
-    let b = optional_json::<BranchBody>(&body)?;
-    let spec = ClaimRequest {
+    let b = optional_json::<silk_api::BranchRequest>(&body)?;
+    let request = ClaimRequest {
         template: Some(ck.template),
         ttl_seconds: b.ttl_seconds,
         metadata: b.metadata,
         on_expire: b.on_expire,
         ..Default::default()
-    }
-    .validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    };
+    let spec =
+        ClaimSpec::validate(request, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
     let n = node.clone();
     let claimed = detached(async move { n.branch(&id, spec).await }).await?;
     Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct ForkBody {
-    count: usize,
-    #[serde(default)]
-    ttl_seconds: Option<u64>,
 }
 
 pub(super) async fn fork(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-    JsonBody(req): JsonBody<ForkBody>,
+    JsonBody(req): JsonBody<silk_api::ForkRequest>,
 ) -> Result<Response, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let ttl = match req.ttl_seconds {
@@ -146,31 +139,29 @@ pub(super) async fn fork(
     };
     let n = node.clone();
     let children = detached(async move { n.fork(&id, req.count, ttl).await }).await?;
-    let rows: Vec<Value> = children.iter().map(|c| claimed_row(&node, c)).collect();
-    Ok((StatusCode::CREATED, axum::Json(json!({ "sandboxes": rows }))).into_response())
+    let sandboxes = children.iter().map(|c| claimed_row(&node, c)).collect();
+    Ok((StatusCode::CREATED, axum::Json(silk_api::SandboxList { sandboxes })).into_response())
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct PromoteBody {
-    template: String,
+pub(super) fn template_row(name: &str, p: &crate::node::Promoted) -> silk_api::Template {
+    silk_api::Template {
+        name: name.to_string(),
+        kind: silk_api::TemplateKind::Promoted,
+        digest: Some(p.golden.digest.to_string()),
+        source: Some(p.source.clone()),
+        created_ms: Some(p.created_ms),
+    }
 }
 
-pub(super) fn template_row(name: &str, p: &crate::node::Promoted) -> Value {
-    json!({
-        "name": name,
-        "kind": "promoted",
-        "digest": p.golden.digest.as_str(),
-        "source": p.source,
-        "created_ms": p.created_ms,
-    })
+fn listed(name: &str, kind: silk_api::TemplateKind) -> silk_api::Template {
+    silk_api::Template { name: name.into(), kind, digest: None, source: None, created_ms: None }
 }
 
 pub(super) async fn promote(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-    JsonBody(req): JsonBody<PromoteBody>,
+    JsonBody(req): JsonBody<silk_api::PromoteRequest>,
 ) -> Result<Response, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let by_root = node.is_root(bearer(&headers));
@@ -182,12 +173,13 @@ pub(super) async fn promote(
 pub(super) async fn templates(
     State(node): Shared,
     headers: HeaderMap,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::TemplateList>, NodeError> {
+    use silk_api::TemplateKind::{Builtin, Configured};
     root(&node, &headers)?;
-    let mut rows = vec![json!({ "name": "host", "kind": "builtin" })];
-    rows.extend(node.cfg.templates.keys().map(|n| json!({ "name": n, "kind": "configured" })));
-    rows.extend(node.promoted().iter().map(|(n, p)| template_row(n, p)));
-    Ok(axum::Json(json!({ "templates": rows })))
+    let mut templates = vec![listed("host", Builtin)];
+    templates.extend(node.cfg.templates.keys().map(|n| listed(n, Configured)));
+    templates.extend(node.promoted().iter().map(|(n, p)| template_row(n, p)));
+    Ok(axum::Json(silk_api::TemplateList { templates }))
 }
 
 pub(super) async fn delete_template(
@@ -200,27 +192,20 @@ pub(super) async fn delete_template(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize, Default)]
-#[serde(deny_unknown_fields)]
-pub(super) struct MoveBody {
-    /// The peer to move to; the least loaded live peer when unset.
-    #[serde(default)]
-    to: Option<String>,
-}
-
 pub(super) async fn move_sandbox(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
     body: axum::body::Bytes,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::Sandbox>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
-    let to = optional_json::<MoveBody>(&body)?.to;
+    let to = optional_json::<silk_api::MoveRequest>(&body)?.to;
     let n = node.clone();
     let (record, target) =
         detached(async move { n.move_sandbox(&id, to.as_deref()).await }).await?;
-    let mut row = row(&node, &record);
-    row["owner"] = json!(target.api.trim_start_matches("http://"));
-    row["node"] = json!(target.name);
-    Ok(axum::Json(row))
+    Ok(axum::Json(silk_api::Sandbox {
+        owner: target.api.trim_start_matches("http://").to_string(),
+        node: Some(target.name),
+        ..row(&node, &record)
+    }))
 }

@@ -7,7 +7,6 @@
 //! configured). Sandbox routes take that sandbox's own token or the root token; anything else
 //! answers the same 404 as an unknown id.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,13 +16,11 @@ use axum::extract::{DefaultBodyLimit, FromRef, FromRequest, Path, RawQuery, Requ
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 use silk_proto::{Command, Connection, ExecRequest, Frame};
 
-use crate::claims::{ClaimRecord, ClaimRequest, checked_ttl};
-use crate::config::PoolConfig;
+use crate::claims::{ClaimRecord, ClaimRequest, ClaimSpec, checked_ttl};
 use crate::error::{Code, NodeError};
 use crate::fleet::Peers;
 use crate::node::{Claimed, Node, detached};
@@ -187,37 +184,40 @@ impl axum::response::IntoResponse for NodeError {
     }
 }
 
-fn row(node: &Node, r: &ClaimRecord) -> Value {
-    let memory = node.capabilities().memory_snapshot;
-    json!({
-        "id": r.id,
-        "template": r.template,
-        "size": r.size,
-        "lane": r.lane,
-        "tier": r.tier,
-        "state": r.state(),
-        "owner": node.cfg.listen.to_string(),
-        "created_ms": r.created_ms,
-        "deadline_ms": r.deadline_ms,
-        "on_expire": r.on_expire,
-        "metadata": r.metadata,
-        "agent_path": format!("/v1/sandboxes/{}/agent", r.id),
-        "lease_seconds": r.lease_seconds,
-        "state_since_ms": r.state_since_ms,
-        "from_checkpoint": r.from_checkpoint,
-        "forked_from": r.forked_from,
+fn row(node: &Node, r: &ClaimRecord) -> silk_api::Sandbox {
+    silk_api::Sandbox {
+        id: r.id.clone(),
+        template: r.template.clone(),
+        size: r.size,
+        lane: r.lane,
+        tier: r.tier,
+        state: r.state(),
+        owner: node.cfg.listen.to_string(),
+        created_ms: r.created_ms,
+        deadline_ms: r.deadline_ms,
+        on_expire: r.on_expire,
+        metadata: r.metadata.clone(),
+        agent_path: format!("/v1/sandboxes/{}/agent", r.id),
+        lease_seconds: r.lease_seconds,
+        state_since_ms: r.state_since_ms,
+        from_checkpoint: r.from_checkpoint.clone(),
+        forked_from: r.forked_from.clone(),
         // The jail engine keeps files, not process memory: processes restart on wake, branch
         // and fork.
-        "memory_snapshot": memory,
-    })
+        memory_snapshot: node.capabilities().memory_snapshot,
+        token: None,
+        claim_micros: None,
+        node: None,
+    }
 }
 
 /// A new claim's row with its token (shown this once).
-fn claimed_row(node: &Node, c: &Claimed) -> Value {
-    let mut body = row(node, &c.record);
-    body["token"] = json!(c.token);
-    body["claim_micros"] = json!(c.took.as_micros() as u64);
-    body
+fn claimed_row(node: &Node, c: &Claimed) -> silk_api::Sandbox {
+    silk_api::Sandbox {
+        token: Some(c.token.clone()),
+        claim_micros: Some(c.took.as_micros() as u64),
+        ..row(node, &c.record)
+    }
 }
 
 async fn claim(
@@ -229,7 +229,7 @@ async fn claim(
     let node = api.node.clone();
     root(&node, &headers)?;
     let forwardable = api.peers.is_some().then(|| req.clone());
-    let spec = req.validate(node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    let spec = ClaimSpec::validate(req, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
     let key =
         crate::pool::PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
     let peer = forwardable.as_ref().and_then(|_| edge::warm_peer(&api, &key, query.as_deref()));
@@ -251,7 +251,7 @@ async fn list(
     State(node): Shared,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::SandboxList>, NodeError> {
     root(&node, &headers)?;
     let mut filter = vec![];
     for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
@@ -268,8 +268,8 @@ async fn list(
             .ok_or_else(|| NodeError::bad_request("metadata filters are key=value"))?;
         filter.push((k.to_string(), v.to_string()));
     }
-    let rows: Vec<Value> = node.list(&filter).iter().map(|r| row(&node, r)).collect();
-    Ok(axum::Json(json!({ "sandboxes": rows })))
+    let sandboxes = node.list(&filter).iter().map(|r| row(&node, r)).collect();
+    Ok(axum::Json(silk_api::SandboxList { sandboxes }))
 }
 
 fn percent_decode(s: &str) -> String {
@@ -296,7 +296,7 @@ async fn get_one(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::Sandbox>, NodeError> {
     let live = node.authorized(&id, bearer(&headers))?;
     Ok(axum::Json(row(&node, &live.record)))
 }
@@ -312,40 +312,17 @@ async fn release(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RenewRequest {
-    ttl_seconds: Option<u64>,
-}
-
 async fn renew(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-    JsonBody(req): JsonBody<RenewRequest>,
-) -> Result<axum::Json<Value>, NodeError> {
+    JsonBody(req): JsonBody<silk_api::RenewRequest>,
+) -> Result<axum::Json<silk_api::Renewed>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     let ttl = checked_ttl(req.ttl_seconds, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
     let n = node.clone();
     let record = detached(async move { n.renew(&id, ttl).await }).await?;
-    Ok(axum::Json(json!({ "id": record.id, "deadline_ms": record.deadline_ms })))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ExecBody {
-    argv: Vec<String>,
-    #[serde(default)]
-    cwd: Option<String>,
-    #[serde(default)]
-    env: BTreeMap<String, String>,
-    #[serde(default)]
-    user: Option<String>,
-    /// Text given to the process on stdin.
-    #[serde(default)]
-    stdin: Option<String>,
-    #[serde(default)]
-    timeout_seconds: Option<u64>,
+    Ok(axum::Json(silk_api::Renewed { id: record.id, deadline_ms: record.deadline_ms }))
 }
 
 /// Buffered exec for clients that cannot hold an upgraded connection.
@@ -353,8 +330,8 @@ async fn exec(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
-    JsonBody(req): JsonBody<ExecBody>,
-) -> Result<axum::Json<Value>, NodeError> {
+    JsonBody(req): JsonBody<silk_api::ExecRequest>,
+) -> Result<axum::Json<silk_api::ExecResult>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     if req.argv.is_empty() {
         return Err(NodeError::bad_request("argv is empty"));
@@ -392,15 +369,15 @@ async fn exec(
             Some(Frame::Stdout(b)) => keep(&mut out, &b, cap, &mut out_cut),
             Some(Frame::Stderr(b)) => keep(&mut err, &b, cap, &mut err_cut),
             Some(Frame::Exit(status)) => {
-                return Ok(axum::Json(json!({
-                    "exit_code": status.code,
-                    "signal": status.signal,
-                    "timed_out": status.timed_out,
-                    "stdout": String::from_utf8_lossy(&out),
-                    "stderr": String::from_utf8_lossy(&err),
-                    "stdout_truncated": out_cut,
-                    "stderr_truncated": err_cut,
-                })));
+                return Ok(axum::Json(silk_api::ExecResult {
+                    exit_code: status.code,
+                    signal: status.signal,
+                    timed_out: status.timed_out,
+                    stdout: String::from_utf8_lossy(&out).into_owned(),
+                    stderr: String::from_utf8_lossy(&err).into_owned(),
+                    stdout_truncated: out_cut,
+                    stderr_truncated: err_cut,
+                }));
             }
             Some(Frame::Error(e)) => {
                 let status = match e.kind {
@@ -428,23 +405,36 @@ fn keep(buf: &mut Vec<u8>, data: &[u8], cap: usize, cut: &mut bool) {
 async fn mesh_peers(
     State(api): State<Api>,
     headers: HeaderMap,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::MeshView>, NodeError> {
     let node = &api.node;
     root(node, &headers)?;
     let Some(p) = &api.peers else {
-        return Ok(axum::Json(json!({ "name": node.name, "mesh": false, "peers": [] })));
+        let view = silk_api::MeshView {
+            name: node.name.clone(),
+            mesh: false,
+            this: None,
+            peers: vec![],
+            gossip_bytes_sent: None,
+        };
+        return Ok(axum::Json(view));
     };
     let peer_row = |name: &str, addr: String, epoch: u64, s: Option<&silk_mesh::NodeState>| {
-        json!({
-            "name": name, "mesh_addr": addr, "epoch": epoch,
-            "api": s.map(|s| s.api.clone()), "public_url": s.and_then(|s| s.public.clone()),
-            "warm": s.map(|s| s.warm.clone()), "goldens": s.map(|s| s.goldens.clone()),
-            "claims": s.map(|s| s.claims), "capacity": s.map(|s| s.capacity),
-            "draining": s.map(|s| s.draining), "version": s.map(|s| [s.epoch, s.seq]),
-        })
+        silk_api::PeerRow {
+            name: name.to_string(),
+            mesh_addr: addr,
+            epoch,
+            api: s.map(|s| s.api.clone()),
+            public_url: s.and_then(|s| s.public.clone()),
+            warm: s.map(|s| s.warm.clone()),
+            goldens: s.map(|s| s.goldens.clone()),
+            claims: s.map(|s| s.claims),
+            capacity: s.map(|s| s.capacity),
+            draining: s.map(|s| s.draining),
+            version: s.map(|s| [s.epoch, s.seq]),
+        }
     };
     let me = p.mesh.local();
-    let rows: Vec<Value> = p
+    let peers = p
         .mesh
         .peers()
         .iter()
@@ -452,28 +442,34 @@ async fn mesh_peers(
             peer_row(&peer.id.name, peer.id.addr.to_string(), peer.id.epoch, peer.state.as_ref())
         })
         .collect();
-    Ok(axum::Json(json!({
-        "name": node.name,
-        "mesh": true,
-        "self": peer_row(&me.name, p.mesh.id().addr.to_string(), p.mesh.id().epoch, Some(&me)),
-        "peers": rows,
-        "gossip_bytes_sent": p.mesh.gossip_bytes(),
-    })))
+    let this = peer_row(&me.name, p.mesh.id().addr.to_string(), p.mesh.id().epoch, Some(&me));
+    Ok(axum::Json(silk_api::MeshView {
+        name: node.name.clone(),
+        mesh: true,
+        this: Some(this),
+        peers,
+        gossip_bytes_sent: Some(p.mesh.gossip_bytes()),
+    }))
 }
 
-async fn info(State(api): State<Api>, headers: HeaderMap) -> Result<axum::Json<Value>, NodeError> {
-    root(&api.node, &headers)?;
+/// The node's report, with its place in the mesh.
+fn node_info(api: &Api) -> silk_api::NodeInfo {
     let mut info = api.node.info();
-    info["mesh"] = match &api.peers {
-        Some(p) => json!({
-            "addr": p.mesh.id().addr.to_string(),
-            "epoch": p.mesh.id().epoch,
-            "peers": p.mesh.peers().len(),
-            "forward": p.forward,
-        }),
-        None => Value::Null,
-    };
-    Ok(axum::Json(info))
+    info.mesh = api.peers.as_ref().map(|p| silk_api::MeshInfo {
+        addr: p.mesh.id().addr.to_string(),
+        epoch: p.mesh.id().epoch,
+        peers: p.mesh.peers().len() as u64,
+        forward: p.forward,
+    });
+    info
+}
+
+async fn info(
+    State(api): State<Api>,
+    headers: HeaderMap,
+) -> Result<axum::Json<silk_api::NodeInfo>, NodeError> {
+    root(&api.node, &headers)?;
+    Ok(axum::Json(node_info(&api)))
 }
 
 async fn openapi_document(State(node): Shared) -> axum::Json<Value> {
@@ -491,40 +487,37 @@ async fn metrics(State(node): Shared) -> Response {
 async fn get_pools(
     State(node): Shared,
     headers: HeaderMap,
-) -> Result<axum::Json<Value>, NodeError> {
+) -> Result<axum::Json<silk_api::Pools>, NodeError> {
     root(&node, &headers)?;
-    Ok(axum::Json(json!({ "pools": node.pool_configs() })))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct PoolsBody {
-    pools: Vec<PoolConfig>,
+    Ok(axum::Json(silk_api::Pools { pools: node.pool_configs() }))
 }
 
 async fn put_pools(
     State(node): Shared,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<PoolsBody>,
-) -> Result<axum::Json<Value>, NodeError> {
+    JsonBody(body): JsonBody<silk_api::Pools>,
+) -> Result<axum::Json<silk_api::Pools>, NodeError> {
     root(&node, &headers)?;
     node.replace_pools(body.pools)?;
-    Ok(axum::Json(json!({ "pools": node.pool_configs() })))
+    Ok(axum::Json(silk_api::Pools { pools: node.pool_configs() }))
 }
 
-async fn drain_on(State(node): Shared, headers: HeaderMap) -> Result<axum::Json<Value>, NodeError> {
-    root(&node, &headers)?;
-    node.set_draining(true);
-    Ok(axum::Json(node.info()))
+async fn drain_on(
+    State(api): State<Api>,
+    headers: HeaderMap,
+) -> Result<axum::Json<silk_api::NodeInfo>, NodeError> {
+    root(&api.node, &headers)?;
+    api.node.set_draining(true);
+    Ok(axum::Json(node_info(&api)))
 }
 
 async fn drain_off(
-    State(node): Shared,
+    State(api): State<Api>,
     headers: HeaderMap,
-) -> Result<axum::Json<Value>, NodeError> {
-    root(&node, &headers)?;
-    node.set_draining(false);
-    Ok(axum::Json(node.info()))
+) -> Result<axum::Json<silk_api::NodeInfo>, NodeError> {
+    root(&api.node, &headers)?;
+    api.node.set_draining(false);
+    Ok(axum::Json(node_info(&api)))
 }
 
 #[cfg(test)]

@@ -16,34 +16,39 @@ pub struct Advert {
 }
 
 impl Node {
-    pub fn info(&self) -> serde_json::Value {
+    /// The node's report (`/v1/info`); the HTTP layer adds its place in the mesh.
+    pub fn info(&self) -> silk_api::NodeInfo {
         let st = self.lock();
         let now = Instant::now();
-        let pools: Vec<_> = st
+        let pools = st
             .pools
             .values()
-            .map(|p| {
-                serde_json::json!({
-                    "template": p.key.template, "size": p.key.size, "lane": p.key.lane,
-                    "warm": p.ready.len(), "starting": p.starting, "target": p.target,
-                    "warm_min": p.warm, "warm_max": p.warm_max,
-                    "golden": st.goldens.get(&p.key.template).map(|g| g.digest.to_string()),
-                    "backing_off": p.backing_off(now),
-                })
+            .map(|p| silk_api::PoolStatus {
+                template: p.key.template.clone(),
+                size: p.key.size,
+                lane: p.key.lane,
+                warm: p.ready.len() as u64,
+                starting: p.starting as u64,
+                target: p.target as u64,
+                warm_min: p.warm as u64,
+                warm_max: p.warm_max as u64,
+                golden: st.goldens.get(&p.key.template).map(|g| g.digest.to_string()),
+                backing_off: p.backing_off(now),
             })
             .collect();
-        serde_json::json!({
-            "version": env!("CARGO_PKG_VERSION"),
-            "engine": self.engine.name(),
-            "capabilities": self.engine.capabilities(),
-            "claims": st.slots.len(),
-            "max_claims": self.cfg.max_claims,
-            "draining": self.draining.load(Ordering::Relaxed),
-            "uptime_ms": self.started.elapsed().as_millis() as u64,
-            "pools": pools,
-            "goldens": st.goldens.keys().collect::<Vec<_>>(),
-            "name": self.name,
-        })
+        silk_api::NodeInfo {
+            version: env!("CARGO_PKG_VERSION").to_string(),
+            engine: self.engine.name().to_string(),
+            capabilities: serde_json::to_value(self.engine.capabilities()).unwrap_or_default(),
+            claims: st.slots.len() as u64,
+            max_claims: self.cfg.max_claims as u64,
+            draining: self.draining.load(Ordering::Relaxed),
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            pools,
+            goldens: st.goldens.keys().cloned().collect(),
+            name: self.name.clone(),
+            mesh: None,
+        }
     }
 
     pub fn render_metrics(&self) -> String {

@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod schema;
+
 pub const ROOT: &str = "root-token-for-tests";
 
 pub fn static_silkd() -> PathBuf {
@@ -243,7 +245,33 @@ pub fn http(
     let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status: u16 = head.split_whitespace().nth(1).unwrap().parse().unwrap();
     let value = serde_json::from_str(rest).unwrap_or(Value::String(rest.to_string()));
+    conforms(addr, method, path, status, &value);
     (status, value)
+}
+
+/// Panics unless the answer is one the node's OpenAPI document describes (status and body).
+pub fn conforms(addr: SocketAddr, method: &str, path: &str, status: u16, body: &Value) {
+    static DOCS: std::sync::Mutex<Vec<(SocketAddr, Value)>> = std::sync::Mutex::new(vec![]);
+    if path.starts_with("/v1/openapi.json") {
+        return;
+    }
+    let mut docs = DOCS.lock().unwrap_or_else(|p| p.into_inner());
+    if !docs.iter().any(|(a, _)| *a == addr) {
+        let Some(doc) = document(addr) else { return }; // the node died meanwhile
+        docs.push((addr, doc));
+    }
+    let doc = &docs.iter().find(|(a, _)| *a == addr).expect("just added").1;
+    if let Some(wrong) = schema::check_answer(doc, method, path, status, body) {
+        panic!("an answer the API document does not describe: {wrong}\nbody: {body}");
+    }
+}
+
+fn document(addr: SocketAddr) -> Option<Value> {
+    let mut s = TcpStream::connect(addr).ok()?;
+    write!(s, "GET /v1/openapi.json HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").ok()?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).ok()?;
+    serde_json::from_str(raw.split_once("\r\n\r\n")?.1).ok()
 }
 
 /// Like [`http`], but a connection the server drops (a crash) is `None` instead of a panic.
@@ -268,7 +296,9 @@ pub fn try_http(
     let text = String::from_utf8_lossy(&raw);
     let (head, rest) = text.split_once("\r\n\r\n")?;
     let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((status, serde_json::from_str(rest).unwrap_or(Value::String(rest.to_string()))))
+    let value = serde_json::from_str(rest).unwrap_or(Value::String(rest.to_string()));
+    conforms(addr, method, path, status, &value);
+    Some((status, value))
 }
 
 /// `[store.s3]` for the local S3 server `scripts/start-s3` runs (scripts/test starts it), under

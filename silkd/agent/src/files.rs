@@ -19,7 +19,7 @@ use silk_proto::{
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
-use crate::server::{CallResult, Fail};
+use crate::call::{CallResult, Fail};
 
 /// Entries per `Entries` frame.
 const LIST_BATCH: usize = 256;

@@ -16,7 +16,7 @@ use silk_proto::{ErrorKind, Frame, FrameReader, FrameWriter, WireError};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::server::{CallResult, Fail, interrupted};
+use crate::call::{CallResult, Fail, interrupted};
 
 const READ_CHUNK: usize = 64 * 1024;
 

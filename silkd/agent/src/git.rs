@@ -22,10 +22,10 @@ use silk_proto::{
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 
+use crate::call::{Agent, CallResult, Fail};
 use crate::files::{checked_path, io_error};
 use crate::process::KillOnDrop;
 use crate::procs::BASE_PATH;
-use crate::server::{Agent, CallResult, Fail};
 
 /// git's stdout kept at most (status of a huge tree); past it the status is truncated.
 const MAX_STDOUT: u64 = 32 << 20;

@@ -19,9 +19,9 @@ use silk_proto::{
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 
+use crate::call::{Agent, CallResult, Fail, interrupted};
 use crate::procs::{Detached, Procs, now_ms};
 use crate::ring::Ring;
-use crate::server::{Agent, CallResult, Fail, interrupted};
 
 const PIPE_READ: usize = 64 * 1024;
 

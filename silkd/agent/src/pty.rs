@@ -14,40 +14,20 @@
 //! also be sent inside the `PtyOpen` call as a control frame (no answer). `Eof` from the client is
 //! ignored: a terminal has no end of input; send `^D` (0x04) as input instead.
 
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Stdio;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 use silk_proto::{ErrorKind, ExitStatus, Frame, FrameReader, FrameWriter, PtyRequest, WireError};
 use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncRead, AsyncWrite};
 
+use crate::call::{Agent, CallResult, Fail, interrupted};
 use crate::procs::ChildIo;
-use crate::server::{Agent, CallResult, Fail, interrupted};
+use crate::ptys::{check_size, set_size};
 
 const READ_CHUNK: usize = 64 * 1024;
-
-/// The masters of live ptys, by their child's pid, for `PtyResize` from any connection.
-#[derive(Debug, Default)]
-pub struct Ptys {
-    map: Mutex<HashMap<u32, Arc<AsyncFd<OwnedFd>>>>,
-}
-
-impl Ptys {
-    fn lock(&self) -> MutexGuard<'_, HashMap<u32, Arc<AsyncFd<OwnedFd>>>> {
-        // Held only for map operations, never across an await or a panic point.
-        self.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn resize(&self, pid: u32, cols: u16, rows: u16) -> Result<(), WireError> {
-        let master = self.lock().get(&pid).cloned().ok_or_else(|| {
-            WireError::new(ErrorKind::NotFound, format!("no live pty for pid {pid}"))
-        })?;
-        set_size(master.get_ref(), cols, rows)
-    }
-}
 
 /// Removes the pty from the registry and kills its child if the call ends first.
 struct Guard<'a> {
@@ -58,7 +38,7 @@ struct Guard<'a> {
 
 impl Drop for Guard<'_> {
     fn drop(&mut self) {
-        self.agent.ptys.lock().remove(&self.pid);
+        self.agent.ptys.remove(self.pid);
         if self.kill {
             let _ = self.agent.procs.kill(self.pid, libc::SIGKILL);
         }
@@ -115,7 +95,7 @@ where
     let master = unsafe { AsyncFd::register(master) }
         .map_err(|e| WireError::new(ErrorKind::Internal, format!("pty reactor: {e}")))?;
     let master = Arc::new(master);
-    agent.ptys.lock().insert(pid, master.clone());
+    agent.ptys.insert(pid, master.clone());
     wr.send(&Frame::Started { pid }).await?;
 
     let status = {
@@ -249,26 +229,4 @@ fn open_pty(cols: u16, rows: u16) -> Result<(OwnedFd, OwnedFd), WireError> {
     let slave = unsafe { OwnedFd::from_raw_fd(slave) };
     set_size(&master, cols, rows)?;
     Ok((master, slave))
-}
-
-fn check_size(cols: u16, rows: u16) -> Result<(), WireError> {
-    if cols == 0 || rows == 0 {
-        return Err(WireError::new(
-            ErrorKind::BadRequest,
-            format!("bad terminal size {cols}x{rows}"),
-        ));
-    }
-    Ok(())
-}
-
-/// Sets the window size; the kernel sends SIGWINCH to the terminal's foreground group.
-fn set_size(master: &OwnedFd, cols: u16, rows: u16) -> Result<(), WireError> {
-    check_size(cols, rows)?;
-    let winsize = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
-    // SAFETY: TIOCSWINSZ reads one `winsize` from a valid pointer.
-    if unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &winsize) } != 0 {
-        let e = std::io::Error::last_os_error();
-        return Err(WireError::new(ErrorKind::Internal, format!("resize: {e}")));
-    }
-    Ok(())
 }

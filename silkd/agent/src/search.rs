@@ -28,8 +28,8 @@ use silk_proto::{
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
+use crate::call::{CallResult, interrupted};
 use crate::files::{blocking, checked_path, io_error, open_temp_for};
-use crate::server::{CallResult, interrupted};
 
 /// Batches in flight between the walker and the socket.
 const PIPELINE: usize = 4;

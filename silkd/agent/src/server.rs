@@ -8,7 +8,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use silk_proto::{
@@ -18,96 +18,13 @@ use silk_proto::{
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::signal::unix::{SignalKind, signal};
 
+use crate::call::{Agent, CallResult, Fail, Options};
 use crate::listen::Listener;
-use crate::procs::{Defaults, Procs};
-use crate::pty::Ptys;
-use crate::session::Sessions;
 use crate::{files, forward, git, process, pty, search, session, tree, watch};
 
 /// Verb families served, as announced in `Welcome`.
 const CAPABILITIES: &[&str] =
     &["exec", "spawn", "files", "tar", "sessions", "pty", "search", "watch", "git", "port_forward"];
-
-/// Tunables.
-#[derive(Debug, Clone)]
-pub struct Options {
-    /// Bytes of output kept per detached process.
-    pub ring_bytes: usize,
-    /// How long children get between SIGTERM and SIGKILL at shutdown.
-    pub shutdown_grace: Duration,
-    /// A session with no call for this long is killed.
-    pub session_idle: Duration,
-    /// Watch events queued per `watch` call before the call ends with an overflow error.
-    pub watch_queue: usize,
-    /// The git binary: a name looked up in the children's base `PATH`, or a path.
-    pub git: String,
-    /// Environment, working directory and user for commands whose request names none.
-    pub defaults: Defaults,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            ring_bytes: 1 << 20,
-            shutdown_grace: Duration::from_secs(2),
-            session_idle: Duration::from_secs(30 * 60),
-            watch_queue: 16_384,
-            git: "git".into(),
-            defaults: Defaults::default(),
-        }
-    }
-}
-
-/// State shared by every connection.
-#[derive(Debug)]
-pub struct Agent {
-    pub procs: Procs,
-    pub sessions: Sessions,
-    pub ptys: Ptys,
-    pub options: Options,
-    started: Instant,
-    connections: AtomicU32,
-}
-
-/// Why a call did not end with a success terminal frame.
-#[derive(Debug)]
-pub enum Fail {
-    /// Answer with this error; the connection stays usable.
-    Call(WireError),
-    /// The connection is unusable.
-    Conn(ProtoError),
-}
-
-impl From<WireError> for Fail {
-    fn from(e: WireError) -> Self {
-        Fail::Call(e)
-    }
-}
-
-impl From<ProtoError> for Fail {
-    fn from(e: ProtoError) -> Self {
-        Fail::Conn(e)
-    }
-}
-
-pub type CallResult = Result<(), Fail>;
-
-/// What a streaming call answers to a frame it has no use for: another request (the call is
-/// abandoned with `BadRequest`, `what` saying what happened), the client closing the connection,
-/// or a frame that does not decode.
-pub fn interrupted(frame: Result<Option<Frame>, ProtoError>, what: &str) -> Fail {
-    match frame {
-        Ok(Some(other)) => Fail::Call(WireError::new(
-            ErrorKind::BadRequest,
-            format!("{} sent {what}", other.name()),
-        )),
-        Ok(None) => Fail::Conn(ProtoError::Truncated),
-        Err(e) if e.is_recoverable() => {
-            Fail::Call(WireError::new(ErrorKind::BadRequest, e.to_string()))
-        }
-        Err(e) => Fail::Conn(e),
-    }
-}
 
 /// Serves `listener` until `shutdown` resolves or SIGTERM/SIGINT arrives, then stops children
 /// (SIGTERM, then SIGKILL after the grace period) and returns.
@@ -116,14 +33,7 @@ pub async fn run(
     options: Options,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    let agent = Arc::new(Agent {
-        procs: Procs::new(options.defaults.clone()),
-        sessions: Sessions::default(),
-        ptys: Ptys::default(),
-        options,
-        started: Instant::now(),
-        connections: AtomicU32::new(0),
-    });
+    let agent = Arc::new(Agent::new(options));
     // Registered before any child exists, so no SIGCHLD is missed.
     let mut sigchld = signal(SignalKind::child())?;
     let reaper = {
@@ -137,7 +47,7 @@ pub async fn run(
             }
         })
     };
-    let sweeper = tokio::spawn(Sessions::sweep(agent.clone()));
+    let sweeper = tokio::spawn(session::sweep(agent.clone()));
     let mut sigterm = signal(SignalKind::terminate())?;
     let mut sigint = signal(SignalKind::interrupt())?;
     tokio::pin!(shutdown);

@@ -22,121 +22,37 @@
 //! Output of background jobs started by earlier calls is discarded at the start of a call.
 //! Idle sessions (no call for `--session-idle-secs`) are killed by a periodic sweep.
 
-use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::process::Stdio;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::BytesMut;
 use silk_proto::{
     Command, ErrorKind, ExitStatus, Frame, FrameReader, FrameWriter, SessionExecRequest,
-    SessionInfo, SessionRequest, WireError,
+    SessionRequest, WireError,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::watch;
 
+use crate::call::{Agent, CallResult, interrupted};
 use crate::procs::{ChildIo, now_ms, pipe_pair};
-use crate::server::{Agent, CallResult, interrupted};
+use crate::sessions::{Session, Shell};
 
-/// Live sessions at most; more is `ResourceExhausted`.
-const MAX_SESSIONS: usize = 256;
 const READ_CHUNK: usize = 64 * 1024;
 
-/// The session table, shared by every connection.
-#[derive(Debug, Default)]
-pub struct Sessions {
-    map: Arc<Mutex<HashMap<String, Arc<Session>>>>,
-}
-
-#[derive(Debug)]
-pub struct Session {
-    id: String,
-    pid: u32,
-    created_ms: u64,
-    last_used_ms: AtomicU64,
-    /// Held for the length of a call: a second concurrent call is `Conflict`.
-    shell: tokio::sync::Mutex<Shell>,
-    /// Set once the shell exited.
-    exit: watch::Receiver<Option<ExitStatus>>,
-}
-
-/// The host ends of a session shell's pipes.
-#[derive(Debug)]
-struct Shell {
-    stdin: pipe::Sender,
-    stdout: pipe::Receiver,
-    stderr: pipe::Receiver,
-    /// fd 3 of the shell: marker lines only.
-    status: pipe::Receiver,
-}
-
-fn lock(
-    map: &Mutex<HashMap<String, Arc<Session>>>,
-) -> MutexGuard<'_, HashMap<String, Arc<Session>>> {
-    // Only this module holds the lock, never across an await or a panic point.
-    map.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-impl Sessions {
-    pub fn len(&self) -> usize {
-        lock(&self.map).len()
-    }
-
-    fn get(&self, id: &str) -> Result<Arc<Session>, WireError> {
-        lock(&self.map)
-            .get(id)
-            .cloned()
-            .ok_or_else(|| WireError::new(ErrorKind::NotFound, format!("no session {id:?}")))
-    }
-
-    fn remove(&self, session: &Arc<Session>) {
-        let mut map = lock(&self.map);
-        if map.get(&session.id).is_some_and(|s| Arc::ptr_eq(s, session)) {
-            map.remove(&session.id);
-        }
-    }
-
-    /// Removes sessions idle since before `now_ms - idle` that no call holds, and returns their
-    /// shells' pids for the caller to kill.
-    pub fn take_idle(&self, now_ms: u64, idle: Duration) -> Vec<u32> {
-        let cutoff = now_ms.saturating_sub(idle.as_millis() as u64);
-        let mut map = lock(&self.map);
-        let idle: Vec<String> = map
-            .values()
-            .filter(|s| {
-                s.last_used_ms.load(Ordering::Relaxed) < cutoff && s.shell.try_lock().is_ok()
-            })
-            .map(|s| s.id.clone())
-            .collect();
-        idle.iter().filter_map(|id| map.remove(id)).map(|s| s.pid).collect()
-    }
-
-    /// Kills every session that stayed idle too long. Runs until the agent stops.
-    pub async fn sweep(agent: Arc<Agent>) {
-        let idle = agent.options.session_idle;
-        // Check a few times per idle period so a session outlives its limit by a fraction of it.
-        let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
-        loop {
-            tokio::time::sleep(tick).await;
-            for pid in agent.sessions.take_idle(now_ms(), idle) {
-                tracing::debug!(pid, "session idle: killed");
-                let _ = agent.procs.kill(pid, libc::SIGKILL);
-            }
-        }
-    }
-}
-
-impl Session {
-    fn info(&self) -> SessionInfo {
-        SessionInfo {
-            id: self.id.clone(),
-            pid: self.pid,
-            created_ms: self.created_ms,
-            last_used_ms: self.last_used_ms.load(Ordering::Relaxed),
-            busy: self.shell.try_lock().is_err(),
+/// Kills every session that stayed idle too long. Runs until the agent stops.
+pub async fn sweep(agent: Arc<Agent>) {
+    let idle = agent.options.session_idle;
+    // Check a few times per idle period so a session outlives its limit by a fraction of it.
+    let tick = (idle / 4).clamp(Duration::from_millis(50), Duration::from_secs(30));
+    loop {
+        tokio::time::sleep(tick).await;
+        for pid in agent.sessions.take_idle(now_ms(), idle) {
+            tracing::debug!(pid, "session idle: killed");
+            let _ = agent.procs.kill(pid, libc::SIGKILL);
         }
     }
 }
@@ -150,21 +66,7 @@ pub async fn create<W: AsyncWrite + Unpin>(
         Some(id) => valid_id(id)?,
         None => format!("s-{}", random_hex(6)?),
     };
-    {
-        let map = lock(&agent.sessions.map);
-        if map.contains_key(&id) {
-            return Err(
-                WireError::new(ErrorKind::Conflict, format!("session {id:?} exists")).into()
-            );
-        }
-        if map.len() >= MAX_SESSIONS {
-            return Err(WireError::new(
-                ErrorKind::ResourceExhausted,
-                format!("{MAX_SESSIONS} sessions are live already"),
-            )
-            .into());
-        }
-    }
+    agent.sessions.check_room(&id)?;
     let cmd = Command { argv: vec!["sh".into()], cwd: req.cwd, env: req.env, user: req.user };
     let (status_rx, status_tx) = pipe_pair()?;
     let io = ChildIo {
@@ -202,26 +104,19 @@ pub async fn create<W: AsyncWrite + Unpin>(
         shell: tokio::sync::Mutex::new(shell),
         exit: exit_rx,
     });
-    {
-        let mut map = lock(&agent.sessions.map);
-        if map.contains_key(&id) {
-            // Another connection created the same id while the shell started.
-            drop(map);
-            let _ = agent.procs.kill(pid, libc::SIGKILL);
-            return Err(
-                WireError::new(ErrorKind::Conflict, format!("session {id:?} exists")).into()
-            );
-        }
-        map.insert(id, session.clone());
+    if !agent.sessions.insert_new(session.clone()) {
+        // Another connection created the same id while the shell started.
+        let _ = agent.procs.kill(pid, libc::SIGKILL);
+        return Err(WireError::new(ErrorKind::Conflict, format!("session {id:?} exists")).into());
     }
     // When the shell exits (`exit` in a script, `kill`, the idle sweep) the session goes away.
-    let map = agent.sessions.map.clone();
+    let sessions = agent.sessions.clone();
     let weak = Arc::downgrade(&session);
     tokio::spawn(async move {
         let status = exited.await.ok();
         let _ = exit_tx.send(status.or(Some(lost_status())));
         if let Some(session) = weak.upgrade() {
-            Sessions { map }.remove(&session);
+            sessions.remove(&session);
         }
     });
     wr.queue(&Frame::Sessions(vec![session.info()]))?;
@@ -229,8 +124,7 @@ pub async fn create<W: AsyncWrite + Unpin>(
 }
 
 pub async fn list<W: AsyncWrite + Unpin>(agent: &Agent, wr: &mut FrameWriter<W>) -> CallResult {
-    let mut infos: Vec<SessionInfo> =
-        lock(&agent.sessions.map).values().map(|s| s.info()).collect();
+    let mut infos = agent.sessions.infos();
     infos.sort_by(|a, b| a.id.cmp(&b.id));
     wr.queue(&Frame::Sessions(infos))?;
     Ok(wr.send(&Frame::Done).await?)
@@ -511,38 +405,5 @@ mod tests {
         }
         assert_ne!(random_hex(16).unwrap(), random_hex(16).unwrap());
         assert_eq!(random_hex(16).unwrap().len(), 32);
-    }
-
-    fn fake_session(id: &str, last_used_ms: u64) -> Arc<Session> {
-        let (_stdin_r, stdin_w) = pipe_pair().unwrap();
-        let shell = Shell {
-            stdin: pipe::Sender::from_owned_fd(stdin_w).unwrap(),
-            stdout: pipe::Receiver::from_owned_fd(pipe_pair().unwrap().0).unwrap(),
-            stderr: pipe::Receiver::from_owned_fd(pipe_pair().unwrap().0).unwrap(),
-            status: pipe::Receiver::from_owned_fd(pipe_pair().unwrap().0).unwrap(),
-        };
-        Arc::new(Session {
-            id: id.into(),
-            pid: last_used_ms as u32,
-            created_ms: 0,
-            last_used_ms: AtomicU64::new(last_used_ms),
-            shell: tokio::sync::Mutex::new(shell),
-            exit: watch::channel(None).1,
-        })
-    }
-
-    #[tokio::test]
-    async fn idle_sessions_are_taken_by_age_unless_busy() {
-        let sessions = Sessions::default();
-        let busy = fake_session("busy", 1_000);
-        for s in [fake_session("old", 1_001), busy.clone(), fake_session("fresh", 9_000)] {
-            lock(&sessions.map).insert(s.id.clone(), s);
-        }
-        let held = busy.shell.try_lock().unwrap();
-        assert_eq!(sessions.take_idle(10_000, Duration::from_secs(5)), vec![1_001]);
-        assert_eq!(sessions.len(), 2);
-        drop(held);
-        assert_eq!(sessions.take_idle(10_000, Duration::from_secs(5)), vec![1_000]);
-        assert_eq!(sessions.len(), 1, "only the fresh one is left");
     }
 }

@@ -6,99 +6,29 @@
 //! the staging directory and leaves the target as it was. The merge moves entries with `rename`
 //! (directories are merged, anything else replaces what is there), as `tar -x` would.
 
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 
-use bytes::{Buf, Bytes, BytesMut};
-use silk_proto::{DATA_CHUNK, ErrorKind, Frame, FrameReader, FrameWriter, ProtoError, WireError};
+use bytes::Bytes;
+use silk_proto::tarstream::{self, ChunkReader};
+use silk_proto::{ErrorKind, Frame, FrameReader, FrameWriter, ProtoError, WireError};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
+use crate::call::{CallResult, Fail};
 use crate::files::{blocking, checked_path, io_error, unique_suffix};
-use crate::server::{CallResult, Fail};
 
 const PIPELINE: usize = 4;
 
 pub async fn pull<W: AsyncWrite + Unpin>(path: String, wr: &mut FrameWriter<W>) -> CallResult {
     let path = checked_path(&path)?;
     let meta = std::fs::symlink_metadata(&path).map_err(|e| io_error(&path, e))?;
-    let (tx, mut rx) = mpsc::channel::<Result<Bytes, WireError>>(PIPELINE);
-    tokio::task::spawn_blocking(move || {
-        let out = ChannelWriter { tx: tx.clone(), buf: BytesMut::new() };
-        let mut tar = tar::Builder::new(out);
-        tar.follow_symlinks(false);
-        let built = if meta.is_dir() {
-            tar.append_dir_all(".", &path)
-        } else {
-            let name = path.file_name().map(PathBuf::from).unwrap_or_else(|| "file".into());
-            tar.append_path_with_name(&path, name)
-        };
-        let result = built.and_then(|()| tar.into_inner()).and_then(|mut out| out.flush());
-        if let Err(e) = result {
-            // A closed channel means the client left; anything else is worth reporting.
-            let _ = tx.blocking_send(Err(io_error(&path, e)));
-        }
-    });
+    // A failure part way ends the call with an error naming the path.
+    let mut rx =
+        tarstream::build(path.clone(), meta.is_dir(), PIPELINE, move |e| io_error(&path, e));
     while let Some(chunk) = rx.recv().await {
         wr.send(&Frame::Data(chunk?)).await?;
     }
     Ok(wr.send(&Frame::Done).await?)
-}
-
-/// `Write` side of the pull pipeline: fills `DATA_CHUNK` buffers and hands them to the socket.
-struct ChannelWriter {
-    tx: mpsc::Sender<Result<Bytes, WireError>>,
-    buf: BytesMut,
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        let n = data.len().min(DATA_CHUNK - self.buf.len());
-        self.buf.extend_from_slice(&data[..n]);
-        if self.buf.len() == DATA_CHUNK {
-            self.flush()?;
-        }
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = self.buf.split().freeze();
-        self.buf.reserve(DATA_CHUNK);
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "client gone"))
-    }
-}
-
-/// `Read` side of the push pipeline: bytes from `Data` frames; `None` is a clean end, `Err` an
-/// aborted stream.
-struct ChannelReader {
-    rx: mpsc::Receiver<Result<Bytes, ()>>,
-    cur: Bytes,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.cur.is_empty() {
-            match self.rx.blocking_recv() {
-                Some(Ok(data)) => self.cur = data,
-                Some(Err(())) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::BrokenPipe,
-                        "stream aborted",
-                    ));
-                }
-                None => return Ok(0),
-            }
-        }
-        let n = out.len().min(self.cur.len());
-        out[..n].copy_from_slice(&self.cur[..n]);
-        self.cur.advance(n);
-        Ok(n)
-    }
 }
 
 pub async fn push<R, W>(
@@ -132,11 +62,13 @@ where
     let staging = parent.join(format!(".silk-push-{}", unique_suffix()));
     std::fs::create_dir(&staging).map_err(|e| io_error(&staging, e))?;
 
-    let (tx, rx) = mpsc::channel::<Result<Bytes, ()>>(PIPELINE);
+    // Bytes from `Data` frames for the unpacker; the channel's close is a clean end, an `Err`
+    // (see `aborted`) an aborted stream.
+    let (tx, rx) = mpsc::channel::<std::io::Result<Bytes>>(PIPELINE);
     let unpack = {
         let staging = staging.clone();
         tokio::task::spawn_blocking(move || -> Result<(), WireError> {
-            let mut reader = ChannelReader { rx, cur: Bytes::new() };
+            let mut reader = ChunkReader::new(rx);
             let mut archive = tar::Archive::new(&mut reader);
             archive.set_preserve_permissions(true);
             archive.set_preserve_mtime(true);
@@ -182,7 +114,7 @@ where
     }
     .await;
     if outcome.is_err() {
-        let _ = tx.send(Err(())).await;
+        let _ = tx.send(Err(aborted())).await;
     }
     drop(tx);
     let unpacked = unpack.await.unwrap_or_else(|e| {
@@ -199,6 +131,11 @@ where
     let _ = std::fs::remove_dir_all(&staging);
     merged?;
     Ok(wr.send(&Frame::Done).await?)
+}
+
+/// What the unpacker reads when the client's stream broke off: the archive must not be merged.
+fn aborted() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "stream aborted")
 }
 
 /// Moves the staged tree into `dest`.

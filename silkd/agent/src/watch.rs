@@ -28,9 +28,9 @@ use silk_proto::{
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 
+use crate::call::{Agent, CallResult, Fail, interrupted};
 use crate::files::{checked_path, io_error};
 use crate::procs::pipe_pair;
-use crate::server::{Agent, CallResult, Fail, interrupted};
 
 /// Events per `Events` frame.
 const BATCH: usize = 256;

@@ -24,6 +24,8 @@ mod codec;
 mod conn;
 mod error;
 mod frame;
+#[cfg(feature = "tar")]
+pub mod tarstream;
 
 pub use codec::{decode, encode};
 pub use conn::{Connection, FrameReader, FrameWriter};

@@ -1,0 +1,390 @@
+//! Request and answer bodies, by route (see the node's `/v1/openapi.json` for which is which).
+//! Requests refuse unknown fields; optional answer fields that only some answers carry are
+//! left out rather than `null`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Code, Lane, OnExpire, SandboxState, Size, Tier};
+
+#[cfg(feature = "schema")]
+use utoipa::ToSchema;
+
+// ---- requests ----
+
+/// `POST /v1/sandboxes`: every field may be left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// `host` when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schema(min_length = 1, max_length = 128))]
+    pub template: Option<String>,
+    /// `small` when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size: Option<Size>,
+    /// `none` when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane: Option<Lane>,
+    /// The lease; 0 or left out: the node's default. At most the node's cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    /// At most 16 pairs; keys 1–128 bytes, values up to 512.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub on_expire: OnExpire,
+}
+
+/// `POST /v1/sandboxes/{id}/renew`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RenewRequest {
+    /// The new lease from now; 0 or left out: the node's default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// `POST /v1/sandboxes/{id}/exec`: a command run to its end, its output buffered.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    #[cfg_attr(feature = "schema", schema(min_items = 1))]
+    pub argv: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Text given to the process on stdin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_seconds: Option<u64>,
+}
+
+/// `POST /v1/sandboxes/{id}/checkpoint`; the body may be left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schema(max_length = 128))]
+    pub name: Option<String>,
+}
+
+/// `POST /v1/checkpoints/{id}/claim` (branch); the body may be left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BranchRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub on_expire: OnExpire,
+}
+
+/// `POST /v1/sandboxes/{id}/fork`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 16))]
+    pub count: usize,
+    /// The children's lease; the parent's length when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_seconds: Option<u64>,
+}
+
+/// `POST /v1/sandboxes/{id}/promote`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PromoteRequest {
+    #[cfg_attr(feature = "schema", schema(pattern = "^[a-z0-9_-]{1,64}$"))]
+    pub template: String,
+}
+
+/// `POST /v1/sandboxes/{id}/move`; the body may be left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct MoveRequest {
+    /// The peer to move to; the least loaded live peer when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub to: Option<String>,
+}
+
+/// One pool's configuration (`GET`/`PUT /v1/pools`, and `[[pools]]` in the node's config).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    pub template: String,
+    #[serde(default = "small")]
+    pub size: Size,
+    #[serde(default = "no_lane")]
+    pub lane: Lane,
+    /// Warm sandboxes to keep ready.
+    pub warm: usize,
+    /// Ceiling the warm target may rise to while claims outrun refills (default: 2 × warm).
+    #[serde(default)]
+    pub warm_max: Option<usize>,
+    /// Hibernate a claimed sandbox of this pool after this long without a data-plane call (the
+    /// clock pauses while a relay connection is open). Never when unset.
+    #[serde(default)]
+    pub idle_hibernate_seconds: Option<u64>,
+}
+
+fn small() -> Size {
+    Size::Small
+}
+
+fn no_lane() -> Lane {
+    Lane::None
+}
+
+/// `GET`/`PUT /v1/pools`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Pools {
+    pub pools: Vec<PoolConfig>,
+}
+
+// ---- answers ----
+
+/// One claim as the node reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct Sandbox {
+    pub id: String,
+    pub template: String,
+    pub size: Size,
+    pub lane: Lane,
+    pub tier: Tier,
+    pub state: SandboxState,
+    /// The node that runs it (its API address).
+    pub owner: String,
+    pub created_ms: u64,
+    /// When the lease ends, unix milliseconds.
+    pub deadline_ms: u64,
+    pub on_expire: OnExpire,
+    pub metadata: BTreeMap<String, String>,
+    /// The data plane: `GET` it with `Upgrade: silkd`.
+    pub agent_path: String,
+    pub lease_seconds: u64,
+    /// When the current state began.
+    pub state_since_ms: u64,
+    /// Lineage: the checkpoint this sandbox was branched from, or the sandbox it was forked from.
+    pub from_checkpoint: Option<String>,
+    pub forked_from: Option<String>,
+    /// Whether wake, branch and fork keep running processes (`false` on the jail engine: files
+    /// are exact, processes restart).
+    pub memory_snapshot: bool,
+    /// The sandbox's token: only in the answer that made it (claim, branch, fork).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    /// How long the node took to serve the claim: only in the answer that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_micros: Option<u64>,
+    /// The node's mesh name: only in a move's answer (the node it moved to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// `GET /v1/sandboxes`, and the children of a fork.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}
+
+/// `POST /v1/sandboxes/{id}/renew`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct Renewed {
+    pub id: String,
+    pub deadline_ms: u64,
+}
+
+/// `POST /v1/sandboxes/{id}/exec`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct ExecResult {
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    /// The output went past the node's cap and was cut there.
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+/// A checkpoint in the store: `ck_` followed by 32 hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct Checkpoint {
+    pub id: String,
+    pub name: Option<String>,
+    /// The sandbox it was taken from.
+    pub sandbox: String,
+    pub template: String,
+    pub created_ms: u64,
+    /// Bytes in the snapshot.
+    pub bytes: u64,
+    /// Bytes this checkpoint sent to the store (the rest was there): only when it was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uploaded_bytes: Option<u64>,
+    /// Whether a branch keeps running processes: only when it was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_snapshot: Option<bool>,
+}
+
+/// `GET /v1/checkpoints`, `GET /v1/sandboxes/{id}/checkpoints`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct CheckpointList {
+    pub checkpoints: Vec<Checkpoint>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum TemplateKind {
+    Builtin,
+    Configured,
+    Promoted,
+}
+
+/// A template as `GET /v1/templates` lists it (and promote answers).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct Template {
+    pub name: String,
+    pub kind: TemplateKind,
+    /// The golden's content digest (promoted templates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    /// The sandbox it was promoted from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub created_ms: Option<u64>,
+}
+
+/// `GET /v1/templates`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct TemplateList {
+    pub templates: Vec<Template>,
+}
+
+/// `GET /v1/info` (and the drain calls' answers).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct NodeInfo {
+    pub version: String,
+    pub engine: String,
+    /// What the engine can do (limits, disk mechanism, memory snapshots), as it reports it.
+    #[cfg_attr(feature = "schema", schema(value_type = Object))]
+    pub capabilities: serde_json::Value,
+    pub claims: u64,
+    pub max_claims: u64,
+    pub draining: bool,
+    pub uptime_ms: u64,
+    pub pools: Vec<PoolStatus>,
+    /// The templates this node has a golden of.
+    pub goldens: Vec<String>,
+    /// The node's name (its mesh name, or `local`).
+    pub name: String,
+    /// The node in its mesh; `null` on a node alone.
+    pub mesh: Option<MeshInfo>,
+}
+
+/// One pool's live state in [`NodeInfo`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct PoolStatus {
+    pub template: String,
+    pub size: Size,
+    pub lane: Lane,
+    pub warm: u64,
+    pub starting: u64,
+    pub target: u64,
+    pub warm_min: u64,
+    pub warm_max: u64,
+    /// The digest of the golden its clones come from.
+    pub golden: Option<String>,
+    /// Refills failed lately and wait before the next try.
+    pub backing_off: bool,
+}
+
+/// This node in its mesh.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct MeshInfo {
+    /// Its QUIC address.
+    pub addr: String,
+    /// +1 at every start.
+    pub epoch: u64,
+    /// Live peers.
+    pub peers: u64,
+    /// Whether it forwards claims and calls (behind a load balancer) instead of redirecting.
+    pub forward: bool,
+}
+
+/// `GET /v1/peers`: the mesh as this node sees it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct MeshView {
+    pub name: String,
+    /// Whether this node is in a mesh at all.
+    pub mesh: bool,
+    /// This node as its peers see it (in a mesh).
+    #[serde(rename = "self", default, skip_serializing_if = "Option::is_none")]
+    pub this: Option<PeerRow>,
+    pub peers: Vec<PeerRow>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gossip_bytes_sent: Option<u64>,
+}
+
+/// A live member of the mesh and what it last said about itself (`null` until it has).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct PeerRow {
+    pub name: String,
+    pub mesh_addr: String,
+    pub epoch: u64,
+    pub api: Option<String>,
+    pub public_url: Option<String>,
+    pub warm: Option<BTreeMap<String, u32>>,
+    pub goldens: Option<Vec<String>>,
+    pub claims: Option<u32>,
+    pub capacity: Option<u32>,
+    pub draining: Option<bool>,
+    /// Its state's version: `[epoch, seq]`.
+    pub version: Option<[u64; 2]>,
+}
+
+/// Every error answer: `{"error": {"code": "...", "message": "..."}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct ErrorDetail {
+    pub code: Code,
+    pub message: String,
+}

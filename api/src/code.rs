@@ -1,0 +1,140 @@
+//! The machine-readable error codes every error answer carries.
+
+use serde::{Deserialize, Serialize};
+
+/// What went wrong, as clients branch on it: `{"error": {"code": "...", "message": "..."}}`.
+/// The wire form is [`Code::as_str`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Code {
+    BadRequest,
+    Unauthorized,
+    /// No such sandbox, checkpoint or route; also a token that is not the sandbox's.
+    NotFound,
+    TemplateNotFound,
+    PeerNotFound,
+    NoRoute,
+    MethodNotAllowed,
+    Conflict,
+    /// A move needs a base (golden) the target cannot get.
+    BaseUnavailable,
+    NodeFull,
+    Draining,
+    InsufficientStorage,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    UpgradeRequired,
+    /// The sandbox is moving, or lives on another node now: try again.
+    Moving,
+    AgentUnavailable,
+    PeerUnavailable,
+    /// The target of a move refused the sandbox (its code and message are in the message).
+    MoveRefused,
+    SandboxNotReady,
+    BadTemplate,
+    WarmupFailed,
+    Unsupported,
+    /// A command the sandbox's agent refused (the status follows its kind).
+    ExecFailed,
+    EngineFailed,
+    StoreUnavailable,
+    StoreCorrupt,
+    StoreRefused,
+    StoreFailed,
+    Internal,
+}
+
+impl Code {
+    pub fn as_str(self) -> &'static str {
+        use Code::*;
+        match self {
+            BadRequest => "bad_request",
+            Unauthorized => "unauthorized",
+            NotFound => "not_found",
+            TemplateNotFound => "template_not_found",
+            PeerNotFound => "peer_not_found",
+            NoRoute => "no_route",
+            MethodNotAllowed => "method_not_allowed",
+            Conflict => "conflict",
+            BaseUnavailable => "base_unavailable",
+            NodeFull => "node_full",
+            Draining => "draining",
+            InsufficientStorage => "insufficient_storage",
+            PayloadTooLarge => "payload_too_large",
+            UnsupportedMediaType => "unsupported_media_type",
+            UpgradeRequired => "upgrade_required",
+            Moving => "moving",
+            AgentUnavailable => "agent_unavailable",
+            PeerUnavailable => "peer_unavailable",
+            MoveRefused => "move_refused",
+            SandboxNotReady => "sandbox_not_ready",
+            BadTemplate => "bad_template",
+            WarmupFailed => "warmup_failed",
+            Unsupported => "unsupported",
+            ExecFailed => "exec_failed",
+            EngineFailed => "engine_failed",
+            StoreUnavailable => "store_unavailable",
+            StoreCorrupt => "store_corrupt",
+            StoreRefused => "store_refused",
+            StoreFailed => "store_failed",
+            Internal => "internal",
+        }
+    }
+}
+
+impl std::fmt::Display for Code {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Code {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wire_form_is_the_serde_form() {
+        use Code::*;
+        for code in [
+            BadRequest,
+            Unauthorized,
+            NotFound,
+            TemplateNotFound,
+            PeerNotFound,
+            NoRoute,
+            MethodNotAllowed,
+            Conflict,
+            BaseUnavailable,
+            NodeFull,
+            Draining,
+            InsufficientStorage,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+            UpgradeRequired,
+            Moving,
+            AgentUnavailable,
+            PeerUnavailable,
+            MoveRefused,
+            SandboxNotReady,
+            BadTemplate,
+            WarmupFailed,
+            Unsupported,
+            ExecFailed,
+            EngineFailed,
+            StoreUnavailable,
+            StoreCorrupt,
+            StoreRefused,
+            StoreFailed,
+            Internal,
+        ] {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());
+        }
+    }
+}

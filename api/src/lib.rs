@@ -1,0 +1,162 @@
+//! The node's HTTP API shapes, one definition for the node that answers and the SDK that calls:
+//! request bodies, answer bodies, the enums they carry, and the machine-readable error [`Code`].
+//! With the `schema` feature every type also derives its OpenAPI schema (utoipa), from which the
+//! node's `/v1/openapi.json` is made: the document cannot drift from what is served.
+//!
+//! Bounds the node enforces are stated on the fields ([`MAX_FORK`], the metadata limits); the
+//! lease cap is the node's own setting and is filled into its document at run time.
+
+mod bodies;
+mod code;
+
+pub use bodies::*;
+pub use code::Code;
+
+use serde::{Deserialize, Serialize};
+
+/// The OpenAPI schemas of every body, by type name (`components.schemas` of the node's
+/// document).
+#[cfg(feature = "schema")]
+pub fn schemas() -> serde_json::Value {
+    use utoipa::OpenApi;
+    #[derive(OpenApi)]
+    #[openapi(components(schemas(
+        ClaimRequest,
+        RenewRequest,
+        ExecRequest,
+        CheckpointRequest,
+        BranchRequest,
+        ForkRequest,
+        PromoteRequest,
+        MoveRequest,
+        PoolConfig,
+        Pools,
+        Sandbox,
+        SandboxList,
+        Renewed,
+        ExecResult,
+        Checkpoint,
+        CheckpointList,
+        Template,
+        TemplateKind,
+        TemplateList,
+        NodeInfo,
+        PoolStatus,
+        MeshInfo,
+        MeshView,
+        PeerRow,
+        ErrorBody,
+        ErrorDetail,
+        Code,
+        Size,
+        Lane,
+        Tier,
+        OnExpire,
+        SandboxState
+    )))]
+    struct Document;
+    let doc = serde_json::to_value(Document::openapi()).expect("a document serializes");
+    doc["components"]["schemas"].clone()
+}
+
+/// At most this many children per fork.
+pub const MAX_FORK: usize = 16;
+pub const MAX_METADATA_PAIRS: usize = 16;
+pub const MAX_METADATA_KEY: usize = 128;
+pub const MAX_METADATA_VALUE: usize = 512;
+
+/// Size tiers: cpu, memory and process limits per the node's engine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Size {
+    Small,
+    Medium,
+    Large,
+}
+
+impl std::str::FromStr for Size {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Size, String> {
+        match s {
+            "small" => Ok(Size::Small),
+            "medium" => Ok(Size::Medium),
+            "large" => Ok(Size::Large),
+            other => Err(format!("size {other:?}: small, medium or large")),
+        }
+    }
+}
+
+/// Network lanes. `none`: a network namespace with only loopback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Lane {
+    None,
+    Egress,
+}
+
+/// How a claim was served: an already running sandbox, a clone of the template's golden, or a
+/// cold boot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Warm = 0,
+    Clone = 1,
+    Cold = 2,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Warm, Tier::Clone, Tier::Cold];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Warm => "warm",
+            Tier::Clone => "clone",
+            Tier::Cold => "cold",
+        }
+    }
+}
+
+/// What happens when a lease ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum OnExpire {
+    #[default]
+    Destroy,
+    Archive,
+}
+
+/// Where a sandbox is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    /// Ready in a pool, owned by nobody.
+    Warm,
+    /// Owned by a client under a lease, running.
+    Claimed,
+    /// Stopped with its files kept on its node.
+    Hibernated,
+    /// Stopped with its files in the object store.
+    Archived,
+    /// Gone. Terminal.
+    Released,
+}
+
+#[cfg(all(test, feature = "schema"))]
+mod tests {
+    #[test]
+    fn every_schema_is_made_and_optional_answer_fields_are_not_required() {
+        let s = super::schemas();
+        let sandbox = &s["Sandbox"];
+        let required: Vec<&str> =
+            sandbox["required"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        assert!(required.contains(&"id") && required.contains(&"memory_snapshot"), "{sandbox}");
+        assert!(!required.contains(&"token") && !required.contains(&"claim_micros"), "{sandbox}");
+        assert!(s["ForkRequest"]["properties"]["count"]["maximum"].as_f64() == Some(16.0), "{s}");
+    }
+}
