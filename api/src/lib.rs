@@ -103,21 +103,17 @@ pub enum Lane {
 #[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
 #[serde(rename_all = "lowercase")]
 pub enum Tier {
-    Warm = 0,
-    Clone = 1,
-    Cold = 2,
+    Warm,
+    Clone,
+    Cold,
+    /// A tier this build does not know (a newer node's): clients keep working.
+    #[serde(other)]
+    Other,
 }
 
 impl Tier {
+    /// The tiers a node serves claims in.
     pub const ALL: [Tier; 3] = [Tier::Warm, Tier::Clone, Tier::Cold];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Tier::Warm => "warm",
-            Tier::Clone => "clone",
-            Tier::Cold => "cold",
-        }
-    }
 }
 
 /// What happens when a lease ends.
@@ -160,3 +156,19 @@ mod tests {
         assert!(s["ForkRequest"]["properties"]["count"]["maximum"].as_f64() == Some(16.0), "{s}");
     }
 }
+
+/// The wire name (`small`, `warm`, `hibernated`, …), for tables and messages.
+macro_rules! display_as_wire_name {
+    ($($t:ty),*) => {$(
+        impl std::fmt::Display for $t {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                match serde_json::to_value(self) {
+                    Ok(serde_json::Value::String(name)) => f.write_str(&name),
+                    _ => write!(f, "{self:?}"),
+                }
+            }
+        }
+    )*};
+}
+
+display_as_wire_name!(Size, Lane, Tier, OnExpire, SandboxState, TemplateKind);

@@ -13,8 +13,40 @@ use crate::error::NodeError;
 use crate::state::{SandboxState, Transitions};
 
 pub use silk_api::{
-    ClaimRequest, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, OnExpire, Tier,
+    ClaimRequest, MAX_METADATA_KEY, MAX_METADATA_PAIRS, MAX_METADATA_VALUE, OnExpire,
 };
+
+/// How a claim was served. The API's `Tier` also has `Other` (for clients reading a newer
+/// node); a claim here is always one of these three.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tier {
+    Warm = 0,
+    Clone = 1,
+    Cold = 2,
+}
+
+impl Tier {
+    pub const ALL: [Tier; 3] = [Tier::Warm, Tier::Clone, Tier::Cold];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Warm => "warm",
+            Tier::Clone => "clone",
+            Tier::Cold => "cold",
+        }
+    }
+}
+
+impl From<Tier> for silk_api::Tier {
+    fn from(t: Tier) -> silk_api::Tier {
+        match t {
+            Tier::Warm => silk_api::Tier::Warm,
+            Tier::Clone => silk_api::Tier::Clone,
+            Tier::Cold => silk_api::Tier::Cold,
+        }
+    }
+}
 
 /// One claim. On disk and on the wire (the journal, the store's published claims, a move to a
 /// peer) it is a [`StoredClaim`](crate::stored::StoredClaim): the conversion refuses a record

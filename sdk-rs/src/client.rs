@@ -1,14 +1,14 @@
 //! [`Client`]: one node's address and root token, and the node-level calls (claim, list, info,
-//! pools). The JSON shapes the node answers with are typed here; fields the SDK does not know
-//! yet are ignored and missing ones take defaults, so a newer node does not break an older SDK.
+//! pools). The shapes the node answers with are `silk_api`'s, the node's own types; fields the
+//! SDK does not know yet are ignored, so a newer node does not break an older SDK.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::Method;
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
@@ -231,14 +231,22 @@ impl ClaimBuilder {
     }
 }
 
-/// A new sandbox as the node answers it: its row and its token (claim, branch, fork).
+/// A new sandbox as the node answers it: its row, which carries its token (claim, branch, fork).
 #[derive(Debug, Deserialize)]
+#[serde(try_from = "SandboxInfo")]
 pub(crate) struct Claimed {
-    #[serde(flatten)]
     info: SandboxInfo,
     token: String,
-    #[serde(default)]
     claim_micros: Option<u64>,
+}
+
+impl TryFrom<SandboxInfo> for Claimed {
+    type Error = String;
+
+    fn try_from(info: SandboxInfo) -> std::result::Result<Claimed, String> {
+        let token = info.token.clone().ok_or("a new sandbox's answer without its token")?;
+        Ok(Claimed { claim_micros: info.claim_micros, token, info })
+    }
 }
 
 impl Claimed {
@@ -248,120 +256,10 @@ impl Claimed {
     }
 }
 
-/// Size tiers (cpu, memory, process limits per the node's engine).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Size {
-    Small,
-    Medium,
-    Large,
-}
-
-impl std::str::FromStr for Size {
-    type Err = Error;
-
-    fn from_str(s: &str) -> Result<Size> {
-        match s {
-            "small" => Ok(Size::Small),
-            "medium" => Ok(Size::Medium),
-            "large" => Ok(Size::Large),
-            other => Err(Error::Invalid(format!("size {other:?}: small, medium or large"))),
-        }
-    }
-}
-
-/// How a claim was served: an already running sandbox, a clone of the template's golden, or a
-/// cold boot.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Tier {
-    Warm,
-    Clone,
-    Cold,
-    /// A tier this SDK does not know yet.
-    #[serde(other)]
-    Other,
-}
+pub use silk_api::{NodeInfo, PoolConfig, PoolStatus, SandboxState, Size, Tier};
 
 /// One claim as the node reports it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SandboxInfo {
-    pub id: String,
-    #[serde(default)]
-    pub template: String,
-    #[serde(default)]
-    pub size: String,
-    #[serde(default)]
-    pub lane: String,
-    pub tier: Tier,
-    #[serde(default)]
-    pub state: String,
-    /// The node that runs it (its API address).
-    #[serde(default)]
-    pub owner: String,
-    #[serde(default)]
-    pub created_ms: u64,
-    /// When the lease ends, unix milliseconds.
-    #[serde(default)]
-    pub deadline_ms: u64,
-    #[serde(default)]
-    pub on_expire: String,
-    #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
-    /// Lineage: the checkpoint this sandbox was branched from, or the sandbox it was forked from.
-    #[serde(default)]
-    pub from_checkpoint: Option<String>,
-    #[serde(default)]
-    pub forked_from: Option<String>,
-    /// Whether wake, branch and fork keep running processes (`false` on the jail engine: files
-    /// are exact, processes restart).
-    #[serde(default)]
-    pub memory_snapshot: bool,
-}
-
-/// `GET /v1/info`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct NodeInfo {
-    pub version: String,
-    pub engine: String,
-    /// The engine's capabilities, as the node reports them.
-    pub capabilities: Value,
-    pub claims: u64,
-    pub max_claims: u64,
-    pub draining: bool,
-    pub uptime_ms: u64,
-    pub pools: Vec<PoolStatus>,
-}
-
-/// One pool's live state in [`NodeInfo`].
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct PoolStatus {
-    pub template: String,
-    pub size: String,
-    pub lane: String,
-    pub warm: u64,
-    pub starting: u64,
-    pub target: u64,
-    pub warm_min: u64,
-    pub warm_max: u64,
-    pub golden: Option<String>,
-    pub backing_off: bool,
-}
-
-/// One pool's configuration (`GET /v1/pools`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PoolConfig {
-    pub template: String,
-    #[serde(default)]
-    pub size: String,
-    #[serde(default)]
-    pub lane: String,
-    pub warm: u64,
-    #[serde(default)]
-    pub warm_max: Option<u64>,
-}
+pub type SandboxInfo = silk_api::Sandbox;
 
 /// A sandbox id as one path segment: ids are letters, digits and `-`/`_`; anything else would
 /// change the route.
@@ -397,7 +295,9 @@ mod tests {
         let v = json!({
             "id": "sb-1", "template": "host", "size": "small", "lane": "none", "tier": "warm",
             "state": "claimed", "owner": "127.0.0.1:1", "created_ms": 1, "deadline_ms": 2,
-            "on_expire": "destroy", "metadata": {"a": "b"}, "agent_path": "/x", "new_field": 3
+            "on_expire": "destroy", "metadata": {"a": "b"}, "agent_path": "/x", "lease_seconds": 3,
+            "state_since_ms": 1, "from_checkpoint": null, "forked_from": null,
+            "memory_snapshot": false, "new_field": 3
         });
         let info: SandboxInfo = serde_json::from_value(v).unwrap();
         assert_eq!((info.tier, info.metadata["a"].as_str()), (Tier::Warm, "b"));

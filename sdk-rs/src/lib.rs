@@ -44,13 +44,14 @@ mod sandbox;
 mod search;
 
 pub use client::{
-    ClaimBuilder, Client, ClientBuilder, NodeInfo, PoolConfig, PoolStatus, SandboxInfo, Size, Tier,
+    ClaimBuilder, Client, ClientBuilder, NodeInfo, PoolConfig, PoolStatus, SandboxInfo,
+    SandboxState, Size, Tier,
 };
 pub use conn::ConnStats;
 pub use error::{Error, Result};
 pub use files::{PullReport, Transfer, WriteOptions};
 pub use forward::PortForward;
-pub use lifecycle::{Checkpoint, TemplateInfo};
+pub use lifecycle::{Checkpoint, TemplateInfo, TemplateKind};
 pub use process::{Attach, Chunk, Exec, ExecBuilder, ExecStdin, Logs, Output};
 pub use pty::{Pty, PtyBuilder, PtyInput, PtyOutput};
 pub use sandbox::Sandbox;

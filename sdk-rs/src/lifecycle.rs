@@ -3,52 +3,17 @@
 //! jail engine keeps files exactly and restarts processes: [`SandboxInfo::memory_snapshot`]).
 
 use hyper::Method;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::client::{Claimed, Client, SandboxInfo, path_segment};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 
-/// A checkpoint in the node's store: `ck_` followed by 32 hex digits.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    pub id: String,
-    #[serde(default)]
-    pub name: Option<String>,
-    /// The sandbox it was taken from.
-    #[serde(default)]
-    pub sandbox: String,
-    #[serde(default)]
-    pub template: String,
-    #[serde(default)]
-    pub created_ms: u64,
-    /// Bytes in the snapshot.
-    #[serde(default)]
-    pub bytes: u64,
-    /// Bytes this checkpoint sent to the store (only in [`Sandbox::checkpoint`]'s answer).
-    #[serde(default)]
-    pub uploaded_bytes: Option<u64>,
-}
+pub use silk_api::{Checkpoint, TemplateKind};
 
 /// A template as `GET /v1/templates` lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TemplateInfo {
-    pub name: String,
-    /// `builtin`, `configured` or `promoted`.
-    pub kind: String,
-    /// The golden's content digest (promoted templates).
-    #[serde(default)]
-    pub digest: Option<String>,
-    /// The sandbox it was promoted from.
-    #[serde(default)]
-    pub source: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct Checkpoints {
-    checkpoints: Vec<Checkpoint>,
-}
+pub type TemplateInfo = silk_api::Template;
 
 fn checkpoint_path(id: &str, tail: &str) -> Result<String> {
     Ok(format!("/v1/checkpoints/{}{tail}", path_segment(id)?))
@@ -88,7 +53,7 @@ impl Sandbox {
     /// This sandbox's checkpoints, oldest first.
     pub async fn checkpoints(&self) -> Result<Vec<Checkpoint>> {
         let path = format!("/v1/sandboxes/{}/checkpoints", path_segment(self.id())?);
-        let c: Checkpoints =
+        let c: silk_api::CheckpointList =
             self.client().call(Method::GET, &path, Some(self.token()), None).await?;
         Ok(c.checkpoints)
     }
@@ -124,7 +89,7 @@ impl Sandbox {
 impl Client {
     /// Every checkpoint in the node's store (root token).
     pub async fn checkpoints(&self) -> Result<Vec<Checkpoint>> {
-        let c: Checkpoints =
+        let c: silk_api::CheckpointList =
             self.call(Method::GET, "/v1/checkpoints", self.root_token(), None).await?;
         Ok(c.checkpoints)
     }

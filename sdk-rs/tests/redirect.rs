@@ -19,8 +19,12 @@ fn json(status: &str, body: &str) -> String {
     )
 }
 
-const CLAIMED: &str =
-    r#"{"id": "sb-elsewhere", "tier": "warm", "token": "sbt_peer", "template": "host"}"#;
+/// A claim's answer in the node's shape (`silk_api::Sandbox`, every field it always sends).
+const CLAIMED: &str = r#"{"id": "sb-elsewhere", "tier": "warm", "token": "sbt_peer", "template": "host",
+    "size": "small", "lane": "none", "state": "claimed", "owner": "127.0.0.1:1", "created_ms": 1,
+    "deadline_ms": 2, "on_expire": "destroy", "metadata": {}, "agent_path": "/x",
+    "lease_seconds": 300, "state_since_ms": 1, "from_checkpoint": null, "forked_from": null,
+    "memory_snapshot": false}"#;
 
 #[tokio::test]
 async fn a_claim_follows_one_307_with_no_redirect_added() {

@@ -36,7 +36,7 @@ async fn lifecycle_listing_and_typed_errors() {
         .await
         .unwrap();
     assert!(s.token().starts_with("sbt_"), "{}", s.token());
-    assert_ne!(s.tier(), Tier::Other);
+    assert!(Tier::ALL.contains(&s.tier()));
     assert_eq!(s.info().metadata["team"], "sdk");
     let other = c.claim("host").metadata("team", "other").send().await.unwrap();
     assert_eq!(c.list().await.unwrap().len(), 2);
@@ -488,11 +488,11 @@ async fn hibernate_checkpoint_branch_fork_promote_archive() {
     s.write("/root/state", "v1").await.unwrap();
 
     let h = s.hibernate().await.unwrap();
-    assert_eq!(h.state, "hibernated");
+    assert_eq!(h.state, SandboxState::Hibernated);
     assert!(!h.memory_snapshot, "the jail engine restarts processes");
     // The next call wakes it, through a fresh relay connection.
     assert_eq!(s.read("/root/state").await.unwrap(), "v1");
-    assert_eq!(s.refresh().await.unwrap().state, "claimed");
+    assert_eq!(s.refresh().await.unwrap().state, SandboxState::Claimed);
 
     let ck = s.checkpoint(Some("before-v2")).await.unwrap();
     assert!(ck.id.starts_with("ck_") && ck.uploaded_bytes.is_some(), "{ck:?}");
@@ -518,12 +518,16 @@ async fn hibernate_checkpoint_branch_fork_promote_archive() {
     let p = c.claim("sdk-made").send().await.unwrap();
     assert_eq!(p.read("/root/state").await.unwrap(), "v2");
     assert!(
-        c.templates().await.unwrap().iter().any(|t| t.name == "sdk-made" && t.kind == "promoted")
+        c.templates()
+            .await
+            .unwrap()
+            .iter()
+            .any(|t| t.name == "sdk-made" && t.kind == TemplateKind::Promoted)
     );
     c.delete_template("sdk-made").await.unwrap();
 
-    assert_eq!(s.archive().await.unwrap().state, "archived");
-    assert_eq!(s.wake().await.unwrap().state, "claimed");
+    assert_eq!(s.archive().await.unwrap().state, SandboxState::Archived);
+    assert_eq!(s.wake().await.unwrap().state, SandboxState::Claimed);
     assert_eq!(s.read("/root/state").await.unwrap(), "v2");
     c.delete_checkpoint(&ck.id, None).await.unwrap();
     assert!(c.checkpoints().await.unwrap().is_empty());

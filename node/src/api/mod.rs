@@ -190,7 +190,7 @@ fn row(node: &Node, r: &ClaimRecord) -> silk_api::Sandbox {
         template: r.template.clone(),
         size: r.size,
         lane: r.lane,
-        tier: r.tier,
+        tier: r.tier.into(),
         state: r.state(),
         owner: node.cfg.listen.to_string(),
         created_ms: r.created_ms,

@@ -136,7 +136,7 @@ pub async fn run(c: &Client, cmd: Lifecycle, json: bool) -> anyhow::Result<i32> 
                     .iter()
                     .map(|t| {
                         let digest = t.digest.as_deref().map_or("-", |d| &d[..16.min(d.len())]);
-                        vec![t.name.clone(), t.kind.clone(), digest.to_string()]
+                        vec![t.name.clone(), t.kind.to_string(), digest.to_string()]
                     })
                     .collect();
                 table(&["NAME", "KIND", "DIGEST"], &rows);

@@ -257,8 +257,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     .map(|p| {
                         vec![
                             p.template.clone(),
-                            p.size.clone(),
-                            p.lane.clone(),
+                            p.size.to_string(),
+                            p.lane.to_string(),
                             p.warm.to_string(),
                             p.starting.to_string(),
                             p.target.to_string(),
@@ -282,8 +282,8 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                     .map(|p| {
                         vec![
                             p.template.clone(),
-                            p.size.clone(),
-                            p.lane.clone(),
+                            p.size.to_string(),
+                            p.lane.to_string(),
                             p.warm.to_string(),
                             p.warm_max.map_or("-".into(), |m| m.to_string()),
                         ]
@@ -487,9 +487,9 @@ fn print_list(rows: &[SandboxInfo]) {
             vec![
                 r.id.clone(),
                 r.template.clone(),
-                r.size.clone(),
-                format!("{:?}", r.tier).to_lowercase(),
-                r.state.clone(),
+                r.size.to_string(),
+                r.tier.to_string(),
+                r.state.to_string(),
                 expires(r.deadline_ms),
                 labels.join(","),
             ]
