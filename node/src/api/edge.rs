@@ -83,9 +83,10 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
         return next.run(req).await;
     }
     let token = bearer(req.headers()).map(str::to_string);
-    // A forwarded call with no body can be sent again: it trusts a cached owner, and asks the
-    // mesh again if that one no longer holds it. Any other call confirms the owner first.
-    let resendable = body_is_empty(req.headers());
+    // A forwarded call whose body is small (most are) is kept so it can be sent again: it
+    // trusts a cached owner, and asks the mesh again if that one no longer holds it. A large or
+    // streamed body is sent once, so its owner is confirmed first.
+    let resendable = small_body(req.headers());
     let trust_cache = peers.forward && resendable;
     let peer = match peers.locate(&id, token.as_deref(), trust_cache).await {
         Located::Owner(peer) => *peer,
@@ -130,8 +131,12 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
         let answer = forward(&api, &peer, req, &mut upgrade).await;
         return answer.unwrap_or_else(IntoResponse::into_response);
     }
+    let body = match axum::body::to_bytes(body, RESEND_BODY_MAX as usize).await {
+        Ok(bytes) => bytes,
+        Err(e) => return NodeError::bad_request(format!("request body: {e}")).into_response(),
+    };
     let copy = || {
-        let mut req = Request::new(Body::empty());
+        let mut req = Request::new(Body::from(body.clone()));
         (*req.method_mut(), *req.uri_mut(), *req.headers_mut()) =
             (parts.method.clone(), parts.uri.clone(), parts.headers.clone());
         req
@@ -155,10 +160,17 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
     answer.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// Whether a request certainly has no body (none declared, or a zero length).
-fn body_is_empty(headers: &HeaderMap) -> bool {
+/// Bodies up to this size are kept in memory so that a forwarded call can be sent again.
+const RESEND_BODY_MAX: u64 = 64 << 10;
+
+/// Whether a request's body is declared at most [`RESEND_BODY_MAX`] bytes (or absent).
+fn small_body(headers: &HeaderMap) -> bool {
     match headers.get(header::CONTENT_LENGTH) {
-        Some(n) => n.as_bytes() == b"0",
+        Some(n) => n
+            .to_str()
+            .ok()
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|n| n <= RESEND_BODY_MAX),
         None => !headers.contains_key(header::TRANSFER_ENCODING),
     }
 }
