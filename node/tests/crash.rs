@@ -2,8 +2,8 @@
 //! call stops there for good, the runtime is dropped (every task ends at once, as with
 //! `kill -9`), and a second node opens on the same data directory and engine. What the restart
 //! finds must be a sandbox in one consistent state whose files are all there, that wakes.
-//! (Moves and adoptions cross nodes; their crash points are tested between real nodes in
-//! tests/mesh.rs.)
+//! (Moves and adoptions cross nodes: their crash points are in tests/moves.rs, two nodes on the
+//! fake engine, and between real nodes in tests/mesh.rs.)
 
 mod fake;
 

@@ -267,12 +267,8 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     assert_eq!(forwarded, direct);
     // A body too large to keep for a resend (here 100 000 bytes of stdin) streams through once.
     let big = serde_json::json!({ "argv": ["wc", "-c"], "stdin": "x".repeat(100_000) });
-    let (status, out) = front.req(
-        "POST",
-        &format!("/v1/sandboxes/{id}/exec"),
-        Some(token),
-        Some(&big.to_string()),
-    );
+    let (status, out) =
+        front.req("POST", &format!("/v1/sandboxes/{id}/exec"), Some(token), Some(&big.to_string()));
     assert_eq!((status, out["stdout"].as_str().map(str::trim)), (200, Some("100000")), "{out}");
     // So is a refusal on the relay path: the owner's JSON error, not the front's text.
     let plain =

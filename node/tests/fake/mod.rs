@@ -35,13 +35,22 @@ impl Harness {
 
     /// A node on its own runtime: the pair goes together.
     pub fn open(&self, cfg: Config) -> (tokio::runtime::Runtime, Arc<Node>) {
+        self.open_in_fleet(cfg, None)
+    }
+
+    /// [`open`](Self::open) with other nodes to reach (a move's target).
+    pub fn open_in_fleet(
+        &self,
+        cfg: Config,
+        fleet: Option<Arc<dyn sandboxd::node::fleet::Fleet>>,
+    ) -> (tokio::runtime::Runtime, Arc<Node>) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
         let engine: Arc<dyn Engine> = self.engine.clone();
-        let node = rt.block_on(Node::open(cfg, engine, None)).unwrap();
+        let node = rt.block_on(Node::open(cfg, engine, fleet)).unwrap();
         (rt, node)
     }
 }

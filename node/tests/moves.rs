@@ -1,0 +1,191 @@
+//! Moves between two nodes on the fake engine, in one process. The mover's fleet reaches the
+//! target's controller directly: the record crosses as JSON, as it does over QUIC, and the
+//! adoption runs on the target's runtime, so dropping that runtime loses the answer as a dead
+//! peer does. A stop at every crash point of a move (on the mover) and of an adoption (on the
+//! target), then a restart: the sandbox ends up on exactly one node, with its files and token.
+
+mod fake;
+
+use std::sync::{Arc, Mutex};
+
+use fake::*;
+use sandboxd::claims::ClaimRecord;
+use sandboxd::error::{Code, NodeError};
+use sandboxd::node::Node;
+use sandboxd::node::fleet::{BoxFuture, Fleet, PeerNode};
+use sandboxd::state::SandboxState;
+
+/// The other node, reached in process; `None` while it is down.
+#[derive(Debug, Default)]
+struct Direct {
+    target: Mutex<Option<(Arc<Node>, tokio::runtime::Handle)>>,
+}
+
+impl Direct {
+    fn set(&self, target: Option<(Arc<Node>, tokio::runtime::Handle)>) {
+        *self.target.lock().unwrap() = target;
+    }
+
+    fn get(&self) -> Option<(Arc<Node>, tokio::runtime::Handle)> {
+        self.target.lock().unwrap().clone()
+    }
+}
+
+fn lost(m: &str) -> NodeError {
+    NodeError::new(Code::PeerUnavailable, m)
+}
+
+impl Fleet for Direct {
+    fn move_target(&self, _to: Option<&str>) -> Result<PeerNode, NodeError> {
+        Ok(PeerNode { name: "b".into(), api: "b:1".into() })
+    }
+
+    fn adopt<'a>(
+        &'a self,
+        _peer: &'a str,
+        record: &'a ClaimRecord,
+        archive: &'a str,
+    ) -> BoxFuture<'a, Result<(), NodeError>> {
+        Box::pin(async move {
+            let (node, runtime) = self.get().ok_or_else(|| lost("the target is down"))?;
+            let record: ClaimRecord =
+                serde_json::from_slice(&serde_json::to_vec(record).unwrap()).unwrap();
+            let archive = archive.to_string();
+            match runtime.spawn(async move { node.adopt(record, &archive).await }).await {
+                Ok(adopted) => adopted,
+                Err(_) => Err(lost("the target died during the call")),
+            }
+        })
+    }
+
+    fn holds<'a>(&'a self, _peer: &'a str, id: &'a str) -> BoxFuture<'a, Option<bool>> {
+        Box::pin(async move {
+            let (node, _) = self.get()?;
+            if node.is_adopting(id) { None } else { Some(node.get(id).is_some()) }
+        })
+    }
+}
+
+struct Pair {
+    a: Harness,
+    b: Harness,
+    store: tempfile::TempDir,
+    fleet: Arc<Direct>,
+}
+
+impl Pair {
+    fn new() -> Pair {
+        let fleet = Arc::new(Direct::default());
+        Pair { a: Harness::new(), b: Harness::new(), store: tempfile::tempdir().unwrap(), fleet }
+    }
+
+    /// Both nodes keep their snapshots in one store, as a mesh does.
+    fn config(&self, h: &Harness) -> sandboxd::config::Config {
+        let mut cfg = h.config(0);
+        cfg.store.fs = Some(silk_store::fs::FsConfig::new(self.store.path()));
+        cfg
+    }
+
+    fn open_a(&self) -> (tokio::runtime::Runtime, Arc<Node>) {
+        let fleet: Arc<dyn Fleet> = self.fleet.clone();
+        self.a.open_in_fleet(self.config(&self.a), Some(fleet))
+    }
+
+    fn open_b(&self) -> (tokio::runtime::Runtime, Arc<Node>) {
+        let (rt, b) = self.b.open(self.config(&self.b));
+        self.fleet.set(Some((b.clone(), rt.handle().clone())));
+        (rt, b)
+    }
+}
+
+/// After the dust settles, exactly one node holds `id`, unmoving, and it runs with its file
+/// and answers its token. Returns whether it is on `b`.
+fn settled_once(
+    p: &Pair,
+    a: &(tokio::runtime::Runtime, Arc<Node>),
+    b: &Arc<Node>,
+    id: &str,
+    token: &str,
+    point: &str,
+) -> bool {
+    eventually(&format!("{point}: the move settles"), || {
+        let on_a = a.1.get(id).is_some_and(|l| l.record.intent.is_none());
+        let on_b = b.get(id).is_some() && !b.is_adopting(id);
+        let still_on_a = a.1.get(id).is_some();
+        (on_a && b.get(id).is_none()) || (on_b && !still_on_a)
+    });
+    let on_b = b.get(id).is_some();
+    let (node, harness) = if on_b { (b, &p.b) } else { (&a.1, &p.a) };
+    let live = a.0.block_on(node.wake(id)).unwrap_or_else(|e| panic!("{point}: wake: {e}"));
+    assert_eq!(live.record.state(), SandboxState::Claimed, "{point}");
+    assert_eq!(
+        harness.engine.read_file(&sid(id), "notes").as_deref(),
+        Some(&b"kept"[..]),
+        "{point}"
+    );
+    assert!(node.authorized(id, Some(token)).is_ok(), "{point}: the token no longer works");
+    on_b
+}
+
+#[test]
+fn a_move_moves_the_files_id_and_token_and_the_mover_forgets_it() {
+    let p = Pair::new();
+    let (_rt_b, b) = p.open_b();
+    let a = p.open_a();
+    let c = a.0.block_on(a.1.claim(spec(600))).unwrap();
+    let id = c.record.id.clone();
+    p.a.engine.write_file(&sid(&id), "notes", b"kept").unwrap();
+    let (n, i) = (a.1.clone(), id.clone());
+    let (moved, to) = a.0.block_on(async move { n.move_sandbox(&i, Some("b")).await }).unwrap();
+    assert_eq!((moved.id.as_str(), to.name.as_str()), (id.as_str(), "b"));
+    assert!(a.1.get(&id).is_none(), "the mover still holds it");
+    assert!(settled_once(&p, &a, &b, &id, &c.token, "no crash"), "not on b");
+}
+
+#[test]
+fn a_mover_stopped_at_any_crash_point_leaves_the_sandbox_on_exactly_one_node() {
+    for (point, ends_on_b) in
+        [("move:intent", false), ("move:uploaded", false), ("move:switched", true)]
+    {
+        let p = Pair::new();
+        let (_rt_b, b) = p.open_b();
+        let a = p.open_a();
+        let c = a.0.block_on(a.1.claim(spec(600))).unwrap();
+        let id = c.record.id.clone();
+        p.a.engine.write_file(&sid(&id), "notes", b"kept").unwrap();
+        a.1.crash_at(point);
+        let (n, i) = (a.1.clone(), id.clone());
+        a.0.spawn(async move {
+            let _ = n.move_sandbox(&i, Some("b")).await;
+        });
+        eventually(&format!("the move reaches {point}"), || a.1.stopped_at_crash_point());
+        drop(a);
+
+        let a = p.open_a();
+        assert_eq!(settled_once(&p, &a, &b, &id, &c.token, point), ends_on_b, "{point}");
+    }
+}
+
+#[test]
+fn a_target_that_dies_mid_adoption_leaves_the_sandbox_with_the_mover() {
+    let p = Pair::new();
+    let (rt_b, b) = p.open_b();
+    let a = p.open_a();
+    let c = a.0.block_on(a.1.claim(spec(600))).unwrap();
+    let id = c.record.id.clone();
+    p.a.engine.write_file(&sid(&id), "notes", b"kept").unwrap();
+    b.crash_at("adopt:restored");
+    let (n, i) = (a.1.clone(), id.clone());
+    let moving = a.0.spawn(async move { n.move_sandbox(&i, Some("b")).await });
+    eventually("the adoption reaches adopt:restored", || b.stopped_at_crash_point());
+    // The target dies: the mover's call loses its answer.
+    p.fleet.set(None);
+    drop((b, rt_b));
+    let answer = a.0.block_on(moving).unwrap();
+    assert_eq!(answer.map(|_| ()).unwrap_err().code, Code::Moving, "a lost answer settles later");
+    assert!(a.1.get(&id).is_some(), "the mover keeps its copy until the target answers");
+
+    // The target restarts (without the half-adopted sandbox) and answers: the mover keeps it.
+    let (_rt_b, b) = p.open_b();
+    assert!(!settled_once(&p, &a, &b, &id, &c.token, "adopt:restored"), "ended on b");
+}
