@@ -8,7 +8,6 @@
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
@@ -90,8 +89,8 @@ pub(crate) fn json(body: &str) -> serde_json::Value {
 pub(crate) struct NodeProc {
     pub addr: SocketAddr,
     pub work: PathBuf,
-    child: std::process::Child,
-    silkd: PathBuf,
+    /// The process, stopped and its sandboxes removed on drop (see `silk_testkit::Node`).
+    _node: silk_testkit::Node,
 }
 
 impl NodeProc {
@@ -112,55 +111,16 @@ impl NodeProc {
         work: &std::path::Path,
         extra: &str,
     ) -> anyhow::Result<NodeProc> {
-        let exe = std::env::current_exe()?;
-        let config = work.join("sandboxd.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\napi_token = \"{TOKEN}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n{extra}",
-                work.join("data").display(),
-                silkd.display(),
-                exe.with_file_name("silk-jail").display()
-            ),
-        )?;
-        let mut child = std::process::Command::new(sandboxd)
-            .arg("--config")
-            .arg(&config)
-            .env("SANDBOXD_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .context("start sandboxd (build it: cargo build --release -p sandboxd)")?;
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().context("stdout")?).read_line(&mut line)?;
-        let mut node = NodeProc {
-            addr: "127.0.0.1:1".parse()?,
-            work: work.to_path_buf(),
-            child,
+        let launch = silk_testkit::Launch {
+            sandboxd: sandboxd.to_path_buf(),
             silkd: silkd.to_path_buf(),
+            listen: "127.0.0.1:0".into(),
+            root_token: TOKEN.into(),
+            extra: extra.into(),
         };
-        // On a bad readiness line `node` drops here, which stops the process.
-        node.addr = line.trim().rsplit(' ').next().context("readiness line")?.parse()?;
-        Ok(node)
-    }
-}
-
-impl Drop for NodeProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // Jails outlive the node by design: remove them through a fresh engine on the same data.
-        let Ok(exe) = std::env::current_exe() else { return };
-        let cfg = silk_engine::jail::JailConfig::new(
-            self.work.join("data/engine"),
-            &self.silkd,
-            exe.with_file_name("silk-jail"),
-        );
-        if let Ok(engine) = silk_engine::jail::JailEngine::new(cfg) {
-            use silk_engine::Engine;
-            for b in engine.list().unwrap_or_default() {
-                let _ = engine.destroy(&b.id);
-            }
-        }
+        let node = silk_testkit::Node::start_at(launch, work)
+            .context("start sandboxd (build it: cargo build --release -p sandboxd)")?;
+        Ok(NodeProc { addr: node.addr, work: work.to_path_buf(), _node: node })
     }
 }
 

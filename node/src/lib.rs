@@ -62,10 +62,17 @@ pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
     Ok(Daemon { node, peers, incoming })
 }
 
-fn jail_engine(cfg: &Config) -> anyhow::Result<JailEngine> {
+/// The silkd and the jail launcher a node runs: the configured ones, or those beside this
+/// binary.
+pub fn tool_paths(cfg: &Config) -> anyhow::Result<(PathBuf, PathBuf)> {
     let exe_dir = std::env::current_exe()?.parent().map(PathBuf::from).unwrap_or_default();
     let silkd = cfg.silkd.clone().unwrap_or_else(|| exe_dir.join("silkd"));
     let launcher = cfg.launcher.clone().unwrap_or_else(|| exe_dir.join("silk-jail"));
+    Ok((silkd, launcher))
+}
+
+fn jail_engine(cfg: &Config) -> anyhow::Result<JailEngine> {
+    let (silkd, launcher) = tool_paths(cfg)?;
     let mut jail = JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher);
     jail.id_base = cfg.sandbox_id_base;
     jail.disk = silk_engine::jail::DiskSizes {

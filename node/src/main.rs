@@ -41,6 +41,10 @@ enum Command {
         #[command(subcommand)]
         what: MeshCommand,
     },
+    /// Removes every sandbox a stopped node left in its data directory (sandboxes outlive
+    /// their node by design, for the next start to re-adopt). Run it only once the node has
+    /// stopped.
+    Clean,
 }
 
 #[derive(Debug, clap::Subcommand)]
@@ -115,10 +119,19 @@ fn config(args: &Args) -> anyhow::Result<Config> {
 
 fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
-    if let Some(Command::Mesh { what }) = args.command.take() {
+    let command = args.command.take();
+    if let Some(Command::Mesh { what }) = command {
         return mesh_command(what);
     }
     let cfg = config(&args)?;
+    if let Some(Command::Clean) = command {
+        let (silkd, launcher) = sandboxd::tool_paths(&cfg)?;
+        let engine =
+            silk_engine::jail::JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher);
+        let removed = silk_engine::jail::remove_all(engine)?;
+        println!("removed {removed} sandboxes from {}", cfg.data_dir.display());
+        return Ok(());
+    }
     if args.print_config {
         let mut shown = cfg.clone();
         if shown.api_token.is_some() {

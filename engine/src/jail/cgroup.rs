@@ -62,6 +62,22 @@ impl Cgroups {
         }
     }
 
+    /// The sandboxes that have a group under this engine's parent (whatever the engine's
+    /// records say).
+    pub fn groups(&self) -> Vec<SandboxId> {
+        let mut ids: Vec<SandboxId> = self
+            .parents()
+            .iter()
+            .filter_map(|p| std::fs::read_dir(p).ok())
+            .flat_map(|d| d.flatten())
+            .filter(|e| e.path().is_dir())
+            .filter_map(|e| e.file_name().to_string_lossy().parse().ok())
+            .collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    }
+
     /// Every directory of the sandbox's group (one on v2, one per controller on v1).
     pub fn dirs(&self, id: &SandboxId) -> Vec<PathBuf> {
         self.parents().into_iter().map(|p| p.join(id.as_str())).collect()

@@ -130,6 +130,51 @@ struct Record {
     id_base: Option<u32>,
 }
 
+/// The sandboxes recorded under a jail engine's data directory, as `Engine::list` reports
+/// them, read without opening the engine (no repairs, no locks): for tools and tests that look
+/// at a node while it runs.
+pub fn recorded_boxes(data_dir: &Path) -> Vec<BoxInfo> {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("boxes")) else { return vec![] };
+    let mut out = vec![];
+    for entry in entries.flatten() {
+        let Ok(bytes) = std::fs::read(entry.path().join("box.json")) else { continue };
+        let Ok(record) = serde_json::from_slice::<Record>(&bytes) else { continue };
+        let pid = record
+            .info
+            .pid
+            .filter(|&p| start_time(p).is_some_and(|t| Some(t) == record.start_time));
+        out.push(BoxInfo { pid, running: pid.is_some(), ..record.info });
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out
+}
+
+/// Removes every sandbox under a stopped node's engine directory (they outlive their node by
+/// design, for its next start to re-adopt): the engine opened on it repairs what a kill cut
+/// short (starts with no record, frozen boxes), destroys every box it lists, and the disk
+/// images still mounted there are unmounted. How many boxes it removed. Never while a node
+/// runs on that directory.
+pub fn remove_all(mut cfg: JailConfig) -> Result<usize> {
+    let dir = cfg.data_dir.clone();
+    // Only removing: no stock of disk images is made.
+    cfg.bound_disks = false;
+    let mut removed = 0;
+    if dir.join("boxes").is_dir() {
+        let engine = JailEngine::new(cfg)?;
+        for b in engine.list()? {
+            engine.destroy(&b.id)?;
+            removed += 1;
+        }
+        // A box whose directory went before its processes (a node killed mid-removal, or its
+        // data taken away) still has its group: what runs there goes too.
+        for id in engine.cgroups.groups() {
+            engine.cgroups.remove(&id)?;
+        }
+    }
+    unmount_under(&dir);
+    Ok(removed)
+}
+
 impl JailEngine {
     pub fn new(cfg: JailConfig) -> Result<JailEngine> {
         // SAFETY: plain syscall.
@@ -578,17 +623,9 @@ impl Engine for JailEngine {
     }
 
     fn list(&self) -> Result<Vec<BoxInfo>> {
-        let mut out = vec![];
-        let entries = std::fs::read_dir(self.cfg.data_dir.join("boxes"))
+        std::fs::read_dir(self.cfg.data_dir.join("boxes"))
             .map_err(EngineError::io("read boxes"))?;
-        for entry in entries.flatten() {
-            let Ok(id) = entry.file_name().to_string_lossy().parse::<SandboxId>() else { continue };
-            let Ok(record) = self.record(&id) else { continue };
-            let pid = self.live_pid(&record);
-            out.push(BoxInfo { pid, running: pid.is_some(), ..record.info });
-        }
-        out.sort_by(|a, b| a.id.cmp(&b.id));
-        Ok(out)
+        Ok(recorded_boxes(&self.cfg.data_dir))
     }
 
     fn agent(&self, id: &SandboxId) -> Result<AgentAddr> {

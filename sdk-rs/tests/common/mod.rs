@@ -1,155 +1,36 @@
 //! Harness: a real sandboxd process (real jail engine, static silkd from `SILKD_STATIC`) on
-//! 127.0.0.1, as node/tests/common does, plus helpers shared by the SDK and CLI tests: a tree
-//! hash and a bounded wait.
-#![allow(dead_code)]
+//! 127.0.0.1, launched and cleaned up by `silk-testkit` as the node's tests do, plus helpers
+//! shared by the SDK and CLI tests: a tree hash, a bounded wait and a fake HTTP server.
+#![allow(dead_code, unused_imports)]
 
-use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Stdio};
+use std::path::Path;
 use std::time::Duration;
 
 pub const ROOT: &str = "root-token-for-sdk-tests";
 pub const ONE_WARM: &str = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 2\n";
 
-pub fn static_silkd() -> PathBuf {
-    let path = std::env::var_os("SILKD_STATIC").map(PathBuf::from).expect(
-        "SILKD_STATIC is not set: run the suite through scripts/test (it builds a static silkd)",
-    );
-    assert!(path.is_file(), "SILKD_STATIC={} does not exist", path.display());
-    path
-}
+pub use silk_testkit::{sibling, static_silkd};
 
-/// A binary of another workspace package, from the same target directory as this test.
-fn sibling(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let path = exe.parent().unwrap().parent().unwrap().join(name);
-    assert!(
-        path.is_file(),
-        "{} missing: build it first (cargo build -p sandboxd -p silk-engine --bins; scripts/test does)",
-        path.display()
-    );
-    path
-}
+/// A node (see `silk_testkit::Node`, which it derefs to) with this suite's root token.
+pub struct Sandboxd(silk_testkit::Node);
 
-pub struct Sandboxd {
-    child: Option<Child>,
-    pub addr: SocketAddr,
-    pub dir: tempfile::TempDir,
+impl std::ops::Deref for Sandboxd {
+    type Target = silk_testkit::Node;
+    fn deref(&self) -> &silk_testkit::Node {
+        &self.0
+    }
 }
 
 impl Sandboxd {
     /// Starts a node whose config is `extra` TOML appended to the harness's own keys.
     pub fn start(extra: &str) -> Sandboxd {
-        let dir = tempfile::tempdir().unwrap();
-        let config = dir.path().join("sandboxd.toml");
-        let toml = format!(
-            "listen = \"127.0.0.1:0\"\ndata_dir = \"{}\"\napi_token = \"{ROOT}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n{extra}\n",
-            dir.path().join("data").display(),
-            static_silkd().display(),
-            sibling("silk-jail").display()
-        );
-        std::fs::write(&config, toml).unwrap();
-        let mut child = std::process::Command::new(sibling("sandboxd"))
-            .arg("--config")
-            .arg(&config)
-            .env("SANDBOXD_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("sandboxd listening on ")
-            .unwrap_or_else(|| panic!("readiness line {line:?}"))
-            .parse()
-            .unwrap();
-        Sandboxd { child: Some(child), addr, dir }
-    }
-
-    pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let launch = silk_testkit::Launch::new(ROOT, extra);
+        Sandboxd(silk_testkit::Node::start(launch).expect("the node starts"))
     }
 
     pub fn client(&self) -> silkmesh::Client {
         silkmesh::Client::builder(self.url()).token(ROOT).build().unwrap()
-    }
-
-    fn data(&self) -> PathBuf {
-        self.dir.path().join("data")
-    }
-}
-
-impl Drop for Sandboxd {
-    fn drop(&mut self) {
-        // Stop the node, then every jail it left (tests must not leak sandboxes on the host).
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        let boxes = self.data().join("engine/boxes");
-        if let Ok(entries) = std::fs::read_dir(&boxes) {
-            for e in entries.flatten() {
-                let record = std::fs::read_to_string(e.path().join("box.json")).unwrap_or_default();
-                if let Ok(v) = serde_json::from_str::<serde_json::Value>(&record)
-                    && let Some(pid) = v["info"]["pid"].as_i64()
-                {
-                    // SAFETY: kill(2) on a pid this node's engine recorded for its own jail.
-                    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
-                }
-            }
-        }
-        // Then whatever is still in this node's cgroups: warm sandboxes still starting and golden
-        // builds have no box record yet. Only this node's groups (the engine names them after
-        // its data directory): removing every `silkmesh-*` group would race with the nodes of
-        // tests still running (an empty group made for a starting sandbox would vanish).
-        let engine_dir = self.data().join("engine");
-        let instance = blake3::hash(engine_dir.as_os_str().as_encoded_bytes()).to_hex();
-        let mine = format!("silkmesh-{}", &instance[..12]);
-        let groups: Vec<PathBuf> = ["", "memory", "cpu", "pids", "freezer"]
-            .iter()
-            .map(|ctl| Path::new("/sys/fs/cgroup").join(ctl).join(&mine))
-            .filter(|g| g.is_dir())
-            .collect();
-        let subgroups = |g: &Path| -> Vec<PathBuf> {
-            std::fs::read_dir(g)
-                .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect())
-                .unwrap_or_default()
-        };
-        let members = |g: &Path| -> Vec<i32> {
-            let mut pids = vec![];
-            for sub in subgroups(g).iter().map(PathBuf::as_path).chain([g]) {
-                let procs = std::fs::read_to_string(sub.join("cgroup.procs")).unwrap_or_default();
-                pids.extend(procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-            }
-            pids
-        };
-        // A frozen group would keep its processes from dying.
-        for g in &groups {
-            for sub in subgroups(g) {
-                let _ = std::fs::write(sub.join("freezer.state"), "THAWED");
-            }
-        }
-        for _ in 0..500 {
-            let pids: Vec<i32> = groups.iter().flat_map(|g| members(g)).collect();
-            if pids.is_empty() {
-                break;
-            }
-            for pid in pids {
-                // SAFETY: kill(2) on a process in this node's own cgroup.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for g in &groups {
-            for sub in subgroups(g) {
-                let _ = std::fs::remove_dir(sub);
-            }
-            let _ = std::fs::remove_dir(g);
-        }
-        // Sandboxes' disk images stay mounted when their node dies (by design).
-        silk_engine::jail::unmount_under(&self.data());
     }
 }
 
