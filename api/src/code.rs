@@ -29,7 +29,8 @@ pub enum Code {
     Moving,
     AgentUnavailable,
     PeerUnavailable,
-    /// The target of a move refused the sandbox (its code and message are in the message).
+    /// The target of a move refused the sandbox with a code this node does not know (a known
+    /// one is passed on as it is).
     MoveRefused,
     SandboxNotReady,
     BadTemplate,

@@ -281,7 +281,6 @@ fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), NodeError> {
     Ok(())
 }
 
-/// A fresh random hex string of `bytes` random bytes.
 /// The 8-hex tag of a node name that sandbox ids carry.
 pub fn home_tag(name: &str) -> String {
     blake3::hash(name.as_bytes()).to_hex()[..8].to_string()
@@ -292,6 +291,7 @@ pub fn new_sandbox_id(name: &str) -> String {
     format!("sb-{}-{}", home_tag(name), random_hex(6))
 }
 
+/// A fresh random hex string of `bytes` random bytes.
 pub fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     let mut filled = 0;

@@ -72,6 +72,11 @@ pub fn tool_paths(cfg: &Config) -> anyhow::Result<(PathBuf, PathBuf)> {
 }
 
 fn jail_engine(cfg: &Config) -> anyhow::Result<JailEngine> {
+    Ok(JailEngine::new(jail_config(cfg)?)?)
+}
+
+/// The jail engine's configuration for a node's config (the same for `start` and `clean`).
+fn jail_config(cfg: &Config) -> anyhow::Result<JailConfig> {
     let (silkd, launcher) = tool_paths(cfg)?;
     let mut jail = JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher);
     jail.id_base = cfg.sandbox_id_base;
@@ -81,7 +86,30 @@ fn jail_engine(cfg: &Config) -> anyhow::Result<JailEngine> {
         large: cfg.disk.large_mib.saturating_mul(1 << 20),
     };
     jail.bound_disks = cfg.disk.bounded;
-    Ok(JailEngine::new(jail)?)
+    Ok(jail)
+}
+
+/// `sandboxd clean`: removes every sandbox a stopped node left in its data directory
+/// (sandboxes outlive their node by design, for the next start to re-adopt). Refused while a
+/// node runs there: its journal's lock is held for the whole removal, so none can start
+/// meanwhile either. How many sandboxes it removed.
+pub fn clean(cfg: &Config) -> anyhow::Result<usize> {
+    let dir = cfg.data_dir.join("journal");
+    std::fs::create_dir_all(&dir)?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("journal.lock"))?;
+    match lock.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "a node is running on {}: stop it first (its sandboxes are its own)",
+            cfg.data_dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
+    }
+    Ok(silk_engine::jail::remove_all(jail_config(cfg)?)?)
 }
 
 /// Serves the API on `listener` (and peers' calls, in a mesh) until `shutdown` resolves.

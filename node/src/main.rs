@@ -125,10 +125,7 @@ fn main() -> anyhow::Result<()> {
     }
     let cfg = config(&args)?;
     if let Some(Command::Clean) = command {
-        let (silkd, launcher) = sandboxd::tool_paths(&cfg)?;
-        let engine =
-            silk_engine::jail::JailConfig::new(cfg.data_dir.join("engine"), silkd, launcher);
-        let removed = silk_engine::jail::remove_all(engine)?;
+        let removed = sandboxd::clean(&cfg)?;
         println!("removed {removed} sandboxes from {}", cfg.data_dir.display());
         return Ok(());
     }

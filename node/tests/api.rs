@@ -376,6 +376,30 @@ fn openapi_document_matches_the_routes() {
 }
 
 #[test]
+fn clean_removes_a_stopped_nodes_sandboxes_and_refuses_a_running_one() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    node.claim("{}");
+    node.wait_warm(1);
+    let clean = |node: &Sandboxd| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+            .arg("--config")
+            .arg(&node.config)
+            .arg("clean")
+            .output()
+            .unwrap()
+    };
+    let refused = clean(&node);
+    assert!(!refused.status.success(), "clean ran beside a live node");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("stop it first"), "{refused:?}");
+    assert_eq!(node.jails(), 2, "a refused clean touched the node's sandboxes");
+    node.kill9();
+    let done = clean(&node);
+    assert!(done.status.success(), "{done:?}");
+    assert!(String::from_utf8_lossy(&done.stdout).starts_with("removed 2 sandboxes"), "{done:?}");
+    assert_eq!((node.jails(), node.boxes().iter().filter(|b| b.running).count()), (0, 0));
+}
+
+#[test]
 fn sigterm_stops_the_node_and_leaves_sandboxes_for_the_next_start() {
     let mut node = Sandboxd::start(ONE_WARM);
     let s = node.claim("{}");

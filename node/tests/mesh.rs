@@ -265,6 +265,26 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     let (direct, forwarded) = (raw_answer(owner.addr, &get), raw_answer(front.addr, &get));
     assert!(direct.0.contains(" 200 "), "{direct:?}");
     assert_eq!(forwarded, direct);
+    // Forwarded answers leave the client's connection open: two calls on one connection.
+    let mut kept = std::net::TcpStream::connect(front.addr).unwrap();
+    for _ in 0..2 {
+        use std::io::{BufRead, Read, Write};
+        write!(kept, "{get}Host: x\r\n\r\n").unwrap();
+        let mut reader = std::io::BufReader::new(&kept);
+        let (mut line, mut length) = (String::new(), 0);
+        reader.read_line(&mut line).unwrap();
+        assert!(line.contains(" 200 "), "{line}");
+        while line != "\r\n" {
+            line.clear();
+            reader.read_line(&mut line).unwrap();
+            if let Some(n) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                length = n.trim().parse().unwrap();
+            }
+        }
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        assert!(reader.buffer().is_empty());
+    }
     // A body too large to keep for a resend (here 100 000 bytes of stdin) streams through once.
     let big = serde_json::json!({ "argv": ["wc", "-c"], "stdin": "x".repeat(100_000) });
     let (status, out) =

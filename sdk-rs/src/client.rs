@@ -1,6 +1,8 @@
 //! [`Client`]: one node's address and root token, and the node-level calls (claim, list, info,
-//! pools). The shapes the node answers with are `silk_api`'s, the node's own types; fields the
-//! SDK does not know yet are ignored, so a newer node does not break an older SDK.
+//! pools). The shapes the node answers with are `silk_api`'s, the node's own types. An answer
+//! field the SDK does not know yet is ignored (except in pool configurations, which the node
+//! also reads and which refuse unknown fields) and an unknown tier reads as `Tier::Other`; a
+//! size, lane or state value it does not know fails the call as a protocol error.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -250,14 +250,14 @@ fn in_namespace(ns: &Path) -> usize {
 
 impl Drop for Node {
     fn drop(&mut self) {
-        let group = self.child.as_ref().map(Child::id);
-        self.kill9();
-        if let Some(group) = group {
-            // A jail launcher the node started and that is still starting its sandbox would
-            // finish after the cleanup below: stop it first (a started jail has left the group).
+        if let Some(group) = self.child.as_ref().map(Child::id) {
+            // The node's whole group: a jail launcher it started and that is still starting its
+            // sandbox would otherwise finish after the cleanup below (a started jail has left
+            // the group).
             // SAFETY: kill(2) on the process group this harness made for the node.
             unsafe { libc::kill(-(group as i32), libc::SIGKILL) };
         }
+        self.kill9();
         remove_sandboxes(&self.data().join("engine"), &self.silkd, &self.launcher);
     }
 }

@@ -152,27 +152,35 @@ pub fn recorded_boxes(data_dir: &Path) -> Vec<BoxInfo> {
 /// Removes every sandbox under a stopped node's engine directory (they outlive their node by
 /// design, for its next start to re-adopt): the engine opened on it repairs what a kill cut
 /// short (starts with no record, frozen boxes), destroys every box it lists, and the disk
-/// images still mounted there are unmounted. How many boxes it removed. Never while a node
-/// runs on that directory.
+/// images still mounted there are unmounted. How many boxes it removed; a box that cannot be
+/// removed does not stop the others (the first such error is returned after). Never while a
+/// node runs on that directory.
 pub fn remove_all(mut cfg: JailConfig) -> Result<usize> {
     let dir = cfg.data_dir.clone();
     // Only removing: no stock of disk images is made.
     cfg.bound_disks = false;
-    let mut removed = 0;
+    let (mut removed, mut failed) = (0, None);
     if dir.join("boxes").is_dir() {
         let engine = JailEngine::new(cfg)?;
         for b in engine.list()? {
-            engine.destroy(&b.id)?;
-            removed += 1;
+            match engine.destroy(&b.id) {
+                Ok(()) => removed += 1,
+                Err(e) => failed = failed.or(Some(e)),
+            }
         }
         // A box whose directory went before its processes (a node killed mid-removal, or its
         // data taken away) still has its group: what runs there goes too.
         for id in engine.cgroups.groups() {
-            engine.cgroups.remove(&id)?;
+            if let Err(e) = engine.cgroups.remove(&id) {
+                failed = failed.or(Some(e));
+            }
         }
     }
     unmount_under(&dir);
-    Ok(removed)
+    match failed {
+        Some(e) => Err(e),
+        None => Ok(removed),
+    }
 }
 
 impl JailEngine {

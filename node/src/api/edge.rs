@@ -126,6 +126,7 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
     };
     // The client's side of an upgrade (the relay), spliced to whichever owner accepts it.
     let mut upgrade = parts.extensions.remove::<hyper::upgrade::OnUpgrade>();
+    strip_hop_by_hop(&mut parts.headers, path.ends_with("/agent"));
     if !resendable {
         let req = Request::from_parts(parts, body);
         let answer = forward(&api, &peer, req, &mut upgrade).await;
@@ -158,6 +159,31 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
         }
     }
     answer.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Drops the headers that concern one connection only (RFC 9110 §7.6.1): those `Connection`
+/// names and the standard ones. The relay's upgrade (`Connection: upgrade`, `Upgrade`) is kept
+/// on `/agent`, the one route that upgrades.
+fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let named: Vec<String> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(|n| n.trim().to_ascii_lowercase())
+        .filter(|n| !(upgrade && n == "upgrade"))
+        .collect();
+    for name in named {
+        headers.remove(name.as_str());
+    }
+    for name in ["keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding"] {
+        headers.remove(name);
+    }
+    headers.remove(header::PROXY_AUTHORIZATION);
+    if !upgrade {
+        headers.remove(header::CONNECTION);
+        headers.remove(header::UPGRADE);
+    }
 }
 
 /// Bodies up to this size are kept in memory so that a forwarded call can be sent again.
@@ -195,9 +221,10 @@ async fn forward(
         }
     });
     let mut res = sender.send_request(req).await.map_err(unreachable)?;
-    if res.status() == StatusCode::SWITCHING_PROTOCOLS
-        && let Some(client_side) = upgrade.take()
-    {
+    let upgraded = res.status() == StatusCode::SWITCHING_PROTOCOLS;
+    // The owner's `Connection: close` ends its stream, not the client's connection.
+    strip_hop_by_hop(res.headers_mut(), upgraded);
+    if upgraded && let Some(client_side) = upgrade.take() {
         let owner_side = hyper::upgrade::on(&mut res);
         let node = api.node.clone();
         tokio::spawn(async move {
@@ -220,7 +247,11 @@ pub async fn serve_forwarded(router: axum::Router, stream: PeerStream) {
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         tower::ServiceExt::oneshot(router.clone(), req.map(Body::new))
     });
+    // One request per stream (the caller opens one per call), its head within a bound.
     let served = hyper::server::conn::http1::Builder::new()
+        .keep_alive(false)
+        .timer(hyper_util::rt::TokioTimer::new())
+        .header_read_timeout(std::time::Duration::from_secs(30))
         .serve_connection(TokioIo::new(stream), service)
         .with_upgrades()
         .await;

@@ -121,7 +121,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
             },
             "/v1/sandboxes/{id}": sandbox,
             "/v1/sandboxes/{id}/renew": { "parameters": id.clone(), "post": op("Reset the lease", (200, ok_json("Renewed")), &[400, 401, 404, 413, 415], Some("RenewRequest")) },
-            "/v1/sandboxes/{id}/exec": { "parameters": id.clone(), "post": op("Run a command, buffered", (200, ok_json("ExecResult")), &[400, 401, 404, 413, 503], Some("ExecRequest")) },
+            "/v1/sandboxes/{id}/exec": { "parameters": id.clone(), "post": op("Run a command, buffered", (200, ok_json("ExecResult")), &[400, 401, 403, 404, 413, 422, 503], Some("ExecRequest")) },
             "/v1/sandboxes/{id}/hibernate": { "parameters": id.clone(), "post": op("Snapshot and stop (idempotent); the lease keeps running; any access wakes it", (200, ok_json("Sandbox")), &[401, 404, 409, 500], None) },
             "/v1/sandboxes/{id}/wake": { "parameters": id.clone(), "post": op("Start a hibernated or archived sandbox (an archive gets a fresh lease)", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
             "/v1/sandboxes/{id}/archive": { "parameters": id.clone(), "post": op("Move the sandbox's files to the store and free the host; on a store failure it runs again", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },

@@ -248,10 +248,9 @@ impl Fleet for Peers {
             let req = PeerRequest::Adopt { record, archive: archive.to_string() };
             match self.call(peer, &req).await? {
                 PeerReply::Adopted { refused: None } => Ok(()),
-                PeerReply::Adopted { refused: Some((code, message)) } => Err(NodeError::new(
-                    Code::MoveRefused,
-                    format!("{peer} refused it ({code}): {message}"),
-                )),
+                PeerReply::Adopted { refused: Some((code, message)) } => {
+                    Err(refusal(peer, &code, &message))
+                }
                 PeerReply::Lookup { .. } => Err(unreachable_peer("a lookup answer to an adopt")),
             }
         })
@@ -266,6 +265,14 @@ impl Fleet for Peers {
             }
         })
     }
+}
+
+/// A target's refusal of a move, in its own code (and so its status: `node_full`, `draining`,
+/// `insufficient_storage`, …); a code this build does not know is `move_refused`.
+fn refusal(peer: &str, code: &str, message: &str) -> NodeError {
+    let known = serde_json::from_value(serde_json::Value::String(code.to_string()));
+    let code: Code = known.unwrap_or(Code::MoveRefused);
+    NodeError::new(code, format!("{peer} refused the sandbox: {message}"))
 }
 
 /// A random number for placement, without a syscall: std's per-process random hash keys over a
@@ -442,4 +449,19 @@ pub async fn start(
     let (mesh, incoming) = silk_mesh::Mesh::start(mc, state).await?;
     tracing::info!(name = m.name, addr = %mesh.id().addr, epoch, "mesh endpoint up");
     Ok((Arc::new(Peers::new(mesh, m.forward)), incoming))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refused_move_answers_in_the_targets_code() {
+        let e = refusal("b", "insufficient_storage", "below min_free_mib");
+        assert_eq!(
+            (e.code, e.message.as_str()),
+            (Code::InsufficientStorage, "b refused the sandbox: below min_free_mib")
+        );
+        assert_eq!(refusal("b", "from_the_future", "?").code, Code::MoveRefused);
+    }
 }

@@ -17,7 +17,9 @@ pub fn check_answer(
     body: &Value,
 ) -> Option<String> {
     let path = path.split('?').next().unwrap_or(path);
-    let found = doc["paths"].as_object()?.iter().find(|(t, _)| matches(t, path));
+    assert!(doc["openapi"].is_string(), "not an OpenAPI document: {doc}");
+    let paths = doc["paths"].as_object().expect("an OpenAPI document has paths");
+    let found = paths.iter().find(|(t, _)| matches(t, path));
     let op = found.map_or(&Value::Null, |(_, item)| &item[method.to_ascii_lowercase()]);
     let Some((template, _)) = found.filter(|_| !op.is_null()) else {
         // No such route: the fallback's 404 `no_route` or 405, in the error shape.
@@ -54,8 +56,13 @@ fn matches(template: &str, path: &str) -> bool {
 }
 
 fn resolve<'a>(doc: &'a Value, schema: &'a Value) -> &'a Value {
-    match schema["$ref"].as_str().and_then(|r| r.strip_prefix("#/components/schemas/")) {
-        Some(name) => resolve(doc, &doc["components"]["schemas"][name]),
+    match schema["$ref"].as_str() {
+        Some(r) => {
+            let name = r.strip_prefix("#/components/schemas/").unwrap_or(r);
+            let target = &doc["components"]["schemas"][name];
+            assert!(!target.is_null(), "the document's $ref {r} names no schema");
+            resolve(doc, target)
+        }
         None => schema,
     }
 }
