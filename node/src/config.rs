@@ -238,6 +238,10 @@ impl Config {
         if self.engine != "jail" {
             return bad(format!("engine {:?} is not available (only \"jail\")", self.engine));
         }
+        // An empty token would make `Authorization: Bearer ` (nothing after it) the root token.
+        if self.api_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return bad("api_token is empty: set a secret, or leave the key out".into());
+        }
         if self.api_token.is_none() && !self.listen.ip().is_loopback() && !self.allow_open_listen {
             return bad(format!(
                 "listen {} is not loopback and no api_token is set; set one (or allow_open_listen = true)",
@@ -303,6 +307,10 @@ mod tests {
         assert!(c.validate().is_err(), "open listen without a token");
         c.api_token = Some("t".into());
         assert!(c.validate().is_ok());
+        for empty in ["", "  "] {
+            c.api_token = Some(empty.into());
+            assert!(c.validate().unwrap_err().to_string().contains("api_token is empty"));
+        }
         let c = Config::parse("[[pools]]\ntemplate = \"nope\"\nwarm = 1\n").unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("nope"));
     }

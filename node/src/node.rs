@@ -395,8 +395,10 @@ impl Node {
     pub fn is_root(&self, bearer: Option<&str>) -> bool {
         match (&self.cfg.api_token, bearer) {
             (None, _) => true,
+            // An empty token is never root, even against a config that slipped one through.
             (Some(root), Some(given)) => {
-                crate::claims::constant_time_eq(root.as_bytes(), given.as_bytes())
+                !given.is_empty()
+                    && crate::claims::constant_time_eq(root.as_bytes(), given.as_bytes())
             }
             (Some(_), None) => false,
         }

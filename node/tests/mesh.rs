@@ -322,27 +322,6 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     assert_eq!(status, 404, "released on the owner");
 }
 
-/// Sends `head` (a request line and headers, no blank line) on a new connection and returns the
-/// status line, the headers but `date` (lower-cased names, in order) and the body.
-fn raw_answer(addr: std::net::SocketAddr, head: &str) -> (String, Vec<String>, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "{head}Host: x\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let mut lines = head.lines();
-    let status = lines.next().unwrap().to_string();
-    let headers = lines
-        .map(|l| {
-            let (name, value) = l.split_once(':').unwrap();
-            format!("{}: {}", name.to_ascii_lowercase(), value.trim())
-        })
-        .filter(|h| !h.starts_with("date:"))
-        .collect();
-    (status, headers, body.to_string())
-}
-
 #[test]
 fn a_node_with_a_certificate_from_another_ca_cannot_join() {
     let (good, evil) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());

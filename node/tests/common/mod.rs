@@ -227,3 +227,24 @@ impl Drop for LoopFs {
         silk_engine::jail::unmount_under(&self.at);
     }
 }
+
+/// Sends `head` (a request line and headers, no blank line) on a new connection and returns the
+/// status line, the headers but `date` (lower-cased names, in order) and the body.
+pub fn raw_answer(addr: std::net::SocketAddr, head: &str) -> (String, Vec<String>, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "{head}Host: x\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let mut lines = head.lines();
+    let status = lines.next().unwrap().to_string();
+    let headers = lines
+        .map(|l| {
+            let (name, value) = l.split_once(':').unwrap();
+            format!("{}: {}", name.to_ascii_lowercase(), value.trim())
+        })
+        .filter(|h| !h.starts_with("date:"))
+        .collect();
+    (status, headers, body.to_string())
+}
