@@ -29,7 +29,6 @@ use silk_engine::jail::{JailConfig, JailEngine};
 use config::Config;
 use fleet::Peers;
 use node::Node;
-use node::fleet::Fleet;
 
 /// A node with its parts wired: the controller, and the mesh when configured.
 #[derive(Debug)]
@@ -39,26 +38,27 @@ pub struct Daemon {
     incoming: Option<tokio::sync::mpsc::Receiver<silk_mesh::Incoming>>,
 }
 
-/// Starts a node on the jail engine: the mesh endpoint (when configured), then the controller
-/// (which reconciles what survived the last run), then the loop that publishes its state.
+/// Starts a node on the jail engine: the controller (which reconciles what survived the last
+/// run), then the mesh endpoint when configured, and the loop that publishes its state.
 pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
     cfg.validate()?;
     // Sandboxes' files, checkpoints and the journal live here: root's only.
     std::fs::create_dir_all(&cfg.data_dir)?;
     std::fs::set_permissions(&cfg.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
     let engine = Arc::new(jail_engine(&cfg)?);
-    let (peers, incoming) = match &cfg.mesh {
+    let mesh = cfg.mesh.clone();
+    // The controller first: it takes the journal's lock, so a second process on this data
+    // directory stops there, before it could join the mesh in this node's name.
+    let node = Node::open(cfg, engine).await?;
+    let (peers, incoming) = match &mesh {
         Some(m) => {
-            let (peers, incoming) = fleet::start(&cfg, m).await?;
+            let (peers, incoming) = fleet::start(&node.cfg, m).await?;
+            node.join(peers.clone());
+            tokio::spawn(fleet::publish_loop(node.clone(), peers.clone()));
             (Some(peers), Some(incoming))
         }
         None => (None, None),
     };
-    let fleet = peers.clone().map(|p| p as Arc<dyn Fleet>);
-    let node = Node::open(cfg, engine, fleet).await?;
-    if let Some(p) = &peers {
-        tokio::spawn(fleet::publish_loop(node.clone(), p.clone()));
-    }
     Ok(Daemon { node, peers, incoming })
 }
 

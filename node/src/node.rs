@@ -75,7 +75,7 @@ pub struct Node {
     /// This node's name (the mesh name, or `local`): sandbox ids carry a tag of it.
     pub name: String,
     /// The other nodes, when this one is in a mesh.
-    fleet: Option<Arc<dyn Fleet>>,
+    fleet: std::sync::OnceLock<Arc<dyn Fleet>>,
     /// The crash point the in-process crash tests stop calls at.
     #[cfg(feature = "crash-points")]
     crash_at: Mutex<Option<(String, bool)>>,
@@ -241,13 +241,9 @@ async fn blocking<T: Send + 'static>(
 impl Node {
     /// Opens the journal and the store on `engine` (the jail engine in production, a fake one in
     /// the controller's tests), reconciles what survived the last run, and starts the
-    /// background loops. `fleet` is the other nodes, when this one is in a mesh. Expects `cfg`
+    /// background loops. A node in a mesh then [`join`](Self::join)s its fleet. Expects `cfg`
     /// validated and its data directory made.
-    pub async fn open(
-        cfg: Config,
-        engine: Arc<dyn Engine>,
-        fleet: Option<Arc<dyn Fleet>>,
-    ) -> anyhow::Result<Arc<Node>> {
+    pub async fn open(cfg: Config, engine: Arc<dyn Engine>) -> anyhow::Result<Arc<Node>> {
         let (journal, stored) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
         let records = crate::stored::live_records(stored).map_err(anyhow::Error::msg)?;
         let store = lifecycle::open_store(&cfg).await?;
@@ -266,7 +262,7 @@ impl Node {
             metrics: Metrics::default(),
             started: Instant::now(),
             name,
-            fleet,
+            fleet: std::sync::OnceLock::new(),
             #[cfg(feature = "crash-points")]
             crash_at: Mutex::new(None),
         });
@@ -280,10 +276,21 @@ impl Node {
         tokio::spawn(refill_loop(node.clone()));
         tokio::spawn(reap_loop(node.clone()));
         tokio::spawn(gc_loop(node.clone()));
-        if node.fleet.is_some() {
-            tokio::spawn(node.clone().settle_moves());
-        }
+
         Ok(node)
+    }
+
+    /// Reaches other nodes through `fleet` from now on (once; a second call is ignored), and
+    /// settles the moves a crash or a lost answer left open. Called after `open`, so a second
+    /// process on a live data directory fails at the journal's lock before it joins any mesh.
+    pub fn join(self: &Arc<Self>, fleet: Arc<dyn Fleet>) {
+        if self.fleet.set(fleet).is_ok() {
+            tokio::spawn(self.clone().settle_moves());
+        }
+    }
+
+    fn fleet(&self) -> Option<Arc<dyn Fleet>> {
+        self.fleet.get().cloned()
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -411,3 +411,24 @@ fn sigterm_stops_the_node_and_leaves_sandboxes_for_the_next_start() {
     node.restart();
     assert_eq!(node.exec(id, token, "hostname")["stdout"], format!("{id}\n"), "re-adopted");
 }
+
+#[test]
+fn a_second_node_on_a_live_data_directory_stops_before_it_joins_the_mesh() {
+    let certs = tempfile::tempdir().unwrap();
+    let d = certs.path().to_str().unwrap();
+    let sandboxd = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd")).args(args).output().unwrap()
+    };
+    assert!(sandboxd(&["mesh", "ca", "init", "--dir", d]).status.success());
+    assert!(sandboxd(&["mesh", "cert", "issue", "--dir", d, "--node", "solo"]).status.success());
+    let node = Sandboxd::start(&format!(
+        "pools = []\n[mesh]\nname = \"solo\"\nlisten = \"127.0.0.1:0\"\nca = \"{d}/ca.pem\"\ncert = \"{d}/solo.pem\"\nkey = \"{d}/solo.key\"\n"
+    ));
+    let epoch = || std::fs::read_to_string(node.data().join("mesh-epoch")).unwrap();
+    let before = epoch();
+    let second = sandboxd(&["--config", node.config.to_str().unwrap()]);
+    assert!(!second.status.success(), "a second node ran on a live data directory");
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(stderr.contains("already open in another process"), "{stderr}");
+    assert_eq!(epoch(), before, "the second process bumped the live node's mesh epoch");
+}

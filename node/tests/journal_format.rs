@@ -85,7 +85,7 @@ fn a_node_starts_on_a_journal_in_the_format_on_main() {
     let cfg = sandboxd::config::Config { data_dir: data, min_free_mib: 0, ..Default::default() };
     let engine = Arc::new(silk_engine::fake::FakeEngine::new(dir.path().join("fake")));
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let node = rt.block_on(sandboxd::node::Node::open(cfg, engine, None)).unwrap();
+    let node = rt.block_on(sandboxd::node::Node::open(cfg, engine)).unwrap();
     // Claims whose files this (empty) engine does not hold end; the archived one, whose files
     // are in the store, stays as it was.
     let kept: Vec<_> = node.list(&[]).into_iter().map(|r| (r.id, r.phase)).collect();

@@ -50,7 +50,11 @@ impl Harness {
             .build()
             .unwrap();
         let engine: Arc<dyn Engine> = self.engine.clone();
-        let node = rt.block_on(Node::open(cfg, engine, fleet)).unwrap();
+        let node = rt.block_on(Node::open(cfg, engine)).unwrap();
+        if let Some(fleet) = fleet {
+            let _in_runtime = rt.enter();
+            node.join(fleet);
+        }
         (rt, node)
     }
 }

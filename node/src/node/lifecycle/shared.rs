@@ -171,7 +171,7 @@ impl Node {
         id: &str,
         to: Option<&str>,
     ) -> Result<(ClaimRecord, PeerNode), NodeError> {
-        let fleet = self.fleet.clone().ok_or_else(|| {
+        let fleet = self.fleet().ok_or_else(|| {
             conflict("this node is not in a mesh: there is nowhere to move to".into())
         })?;
         let _busy = self.busy(id).await;
@@ -315,7 +315,7 @@ impl Node {
     }
 
     pub(in crate::node) async fn settle_move(self: std::sync::Arc<Self>, id: String) {
-        let Some(fleet) = self.fleet.clone() else { return };
+        let Some(fleet) = self.fleet() else { return };
         let mut pause = std::time::Duration::from_millis(100);
         loop {
             let Some(Intent::Move { archive, target }) =
