@@ -91,6 +91,13 @@ impl Pair {
         self.a.open_in_fleet(self.config(&self.a), Some(fleet))
     }
 
+    /// A sandbox claimed on `a` with a file of its own (`notes`): its id and token.
+    fn claim_with_notes(&self, a: &(tokio::runtime::Runtime, Arc<Node>)) -> (String, String) {
+        let c = a.0.block_on(a.1.claim(spec(600))).unwrap();
+        self.a.engine.write_file(&sid(&c.record.id), "notes", b"kept").unwrap();
+        (c.record.id.clone(), c.token)
+    }
+
     fn open_b(&self) -> (tokio::runtime::Runtime, Arc<Node>) {
         let (rt, b) = self.b.open(self.config(&self.b));
         self.fleet.set(Some((b.clone(), rt.handle().clone())));
@@ -132,14 +139,12 @@ fn a_move_moves_the_files_id_and_token_and_the_mover_forgets_it() {
     let p = Pair::new();
     let (_rt_b, b) = p.open_b();
     let a = p.open_a();
-    let c = a.0.block_on(a.1.claim(spec(600))).unwrap();
-    let id = c.record.id.clone();
-    p.a.engine.write_file(&sid(&id), "notes", b"kept").unwrap();
+    let (id, token) = p.claim_with_notes(&a);
     let (n, i) = (a.1.clone(), id.clone());
     let (moved, to) = a.0.block_on(async move { n.move_sandbox(&i, Some("b")).await }).unwrap();
     assert_eq!((moved.id.as_str(), to.name.as_str()), (id.as_str(), "b"));
     assert!(a.1.get(&id).is_none(), "the mover still holds it");
-    assert!(settled_once(&p, &a, &b, &id, &c.token, "no crash"), "not on b");
+    assert!(settled_once(&p, &a, &b, &id, &token, "no crash"), "not on b");
 }
 
 #[test]
@@ -150,9 +155,7 @@ fn a_mover_stopped_at_any_crash_point_leaves_the_sandbox_on_exactly_one_node() {
         let p = Pair::new();
         let (_rt_b, b) = p.open_b();
         let a = p.open_a();
-        let c = a.0.block_on(a.1.claim(spec(600))).unwrap();
-        let id = c.record.id.clone();
-        p.a.engine.write_file(&sid(&id), "notes", b"kept").unwrap();
+        let (id, token) = p.claim_with_notes(&a);
         a.1.crash_at(point);
         let (n, i) = (a.1.clone(), id.clone());
         a.0.spawn(async move {
@@ -162,7 +165,7 @@ fn a_mover_stopped_at_any_crash_point_leaves_the_sandbox_on_exactly_one_node() {
         drop(a);
 
         let a = p.open_a();
-        assert_eq!(settled_once(&p, &a, &b, &id, &c.token, point), ends_on_b, "{point}");
+        assert_eq!(settled_once(&p, &a, &b, &id, &token, point), ends_on_b, "{point}");
     }
 }
 
@@ -171,9 +174,7 @@ fn a_target_that_dies_mid_adoption_leaves_the_sandbox_with_the_mover() {
     let p = Pair::new();
     let (rt_b, b) = p.open_b();
     let a = p.open_a();
-    let c = a.0.block_on(a.1.claim(spec(600))).unwrap();
-    let id = c.record.id.clone();
-    p.a.engine.write_file(&sid(&id), "notes", b"kept").unwrap();
+    let (id, token) = p.claim_with_notes(&a);
     b.crash_at("adopt:restored");
     let (n, i) = (a.1.clone(), id.clone());
     let moving = a.0.spawn(async move { n.move_sandbox(&i, Some("b")).await });
@@ -187,5 +188,5 @@ fn a_target_that_dies_mid_adoption_leaves_the_sandbox_with_the_mover() {
 
     // The target restarts (without the half-adopted sandbox) and answers: the mover keeps it.
     let (_rt_b, b) = p.open_b();
-    assert!(!settled_once(&p, &a, &b, &id, &c.token, "adopt:restored"), "ended on b");
+    assert!(!settled_once(&p, &a, &b, &id, &token, "adopt:restored"), "ended on b");
 }

@@ -36,22 +36,8 @@ pub(super) async fn archive(
     Ok(axum::Json(row(&node, &record)))
 }
 
-/// A checkpoint as the API shows it.
-fn checkpoint_row(ck: crate::node::CheckpointInfo) -> silk_api::Checkpoint {
-    silk_api::Checkpoint {
-        id: ck.id,
-        name: ck.name,
-        sandbox: ck.sandbox,
-        template: ck.template,
-        created_ms: ck.created_ms,
-        bytes: ck.bytes,
-        uploaded_bytes: ck.uploaded_bytes,
-        memory_snapshot: None,
-    }
-}
-
 fn checkpoint_list(list: Vec<crate::node::CheckpointInfo>) -> silk_api::CheckpointList {
-    silk_api::CheckpointList { checkpoints: list.into_iter().map(checkpoint_row).collect() }
+    silk_api::CheckpointList { checkpoints: list.into_iter().map(|c| c.checkpoint).collect() }
 }
 
 pub(super) async fn checkpoint(
@@ -64,9 +50,7 @@ pub(super) async fn checkpoint(
     let name = optional_json::<silk_api::CheckpointRequest>(&body)?.name;
     let n = node.clone();
     let ck = detached(async move { n.checkpoint(&id, name).await }).await?;
-    let memory = node.capabilities().memory_snapshot;
-    let body = silk_api::Checkpoint { memory_snapshot: Some(memory), ..checkpoint_row(ck) };
-    Ok((StatusCode::CREATED, axum::Json(body)).into_response())
+    Ok((StatusCode::CREATED, axum::Json(ck.checkpoint)).into_response())
 }
 
 pub(super) async fn sandbox_checkpoints(
@@ -91,7 +75,7 @@ pub(super) async fn get_checkpoint(
     headers: HeaderMap,
     Path(id): Path<String>,
 ) -> Result<axum::Json<silk_api::Checkpoint>, NodeError> {
-    Ok(axum::Json(checkpoint_row(node.authorized_checkpoint(&id, bearer(&headers)).await?)))
+    Ok(axum::Json(node.authorized_checkpoint(&id, bearer(&headers)).await?.checkpoint))
 }
 
 pub(super) async fn delete_checkpoint(
@@ -113,7 +97,7 @@ pub(super) async fn branch(
     let ck = node.authorized_checkpoint(&id, bearer(&headers)).await?;
     let b = optional_json::<silk_api::BranchRequest>(&body)?;
     let request = ClaimRequest {
-        template: Some(ck.template),
+        template: Some(ck.checkpoint.template),
         ttl_seconds: b.ttl_seconds,
         metadata: b.metadata,
         on_expire: b.on_expire,

@@ -59,21 +59,18 @@ pub struct Promoted {
     pub owner: Option<String>,
 }
 
-/// A checkpoint as the API shows it.
-#[derive(Debug, Clone, Serialize)]
+/// A checkpoint as the API shows it, and the hash of its sandbox's token (who may use it).
+#[derive(Debug, Clone)]
 pub struct CheckpointInfo {
-    pub id: String,
-    pub name: Option<String>,
-    pub sandbox: String,
-    pub template: String,
-    pub created_ms: u64,
-    /// Bytes in the snapshot stream.
-    pub bytes: u64,
-    /// Bytes this checkpoint sent to the store (the rest was there already); only on creation.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub uploaded_bytes: Option<u64>,
-    #[serde(skip)]
+    pub checkpoint: silk_api::Checkpoint,
     token_hash: String,
+}
+
+impl std::ops::Deref for CheckpointInfo {
+    type Target = silk_api::Checkpoint;
+    fn deref(&self) -> &silk_api::Checkpoint {
+        &self.checkpoint
+    }
 }
 
 /// Opens the configured object store: `[store.s3]`, `[store.fs]`, or `<data_dir>/store`.

@@ -32,7 +32,7 @@ impl Node {
         let report = uploaded?;
         self.crash_point("checkpoint:uploaded").await;
         self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
-        Ok(CheckpointInfo {
+        let checkpoint = silk_api::Checkpoint {
             id: format!("ck_{hex}"),
             name,
             sandbox: id.to_string(),
@@ -40,8 +40,9 @@ impl Node {
             created_ms: now_ms(),
             bytes: report.size,
             uploaded_bytes: Some(report.uploaded_bytes),
-            token_hash: live.record.token_hash.clone(),
-        })
+            memory_snapshot: Some(self.engine.capabilities().memory_snapshot),
+        };
+        Ok(CheckpointInfo { checkpoint, token_hash: live.record.token_hash.clone() })
     }
 
     /// Checkpoints the bearer may see: all of them for the root token, else those of `sandbox`.
@@ -76,7 +77,7 @@ impl Node {
             other => other.into(),
         })?;
         let get = |k: &str| m.meta.get(k).cloned().unwrap_or_default();
-        Ok(CheckpointInfo {
+        let checkpoint = silk_api::Checkpoint {
             id: format!("ck_{hex}"),
             name: m.meta.get("name").cloned(),
             sandbox: get("sandbox"),
@@ -84,8 +85,9 @@ impl Node {
             created_ms: m.created_ms,
             bytes: m.size,
             uploaded_bytes: None,
-            token_hash: get("token_hash"),
-        })
+            memory_snapshot: None,
+        };
+        Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash") })
     }
 
     /// The checkpoint, if `bearer` may use it: the root token, or the token of the sandbox it
