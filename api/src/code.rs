@@ -20,6 +20,10 @@ pub enum Code {
     /// A move needs a base (golden) the target cannot get.
     BaseUnavailable,
     NodeFull,
+    /// A tenant's limit is reached (the message names it).
+    QuotaExceeded,
+    /// This client asked too often; try again in a moment.
+    RateLimited,
     Draining,
     InsufficientStorage,
     PayloadTooLarge,
@@ -60,6 +64,8 @@ impl Code {
             Conflict => "conflict",
             BaseUnavailable => "base_unavailable",
             NodeFull => "node_full",
+            QuotaExceeded => "quota_exceeded",
+            RateLimited => "rate_limited",
             Draining => "draining",
             InsufficientStorage => "insufficient_storage",
             PayloadTooLarge => "payload_too_large",
@@ -114,6 +120,8 @@ mod tests {
             Conflict,
             BaseUnavailable,
             NodeFull,
+            QuotaExceeded,
+            RateLimited,
             Draining,
             InsufficientStorage,
             PayloadTooLarge,

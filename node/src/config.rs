@@ -59,6 +59,24 @@ pub struct Config {
     pub mesh: Option<MeshSection>,
     /// Disk each size tier may use (where the data directory's filesystem can bound it).
     pub disk: DiskSection,
+    /// Lookups of sandboxes held by other nodes (peers asked, the store when none has it) one
+    /// client address may cause: per minute sustained, and at once (0 per minute: no limit).
+    pub lookups_per_minute: u32,
+    pub lookup_burst: u32,
+    /// A bearer token `/metrics` requires (open when unset; the root token is accepted too).
+    pub metrics_token: Option<String>,
+    /// Serve the API over TLS (plain HTTP when unset).
+    pub tls: Option<TlsSection>,
+}
+
+/// `[tls]`: the API's certificate (PEM chain and key), and a CA whose certificates clients
+/// must present when set (mutual TLS).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
 }
 
 /// `[disk]`: MiB a sandbox of each size may use.
@@ -94,7 +112,8 @@ pub struct MeshSection {
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,
-    /// The API URL peers use to reach this node (default `http://<listen>`).
+    /// The API URL peers use to reach this node (default `http://<listen>`, `https://` with
+    /// `[tls]`).
     pub advertise: Option<String>,
     /// The API URL clients are redirected to, when it differs (NAT, a proxy).
     pub public_url: Option<String>,
@@ -203,6 +222,10 @@ impl Default for Config {
             archive_retention_seconds: None,
             disk: DiskSection::default(),
             mesh: None,
+            tls: None,
+            lookups_per_minute: 1200,
+            lookup_burst: 100,
+            metrics_token: None,
         }
     }
 }
@@ -232,6 +255,13 @@ impl Config {
         Ok(cfg)
     }
 
+    /// The URL clients reach this node's API at when nothing else is said: `https://` when
+    /// it serves TLS.
+    pub fn own_url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.listen)
+    }
+
     /// Checks what types alone cannot.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |m: String| Err(ConfigError::Invalid(m));
@@ -241,6 +271,9 @@ impl Config {
         // An empty token would make `Authorization: Bearer ` (nothing after it) the root token.
         if self.api_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
             return bad("api_token is empty: set a secret, or leave the key out".into());
+        }
+        if self.metrics_token.as_deref().is_some_and(|t| t.trim().is_empty()) {
+            return bad("metrics_token is empty: set a secret, or leave the key out".into());
         }
         if self.api_token.is_none() && !self.listen.ip().is_loopback() && !self.allow_open_listen {
             return bad(format!(

@@ -14,11 +14,13 @@ mod durable;
 pub mod error;
 pub mod fleet;
 pub mod journal;
+pub mod listen;
 pub mod metrics;
 pub mod node;
 pub mod pool;
 pub mod state;
 pub mod stored;
+pub mod tls;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -36,12 +38,15 @@ pub struct Daemon {
     pub node: Arc<Node>,
     pub peers: Option<Arc<Peers>>,
     incoming: Option<tokio::sync::mpsc::Receiver<silk_mesh::Incoming>>,
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 /// Starts a node on the jail engine: the controller (which reconciles what survived the last
 /// run), then the mesh endpoint when configured, and the loop that publishes its state.
 pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
     cfg.validate()?;
+    // A certificate that does not load stops the start before anything else happens.
+    let tls = cfg.tls.as_ref().map(tls::server_config).transpose()?;
     // Sandboxes' files, checkpoints and the journal live here: root's only.
     std::fs::create_dir_all(&cfg.data_dir)?;
     std::fs::set_permissions(&cfg.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
@@ -59,7 +64,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
         }
         None => (None, None),
     };
-    Ok(Daemon { node, peers, incoming })
+    Ok(Daemon { node, peers, incoming, tls })
 }
 
 /// The silkd and the jail launcher a node runs: the configured ones, or those beside this
@@ -119,22 +124,14 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    // The relay forwards silkd's small frames as they come: Nagle plus the client's delayed ACK
-    // would hold the second of two back-to-back frames for ~40 ms.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
-    });
-    let Daemon { node, peers, incoming } = daemon;
+    let Daemon { node, peers, incoming, tls } = daemon;
     let router = api::router(node.clone(), peers.clone());
     if let Some(incoming) = incoming {
         let r = router.clone();
         let http = move |stream| api::edge::serve_forwarded(r.clone(), stream);
         tokio::spawn(fleet::serve(node.clone(), incoming, http));
     }
-    let served = axum::serve(listener, router).with_graceful_shutdown(shutdown).await;
+    let served = listen::serve(listener, router, tls, shutdown).await;
     // Peers learn at once that this node left, rather than by failure detection.
     if let Some(p) = &peers {
         p.mesh.leave().await;

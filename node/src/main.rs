@@ -41,6 +41,11 @@ enum Command {
         #[command(subcommand)]
         what: MeshCommand,
     },
+    /// Certificates for the API's TLS.
+    Tls {
+        #[command(subcommand)]
+        what: TlsCommand,
+    },
     /// Removes every sandbox a stopped node left in its data directory (sandboxes outlive
     /// their node by design, for the next start to re-adopt). Run it only once the node has
     /// stopped.
@@ -58,6 +63,20 @@ enum MeshCommand {
     Cert {
         #[command(subcommand)]
         what: CertCommand,
+    },
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum TlsCommand {
+    /// Write a development CA (`ca.pem`, once per DIR) and a certificate it signed for the
+    /// names given (`NAME.pem`, `NAME.key` after the first); clients trust `ca.pem`
+    /// (`SBX_CA`). For production, use certificates from your own CA.
+    SelfSigned {
+        #[arg(long)]
+        dir: PathBuf,
+        /// A DNS name or IP address clients use to reach the node (repeat for more).
+        #[arg(long = "name", required = true)]
+        names: Vec<String>,
     },
 }
 
@@ -120,8 +139,15 @@ fn config(args: &Args) -> anyhow::Result<Config> {
 fn main() -> anyhow::Result<()> {
     let mut args = Args::parse();
     let command = args.command.take();
-    if let Some(Command::Mesh { what }) = command {
-        return mesh_command(what);
+    match command {
+        Some(Command::Mesh { what }) => return mesh_command(what),
+        Some(Command::Tls { what: TlsCommand::SelfSigned { dir, names } }) => {
+            let dev = sandboxd::tls::self_signed(&dir, &names)?;
+            println!("[tls]\ncert = {:?}\nkey = {:?}", dev.cert, dev.key);
+            println!("# clients: SBX_CA={}", dev.ca.display());
+            return Ok(());
+        }
+        _ => {}
     }
     let cfg = config(&args)?;
     if let Some(Command::Clean) = command {
@@ -131,8 +157,10 @@ fn main() -> anyhow::Result<()> {
     }
     if args.print_config {
         let mut shown = cfg.clone();
-        if shown.api_token.is_some() {
-            shown.api_token = Some("<set>".into());
+        for secret in [&mut shown.api_token, &mut shown.metrics_token] {
+            if secret.is_some() {
+                *secret = Some("<set>".into());
+            }
         }
         print!("{}", toml::to_string_pretty(&shown)?);
         return Ok(());

@@ -73,6 +73,8 @@ pub struct Metrics {
     pub golden_builds: AtomicU64,
     pub moved: AtomicU64,
     pub golden_downloads: AtomicU64,
+    pub owner_lookups: AtomicU64,
+    pub lookups_limited: AtomicU64,
 }
 
 impl Metrics {
@@ -170,6 +172,16 @@ impl Metrics {
                 "silkmesh_claims_placed_on_peers_total",
                 "Claims redirected or forwarded to a peer with warm capacity.",
                 &self.placed_on_peers,
+            ),
+            (
+                "silkmesh_owner_lookups_total",
+                "Calls on sandboxes held elsewhere for which this node asked its peers who holds them.",
+                &self.owner_lookups,
+            ),
+            (
+                "silkmesh_owner_lookups_limited_total",
+                "Such lookups refused (429) by the per-client rate limit.",
+                &self.lookups_limited,
             ),
         ] {
             let _ = writeln!(

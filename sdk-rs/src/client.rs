@@ -38,6 +38,7 @@ pub struct ClientBuilder {
     connect_timeout: Duration,
     request_timeout: Duration,
     max_idle: usize,
+    tls: crate::tls::TlsOptions,
 }
 
 impl ClientBuilder {
@@ -60,6 +61,24 @@ impl ClientBuilder {
         self
     }
 
+    /// For an `https://` node: trust the CA certificates in this PEM file instead of the
+    /// system's (a private CA, or `sandboxd tls self-signed`'s `ca.pem`).
+    pub fn ca_file(mut self, pem: impl Into<std::path::PathBuf>) -> Self {
+        self.tls.ca = Some(pem.into());
+        self
+    }
+
+    /// For an `https://` node that requires client certificates (`[tls] client_ca`): this
+    /// certificate chain and key (PEM files).
+    pub fn client_cert(
+        mut self,
+        chain: impl Into<std::path::PathBuf>,
+        key: impl Into<std::path::PathBuf>,
+    ) -> Self {
+        self.tls.identity = Some((chain.into(), key.into()));
+        self
+    }
+
     /// Idle relay connections each sandbox handle keeps for reuse (default and maximum 8; 0
     /// dials a new connection for every call).
     pub fn max_idle_connections(mut self, n: usize) -> Self {
@@ -68,14 +87,15 @@ impl ClientBuilder {
     }
 
     pub fn build(self) -> Result<Client> {
-        let http = Http::new(&self.url, self.connect_timeout, self.request_timeout)?;
+        let http = Http::new(&self.url, self.connect_timeout, self.request_timeout, &self.tls)?;
         let inner = ClientInner { http, token: self.token, max_idle: self.max_idle };
         Ok(Client { inner: Arc::new(inner) })
     }
 }
 
 impl Client {
-    /// A client for the node at `url` (`http://host:port`), without a token.
+    /// A client for the node at `url` (`http://host:port`, or `https://` with the system's
+    /// CAs), without a token.
     pub fn new(url: &str) -> Result<Client> {
         Client::builder(url).build()
     }
@@ -87,6 +107,7 @@ impl Client {
             connect_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(120),
             max_idle: crate::conn::MAX_IDLE,
+            tls: crate::tls::TlsOptions::default(),
         }
     }
 

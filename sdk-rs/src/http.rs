@@ -1,17 +1,20 @@
 //! HTTP to the node: JSON requests on hyper-util's pooled client, and the `Upgrade: silkd`
-//! handshake that turns a fresh TCP connection into a raw silk-proto byte stream.
+//! handshake that turns a fresh TCP connection into a raw silk-proto byte stream. `https://`
+//! addresses speak TLS ([`crate::tls`]) on both.
 //!
 //! Redirects: a `307` with a `Location` is followed **once**, to the same method and body, with
 //! `no_redirect=1` added to the retried request's query so the node it lands on serves it rather
 //! than redirecting again (DESIGN §7: at most one hop). A second `307` is an error. The bearer
 //! token travels to the redirect target: in a mesh every node is a peer that must see it. When
 //! the target cannot be reached (it died after the origin chose it), the call goes back to the
-//! origin once, with `no_redirect=1`, and the origin serves it itself.
+//! origin once, with `no_redirect=1`, and the origin serves it itself. A redirect never changes
+//! the scheme: from `https://` to `http://` would send the token in clear text.
 //!
 //! The upgrade uses hyper's connection-level client on a socket this module dials itself, then
-//! downcasts the upgraded stream back to that `TcpStream`: calls after the `101` run on the bare
-//! socket, with no HTTP layer or extra buffer in the way.
+//! downcasts the upgraded stream back to that `TcpStream` (or TLS stream): calls after the `101`
+//! run on the bare connection, with no HTTP layer or extra buffer in the way.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -24,16 +27,20 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use serde_json::Value;
 use tokio::net::TcpStream;
 
+use crate::conn::NodeStream;
 use crate::error::{Error, Result};
+use crate::tls::TlsOptions;
 
 /// The query parameter a redirect's retry carries.
 pub(crate) const NO_REDIRECT: &str = "no_redirect=1";
 
 #[derive(Debug)]
 pub(crate) struct Http {
-    pooled: Pooled<HttpConnector, Full<Bytes>>,
-    /// `http://host:port` plus an optional path prefix, without a trailing slash.
+    pooled: Pooled<hyper_rustls::HttpsConnector<HttpConnector>, Full<Bytes>>,
+    /// `http(s)://host:port` plus an optional path prefix, without a trailing slash.
     base: String,
+    /// Set for an `https://` base: the relay's TLS connections use it too.
+    tls: Option<Arc<rustls::ClientConfig>>,
     pub(crate) connect_timeout: Duration,
     pub(crate) request_timeout: Duration,
 }
@@ -43,30 +50,49 @@ impl Http {
         base_url: &str,
         connect_timeout: Duration,
         request_timeout: Duration,
+        tls: &TlsOptions,
     ) -> Result<Http> {
         let uri: Uri =
             base_url.parse().map_err(|e| Error::Invalid(format!("address {base_url:?}: {e}")))?;
-        match uri.scheme_str() {
-            Some("http") => {}
+        let scheme = match uri.scheme_str() {
+            Some(s @ ("http" | "https")) => s,
             Some(other) => {
                 return Err(Error::Invalid(format!(
-                    "address {base_url:?}: scheme {other:?} is not supported (use http://)"
+                    "address {base_url:?}: scheme {other:?} is not supported (use http:// or https://)"
                 )));
             }
-            None => return Err(Error::Invalid(format!("address {base_url:?} needs http://"))),
-        }
+            None => {
+                return Err(Error::Invalid(format!(
+                    "address {base_url:?} needs http:// or https://"
+                )));
+            }
+        };
         let authority = uri
             .authority()
             .ok_or_else(|| Error::Invalid(format!("address {base_url:?} has no host")))?;
-        let base = format!("http://{authority}{}", uri.path().trim_end_matches('/'));
+        let base = format!("{scheme}://{authority}{}", uri.path().trim_end_matches('/'));
+        let tls = (scheme == "https").then(|| crate::tls::client_config(tls)).transpose()?;
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(connect_timeout));
+        // Only `https://` requests use it, and only an `https://` base makes them.
+        connector.enforce_http(false);
+        let mut config = match &tls {
+            Some(config) => (**config).clone(),
+            None => crate::tls::unused_config(),
+        };
+        // The connector offers the protocols it enables (HTTP/1.1) itself.
+        config.alpn_protocols.clear();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(config)
+            .https_or_http()
+            .enable_http1()
+            .wrap_connector(connector);
         let pooled = Pooled::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(30))
             .pool_timer(TokioTimer::new())
             .build(connector);
-        Ok(Http { pooled, base, connect_timeout, request_timeout })
+        Ok(Http { pooled, base, tls, connect_timeout, request_timeout })
     }
 
     pub(crate) fn base(&self) -> &str {
@@ -152,13 +178,13 @@ impl Http {
     }
 
     /// `GET path` with `Upgrade: silkd` on a new connection; after the `101`, the bare socket.
-    pub(crate) async fn upgrade(&self, path: &str, token: &str) -> Result<TcpStream> {
+    pub(crate) async fn upgrade(&self, path: &str, token: &str) -> Result<NodeStream> {
         let origin = self.url(path)?;
         let mut uri = origin.clone();
         let mut hopped = false;
         let mut fell_back = false;
         loop {
-            let handshake = upgrade_once(&uri, token);
+            let handshake = upgrade_once(&uri, token, self.tls.as_ref());
             let outcome = tokio::time::timeout(self.connect_timeout, handshake)
                 .await
                 .map_err(|_| Error::timeout(&format!("upgrade {path}")))
@@ -184,21 +210,82 @@ impl Http {
 }
 
 enum Upgraded {
-    Stream(TcpStream),
+    Stream(NodeStream),
     Redirect(Option<hyper::header::HeaderValue>),
     Refused(StatusCode, Bytes),
 }
 
-async fn upgrade_once(uri: &Uri, token: &str) -> Result<Upgraded> {
+async fn upgrade_once(
+    uri: &Uri,
+    token: &str,
+    tls: Option<&Arc<rustls::ClientConfig>>,
+) -> Result<Upgraded> {
     let authority = uri.authority().ok_or_else(|| Error::Invalid(format!("{uri}: no host")))?;
-    let addr = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(80));
+    let tls = match uri.scheme_str() {
+        Some("https") => Some(tls.ok_or_else(|| Error::Invalid(format!("{uri}: no TLS")))?),
+        _ => None,
+    };
+    let port = authority.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
+    let addr = format!("{}:{port}", authority.host());
     let tcp = TcpStream::connect(&addr)
         .await
         .map_err(|e| Error::transport(format!("connect {addr}"), e))?;
     tcp.set_nodelay(true).map_err(|e| Error::transport("set TCP_NODELAY", e))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+    let res = match tls {
+        None => upgrade_on(TokioIo::new(tcp), uri, token).await?,
+        Some(config) => {
+            let tls = crate::tls::connect(config, authority.host(), tcp).await?;
+            upgrade_on(TokioIo::new(tls), uri, token).await?
+        }
+    };
+    match res.status() {
+        StatusCode::SWITCHING_PROTOCOLS => {
+            let upgraded = hyper::upgrade::on(res)
+                .await
+                .map_err(|e| Error::transport(format!("upgrade {uri}"), e))?;
+            let (stream, unread) = match upgraded.downcast::<TokioIo<TcpStream>>() {
+                Ok(parts) => (NodeStream::Tcp(parts.io.into_inner()), parts.read_buf),
+                Err(upgraded) => {
+                    let parts = upgraded
+                        .downcast::<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>()
+                        .map_err(|_| {
+                            Error::Protocol("upgraded stream is not the dialled socket".into())
+                        })?;
+                    (NodeStream::Tls(Box::new(parts.io.into_inner())), parts.read_buf)
+                }
+            };
+            // silkd only ever answers, so nothing can follow the 101 before the first request.
+            if !unread.is_empty() {
+                return Err(Error::Protocol(format!(
+                    "{} unexpected bytes after the 101",
+                    unread.len()
+                )));
+            }
+            Ok(Upgraded::Stream(stream))
+        }
+        StatusCode::TEMPORARY_REDIRECT => {
+            Ok(Upgraded::Redirect(res.headers().get(LOCATION).cloned()))
+        }
+        status => {
+            let body = res.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+            Ok(Upgraded::Refused(status, body))
+        }
+    }
+}
+
+/// The relay's `GET` with `Upgrade: silkd` on a fresh connection `io`.
+async fn upgrade_on<I>(
+    io: I,
+    uri: &Uri,
+    token: &str,
+) -> Result<hyper::Response<hyper::body::Incoming>>
+where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let authority = uri.authority().ok_or_else(|| Error::Invalid(format!("{uri}: no host")))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
         .await
-        .map_err(|e| Error::transport(format!("handshake with {addr}"), e))?;
+        .map_err(|e| Error::transport(format!("handshake with {authority}"), e))?;
     // hyper needs the connection polled to send the request and to hand over the socket.
     tokio::spawn(conn.with_upgrades());
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
@@ -211,33 +298,7 @@ async fn upgrade_once(uri: &Uri, token: &str) -> Result<Upgraded> {
         .header(UPGRADE, "silkd")
         .body(Empty::<Bytes>::new())
         .map_err(|e| Error::Invalid(e.to_string()))?;
-    let res =
-        sender.send_request(req).await.map_err(|e| Error::transport(format!("GET {uri}"), e))?;
-    match res.status() {
-        StatusCode::SWITCHING_PROTOCOLS => {
-            let upgraded = hyper::upgrade::on(res)
-                .await
-                .map_err(|e| Error::transport(format!("upgrade {uri}"), e))?;
-            let parts = upgraded
-                .downcast::<TokioIo<TcpStream>>()
-                .map_err(|_| Error::Protocol("upgraded stream is not the dialled socket".into()))?;
-            // silkd only ever answers, so nothing can follow the 101 before the first request.
-            if !parts.read_buf.is_empty() {
-                return Err(Error::Protocol(format!(
-                    "{} unexpected bytes after the 101",
-                    parts.read_buf.len()
-                )));
-            }
-            Ok(Upgraded::Stream(parts.io.into_inner()))
-        }
-        StatusCode::TEMPORARY_REDIRECT => {
-            Ok(Upgraded::Redirect(res.headers().get(LOCATION).cloned()))
-        }
-        status => {
-            let body = res.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            Ok(Upgraded::Refused(status, body))
-        }
-    }
+    sender.send_request(req).await.map_err(|e| Error::transport(format!("GET {uri}"), e))
 }
 
 /// `uri` with `no_redirect=1` added to its query.
@@ -261,14 +322,16 @@ fn redirect(
         return Err(Error::TooManyRedirects { location: location.to_string() });
     }
     *hopped = true;
+    let scheme = from.scheme_str().unwrap_or("http");
     let target = if location.starts_with('/') {
         let authority = from.authority().map_or("", |a| a.as_str());
-        format!("http://{authority}{location}")
-    } else if location.starts_with("http://") {
+        format!("{scheme}://{authority}{location}")
+    } else if location.starts_with(&format!("{scheme}://")) {
         location.to_string()
     } else {
+        // Above all https → http: the retry carries the token, which must not go out in clear.
         return Err(Error::Protocol(format!(
-            "307 to {location:?}: only http:// and absolute paths are followed"
+            "307 to {location:?}: only {scheme}:// addresses and absolute paths are followed"
         )));
     };
     let target = if target.contains('?') {
@@ -311,6 +374,12 @@ mod tests {
         let mut fresh = false;
         assert!(redirect(&from, Some(&"https://peer/".parse().unwrap()), &mut fresh).is_err());
         assert!(redirect(&from, None, &mut false).is_err());
+        // Over TLS, relative redirects stay on TLS and a downgrade is refused.
+        let from: Uri = "https://10.0.0.1:7777/v1/sandboxes".parse().unwrap();
+        let to = redirect(&from, Some(&"/v1/x".parse().unwrap()), &mut false).unwrap();
+        assert_eq!(to.to_string(), "https://10.0.0.1:7777/v1/x?no_redirect=1");
+        let down = redirect(&from, Some(&"http://peer:1/v1/y".parse().unwrap()), &mut false);
+        assert!(matches!(down, Err(Error::Protocol(m)) if m.contains("only https://")));
     }
 
     #[test]
@@ -328,12 +397,15 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_http_addresses_are_accepted() {
+    fn only_http_and_https_addresses_are_accepted() {
         let d = Duration::from_secs(1);
-        assert!(Http::new("https://x", d, d).is_err());
-        assert!(Http::new("127.0.0.1:7777", d, d).is_err());
-        let h = Http::new("http://127.0.0.1:7777/", d, d).unwrap();
+        let none = TlsOptions::default();
+        assert!(Http::new("ftp://x", d, d, &none).is_err());
+        assert!(Http::new("127.0.0.1:7777", d, d, &none).is_err());
+        let h = Http::new("http://127.0.0.1:7777/", d, d, &none).unwrap();
         assert_eq!(h.base(), "http://127.0.0.1:7777");
         assert_eq!(h.url("/v1/info").unwrap().to_string(), "http://127.0.0.1:7777/v1/info");
+        let missing = TlsOptions { ca: Some("/nonexistent/ca.pem".into()), identity: None };
+        assert!(Http::new("https://127.0.0.1:7777", d, d, &missing).is_err());
     }
 }

@@ -42,6 +42,7 @@ mod process;
 mod pty;
 mod sandbox;
 mod search;
+mod tls;
 
 pub use client::{
     ClaimBuilder, Client, ClientBuilder, NodeInfo, PoolConfig, PoolStatus, SandboxInfo,

@@ -10,12 +10,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::conn::{RelayRead, RelayWrite};
 use bytes::{Bytes, BytesMut};
 use silk_proto::{
     Command, ExecRequest, ExitStatus, Frame, FrameReader, FrameWriter, ProcInfo,
     SessionExecRequest, SessionInfo, SessionRequest,
 };
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Mutex;
 
 use crate::conn::{RelayConn, recv};
@@ -215,8 +215,8 @@ pub struct Exec {
     sandbox: Sandbox,
     pid: u32,
     /// Both `None` once the call ended.
-    rd: Option<FrameReader<OwnedReadHalf>>,
-    wr: Option<Arc<Mutex<FrameWriter<OwnedWriteHalf>>>>,
+    rd: Option<FrameReader<RelayRead>>,
+    wr: Option<Arc<Mutex<FrameWriter<RelayWrite>>>>,
     stdin_open: bool,
     status: Option<ExitStatus>,
 }
@@ -338,7 +338,7 @@ impl Exec {
 /// Writes into an exec's stdin; cloneable, usable from another task than the reader.
 #[derive(Debug, Clone)]
 pub struct ExecStdin {
-    wr: Arc<Mutex<FrameWriter<OwnedWriteHalf>>>,
+    wr: Arc<Mutex<FrameWriter<RelayWrite>>>,
 }
 
 impl ExecStdin {

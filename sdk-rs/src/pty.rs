@@ -6,9 +6,9 @@
 //! For a read loop that also forwards input, [`Pty::split`] lends the two directions separately,
 //! so both can sit in one `select!`.
 
+use crate::conn::{RelayRead, RelayWrite};
 use bytes::Bytes;
 use silk_proto::{Command, ExitStatus, Frame, FrameReader, FrameWriter, PtyRequest};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::conn::recv;
 use crate::error::{Error, Result};
@@ -73,14 +73,14 @@ pub struct Pty {
 /// The terminal's output side.
 #[derive(Debug)]
 pub struct PtyOutput {
-    rd: Option<FrameReader<OwnedReadHalf>>,
+    rd: Option<FrameReader<RelayRead>>,
     status: Option<ExitStatus>,
 }
 
 /// The terminal's input side: keystrokes, resize, kill.
 #[derive(Debug)]
 pub struct PtyInput {
-    wr: FrameWriter<OwnedWriteHalf>,
+    wr: FrameWriter<RelayWrite>,
     pid: u32,
 }
 

@@ -15,11 +15,11 @@ use std::collections::VecDeque;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
+use crate::conn::{RelayRead, RelayWrite};
 use futures_core::Stream;
 use silk_proto::{
     FindRequest, Frame, FrameWriter, Match, ReplaceRequest, WatchEvent, WatchRequest,
 };
-use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::mpsc;
 
 use crate::conn::{RelayConn, recv};
@@ -32,8 +32,8 @@ const BATCHES: usize = 2;
 /// Reads batches until the terminal frame; `Done` ends the stream (and may pool the connection).
 fn spawn_reader<T: Send + 'static>(
     sandbox: Option<Sandbox>,
-    mut rd: silk_proto::FrameReader<tokio::net::tcp::OwnedReadHalf>,
-    wr: Option<FrameWriter<OwnedWriteHalf>>,
+    mut rd: silk_proto::FrameReader<RelayRead>,
+    wr: Option<FrameWriter<RelayWrite>>,
     what: &'static str,
     batch: fn(Frame) -> std::result::Result<Vec<T>, &'static str>,
 ) -> mpsc::Receiver<Result<Vec<T>>> {
@@ -116,7 +116,7 @@ impl Stream for Find {
 pub struct Watch {
     rx: mpsc::Receiver<Result<Vec<WatchEvent>>>,
     queue: VecDeque<WatchEvent>,
-    wr: Option<FrameWriter<OwnedWriteHalf>>,
+    wr: Option<FrameWriter<RelayWrite>>,
 }
 
 impl Watch {

@@ -82,12 +82,35 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
     if id.is_empty() || node.get(&id).is_some() || no_redirect(req.uri().query()) {
         return next.run(req).await;
     }
-    let token = bearer(req.headers()).map(str::to_string);
+    // No work elsewhere before a token was presented: without one the answer is the same 404
+    // (or 401) this node gives for any id it does not hold.
+    let Some(token) = bearer(req.headers()).map(str::to_string) else {
+        return next.run(req).await;
+    };
+    let token = Some(token);
+    let client = req.extensions().get::<crate::listen::ClientAddr>().map(|c| c.0.ip());
+    let cached = peers.cached(&id, token.as_deref());
+    if let Some(ip) = client
+        && !cached
+        && !api.lookups.allow(ip)
+    {
+        node.metrics.lookups_limited.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let limited = NodeError::new(
+            Code::RateLimited,
+            "too many lookups of sandboxes this node does not hold; try again in a moment",
+        );
+        let mut res = limited.into_response();
+        res.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        return res;
+    }
     // A forwarded call whose body is small (most are) is kept so it can be sent again: it
     // trusts a cached owner, and asks the mesh again if that one no longer holds it. A large or
     // streamed body is sent once, so its owner is confirmed first.
     let resendable = small_body(req.headers());
     let trust_cache = peers.forward && resendable;
+    if !cached {
+        node.metrics.owner_lookups.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
     let peer = match peers.locate(&id, token.as_deref(), trust_cache).await {
         Located::Owner(peer) => *peer,
         Located::Denied => return next.run(req).await,

@@ -188,7 +188,7 @@ pub(super) async fn move_sandbox(
     let (record, target) =
         detached(async move { n.move_sandbox(&id, to.as_deref()).await }).await?;
     Ok(axum::Json(silk_api::Sandbox {
-        owner: target.api.trim_start_matches("http://").to_string(),
+        owner: target.api.split_once("://").map_or(&*target.api, |(_, a)| a).to_string(),
         node: Some(target.name),
         ..row(&node, &record)
     }))

@@ -27,6 +27,7 @@ use crate::node::{Claimed, Node, detached};
 
 pub mod edge;
 mod lifecycle;
+pub mod limit;
 pub mod openapi;
 pub mod relay;
 
@@ -35,6 +36,8 @@ pub mod relay;
 pub struct Api {
     pub node: Arc<Node>,
     pub peers: Option<Arc<Peers>>,
+    /// Lookups of sandboxes held elsewhere, per client.
+    pub lookups: Arc<limit::PerClient>,
 }
 
 impl FromRef<Api> for Arc<Node> {
@@ -47,7 +50,8 @@ type Shared = State<Arc<Node>>;
 
 pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
     let limit = node.cfg.max_body_bytes;
-    let api = Api { node, peers };
+    let lookups = limit::PerClient::new(node.cfg.lookups_per_minute, node.cfg.lookup_burst);
+    let api = Api { node, peers, lookups: Arc::new(lookups) };
     // Calls on one sandbox: served here, or sent to the node that holds it (see `edge`).
     let sandbox = Router::new()
         .route("/v1/sandboxes/{id}", get(get_one).delete(release))
@@ -86,7 +90,46 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
             NodeError::new(Code::MethodNotAllowed, "method not allowed on this route")
         })
         .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(limit, refuse_oversized))
         .with_state(api)
+}
+
+/// How much of a refused body is read (and dropped) so that its client, still writing, gets
+/// to read the `413`: a client that is cut off mid-write sees a broken pipe, not the answer.
+const DRAIN_MAX_BYTES: u64 = 64 << 20;
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(10);
+
+/// A body whose declared length is past the limit is refused before any handler runs: read
+/// to its end (within [`DRAIN_MAX_BYTES`] and [`DRAIN_MAX_TIME`]) and answered `413` on a
+/// connection that then closes. A chunked body past the limit is refused by the extractor
+/// that reads it, without this courtesy.
+async fn refuse_oversized(
+    State(limit): State<usize>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let Some(length) = declared.filter(|&n| n > limit as u64) else {
+        return next.run(req).await;
+    };
+    if length <= DRAIN_MAX_BYTES {
+        let mut body = req.into_body();
+        let drain = async {
+            use http_body_util::BodyExt;
+            while let Some(Ok(_)) = body.frame().await {}
+        };
+        let _ = tokio::time::timeout(DRAIN_MAX_TIME, drain).await;
+    }
+    let refused = NodeError::new(
+        Code::PayloadTooLarge,
+        format!("the body is {length} bytes; this node takes at most {limit}"),
+    );
+    let mut res = refused.into_response();
+    res.headers_mut().insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    res
 }
 
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -163,7 +206,7 @@ pub fn status(e: &NodeError) -> StatusCode {
         NotFound | TemplateNotFound | PeerNotFound | NoRoute => StatusCode::NOT_FOUND,
         MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         Conflict | BaseUnavailable => StatusCode::CONFLICT,
-        NodeFull => StatusCode::TOO_MANY_REQUESTS,
+        NodeFull | QuotaExceeded | RateLimited => StatusCode::TOO_MANY_REQUESTS,
         Draining | Moving | AgentUnavailable | SandboxNotReady | StoreUnavailable => {
             StatusCode::SERVICE_UNAVAILABLE
         }
@@ -480,8 +523,17 @@ async fn openapi_document(State(node): Shared) -> axum::Json<Value> {
     axum::Json(openapi::document(limits))
 }
 
-async fn metrics(State(node): Shared) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], node.render_metrics()).into_response()
+async fn metrics(State(node): Shared, headers: HeaderMap) -> Result<Response, NodeError> {
+    if let Some(wanted) = &node.cfg.metrics_token {
+        let given = bearer(&headers);
+        let metrics =
+            given.is_some_and(|t| crate::claims::constant_time_eq(t.as_bytes(), wanted.as_bytes()));
+        if !metrics && !node.is_root(given) {
+            return Err(NodeError::unauthorized());
+        }
+    }
+    let text = node.render_metrics();
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
 async fn get_pools(

@@ -66,6 +66,10 @@ fn add_common_answers(doc: &mut Value) {
             if on_sandbox || (path == "/v1/sandboxes" && method == "post") {
                 statuses.extend([307, 502, 503]);
             }
+            if on_sandbox {
+                // Finding the node that holds it is rate-limited per client.
+                statuses.push(429);
+            }
             for status in statuses {
                 let responses = &mut op["responses"];
                 if responses.get(status.to_string()).is_none() {
@@ -103,7 +107,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
         "security": [{ "bearer": [] }],
         "paths": {
             "/healthz": { "get": op("Liveness", (200, json!({ "description": "ok" })), &[], None) },
-            "/metrics": { "get": op("Prometheus metrics", (200, json!({ "description": "text exposition" })), &[], None) },
+            "/metrics": { "get": op("Prometheus metrics (bearer `metrics_token` or root when `metrics_token` is set)", (200, json!({ "description": "text exposition" })), &[401], None) },
             "/v1/openapi.json": { "get": op("This document", (200, json!({ "description": "ok", "content": { "application/json": { "schema": { "type": "object" } } } })), &[], None) },
             "/v1/info": { "get": op("Node, pools, engine capabilities", (200, ok_json("NodeInfo")), &[401], None) },
             "/v1/peers": { "get": op("The mesh as this node sees it: itself and every live peer with its gossiped state", (200, ok_json("MeshView")), &[401], None) },

@@ -117,6 +117,12 @@ impl Peers {
         }
     }
 
+    /// Whether a recent answer says who holds `id` for `token` (finding it costs no call).
+    pub fn cached(&self, id: &str, token: Option<&str>) -> bool {
+        let owners = self.owners();
+        owners.get(&cache_key(id, token)).is_some_and(|(_, t)| t.elapsed() < CACHE_TTL)
+    }
+
     /// The live peer that holds sandbox `id`, if `token` may act on it there. A recent answer
     /// for the same id and token is reused (see [`Peers::forget`]): as it is when `trust_cache`
     /// (the caller retries elsewhere if it was wrong), otherwise once the owner confirms it.
@@ -444,7 +450,7 @@ pub async fn start(
     mc.probe_period = Duration::from_millis(m.probe_period_ms);
     mc.probe_rtt = Duration::from_millis(m.probe_rtt_ms);
     mc.suspect_to_down = Duration::from_millis(m.suspect_to_down_ms);
-    let api = m.advertise.clone().unwrap_or_else(|| format!("http://{}", cfg.listen));
+    let api = m.advertise.clone().unwrap_or_else(|| cfg.own_url());
     let state = silk_mesh::NodeState { api, public: m.public_url.clone(), ..Default::default() };
     let (mesh, incoming) = silk_mesh::Mesh::start(mc, state).await?;
     tracing::info!(name = m.name, addr = %mesh.id().addr, epoch, "mesh endpoint up");

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 pub use silk_testkit::{eventually, s3_store_toml, sibling, static_silkd};
 
+pub mod mesh;
 pub mod schema;
 
 pub const ROOT: &str = "root-token-for-tests";

@@ -33,6 +33,16 @@ struct Cli {
     /// The node's root API token.
     #[arg(long, env = "SBX_TOKEN", hide_env_values = true, global = true)]
     token: Option<String>,
+    /// For an https:// address: a PEM file of the CA certificates to trust instead of the
+    /// system's.
+    #[arg(long, env = "SBX_CA", global = true)]
+    ca: Option<std::path::PathBuf>,
+    /// A client certificate (PEM) for nodes that require one; with --key.
+    #[arg(long, env = "SBX_CERT", global = true, requires = "key")]
+    cert: Option<std::path::PathBuf>,
+    /// The client certificate's key (PEM).
+    #[arg(long, env = "SBX_KEY", global = true, requires = "cert")]
+    key: Option<std::path::PathBuf>,
     /// Print JSON for scripts instead of text for people.
     #[arg(long, global = true)]
     json: bool,
@@ -177,6 +187,12 @@ fn client(cli: &Cli) -> anyhow::Result<Client> {
     let mut b = Client::builder(addr);
     if let Some(t) = &cli.token {
         b = b.token(t.clone());
+    }
+    if let Some(ca) = &cli.ca {
+        b = b.ca_file(ca);
+    }
+    if let (Some(cert), Some(key)) = (&cli.cert, &cli.key) {
+        b = b.client_cert(cert, key);
     }
     Ok(b.build()?)
 }

@@ -1,0 +1,90 @@
+//! The API's listener: TCP, or TLS over it when the node has `[tls]`; HTTP/1.1 (with the
+//! relay's upgrade) and HTTP/2 on every connection (by ALPN under TLS, by the client's preface
+//! on plain TCP); a graceful stop that lets requests underway finish.
+//!
+//! Each request carries the client's address ([`ClientAddr`]) for the limits that are kept per
+//! client.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+
+/// The address a request's connection came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientAddr(pub SocketAddr);
+
+/// A TLS handshake must finish within this, or the connection is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `router` on `listener` until `shutdown` resolves, then waits for requests underway.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let acceptor = tls.map(tokio_rustls::TlsAcceptor::from);
+    let graceful = GracefulShutdown::new();
+    let mut http = auto::Builder::new(TokioExecutor::new());
+    // Slow-header clients are cut off rather than holding a connection forever.
+    http.http1().timer(TokioTimer::new()).header_read_timeout(Duration::from_secs(30));
+    let http = Arc::new(http);
+    tokio::pin!(shutdown);
+    loop {
+        let (tcp, addr) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(conn) => conn,
+                // Out of descriptors and the like: wait a little rather than spin.
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        // The relay forwards silkd's small frames as they come: Nagle plus the client's delayed
+        // ACK would hold the second of two back-to-back frames for ~40 ms.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!("TCP_NODELAY: {e}");
+        }
+        let (router, acceptor, http) = (router.clone(), acceptor.clone(), http.clone());
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
+                req.extensions_mut().insert(ClientAddr(addr));
+                tower::ServiceExt::oneshot(router.clone(), req)
+            });
+            let served = match acceptor {
+                None => {
+                    watcher
+                        .watch(http.serve_connection_with_upgrades(TokioIo::new(tcp), service))
+                        .await
+                }
+                Some(acceptor) => {
+                    let tls =
+                        match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                            Ok(Ok(tls)) => tls,
+                            Ok(Err(e)) => return tracing::debug!(%addr, "TLS handshake: {e}"),
+                            Err(_) => return tracing::debug!(%addr, "TLS handshake timed out"),
+                        };
+                    let conn = http.serve_connection_with_upgrades(TokioIo::new(tls), service);
+                    watcher.watch(conn).await
+                }
+            };
+            if let Err(e) = served {
+                tracing::debug!(%addr, "connection: {e}");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+    Ok(())
+}
