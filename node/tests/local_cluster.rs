@@ -2,7 +2,8 @@
 //! mode, HAProxy in front. Everything here goes through the load balancer, as a client would:
 //! claim, write, move, read with the same token; archive on one node, kill it, wake through the
 //! balancer elsewhere; branch a checkpoint made on one node on another; goldens built once; a
-//! node cut off by a real partition (its link down) is dropped and rejoins.
+//! node cut off by a real partition (its link down) is dropped and rejoins. The API is TLS end
+//! to end (the script's development CA): the balancer and every node answer only over TLS.
 
 mod common;
 
@@ -18,6 +19,8 @@ const LB: &str = "127.0.0.1:18080";
 
 struct Cluster {
     dir: tempfile::TempDir,
+    /// Trusts the script's development CA.
+    tls: std::sync::Arc<rustls::ClientConfig>,
 }
 
 fn repo() -> PathBuf {
@@ -45,7 +48,8 @@ impl Cluster {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        Cluster { dir }
+        let tls = silk_testkit::tls_client(&dir.path().join("certs/api/ca.pem"));
+        Cluster { dir, tls }
     }
 
     fn pid(&self, node: &str) -> i32 {
@@ -75,13 +79,22 @@ impl Drop for Cluster {
     }
 }
 
-fn lb(method: &str, path: &str, token: &str, body: Option<&str>) -> (u16, Value) {
-    http(LB.parse().unwrap(), method, path, Some(token), body, "application/json")
+impl Cluster {
+    /// A request through the load balancer, over TLS.
+    fn lb(&self, method: &str, path: &str, token: &str, body: Option<&str>) -> (u16, Value) {
+        let host = LB.split(':').next().unwrap();
+        silk_testkit::https(&self.tls, host, LB.parse().unwrap(), method, path, Some(token), body)
+    }
+
+    /// A request to one node directly, over TLS.
+    fn direct(&self, node: &str, method: &str, path: &str, token: Option<&str>) -> (u16, Value) {
+        silk_testkit::https(&self.tls, node, self.api(node), method, path, token, None)
+    }
 }
 
-fn exec(id: &str, token: &str, script: &str) -> String {
+fn exec(cluster: &Cluster, id: &str, token: &str, script: &str) -> String {
     let body = json!({ "argv": ["sh", "-c", script] }).to_string();
-    let (status, v) = lb("POST", &format!("/v1/sandboxes/{id}/exec"), token, Some(&body));
+    let (status, v) = cluster.lb("POST", &format!("/v1/sandboxes/{id}/exec"), token, Some(&body));
     assert_eq!((status, v["exit_code"].as_i64()), (200, Some(0)), "{script}: {v}");
     v["stdout"].as_str().unwrap().trim().to_string()
 }
@@ -93,14 +106,8 @@ fn owner(cluster: &Cluster, id: &str, token: &str) -> String {
         if std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
             continue;
         }
-        let (status, _) = http(
-            addr,
-            "GET",
-            &format!("/v1/sandboxes/{id}?no_redirect=1"),
-            Some(token),
-            None,
-            "application/json",
-        );
+        let path = format!("/v1/sandboxes/{id}?no_redirect=1");
+        let (status, _) = cluster.direct(n, "GET", &path, Some(token));
         if status == 200 {
             return n.to_string();
         }
@@ -109,7 +116,7 @@ fn owner(cluster: &Cluster, id: &str, token: &str) -> String {
 }
 
 fn metric(cluster: &Cluster, node: &str, name: &str) -> u64 {
-    let (_, v) = http(cluster.api(node), "GET", "/metrics", None, None, "text/plain");
+    let (_, v) = cluster.direct(node, "GET", "/metrics", None);
     v.as_str()
         .unwrap_or_default()
         .lines()
@@ -134,10 +141,14 @@ fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
         assert_eq!(spaces.len(), 3, "{spaces:?}");
         assert!(!spaces.contains(&host_netns));
     }
+    // TLS only, at the balancer and at every node: plain HTTP gets no answer.
+    for addr in [LB.parse().unwrap(), cluster.api("n1"), cluster.api("n2")] {
+        let plain = silk_testkit::try_http(addr, "GET", "/healthz", None, None, "text/plain");
+        assert!(plain.is_none(), "{addr} answered plain HTTP: {plain:?}");
+    }
     eventually("three warm pools", || {
         ["n1", "n2", "n3"].iter().all(|n| {
-            let (_, info) =
-                http(cluster.api(n), "GET", "/v1/info", Some(TOKEN), None, "application/json");
+            let (_, info) = cluster.direct(n, "GET", "/v1/info", Some(TOKEN));
             info["pools"][0]["warm"].as_u64() >= Some(1) && info["mesh"]["peers"] == 2
         })
     });
@@ -154,48 +165,51 @@ fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
     assert!(builds >= 1 && builds + fetched == 3, "builds {builds}, fetched {fetched}");
 
     // Claim through the balancer, write, move, read the same files with the same token.
-    let (status, c) = lb("POST", "/v1/sandboxes", TOKEN, Some(r#"{"ttl_seconds": 600}"#));
+    let (status, c) = cluster.lb("POST", "/v1/sandboxes", TOKEN, Some(r#"{"ttl_seconds": 600}"#));
     assert_eq!(status, 201, "{c}");
     let (id, token) =
         (c["id"].as_str().unwrap().to_string(), c["token"].as_str().unwrap().to_string());
-    exec(&id, &token, TREE);
-    let before = exec(&id, &token, HASH);
+    exec(&cluster, &id, &token, TREE);
+    let before = exec(&cluster, &id, &token, HASH);
     let from = owner(&cluster, &id, &token);
-    let (status, v) = lb("POST", &format!("/v1/sandboxes/{id}/move"), &token, Some(""));
+    let (status, v) = cluster.lb("POST", &format!("/v1/sandboxes/{id}/move"), &token, Some(""));
     assert_eq!(status, 200, "{v}");
     let to = owner(&cluster, &id, &token);
     assert_ne!(from, to, "moved to another node");
-    assert_eq!(exec(&id, &token, HASH), before);
+    assert_eq!(exec(&cluster, &id, &token, HASH), before);
 
     // A checkpoint made on one node, branched on another (whichever the balancer picks).
-    let (status, ck) = lb("POST", &format!("/v1/sandboxes/{id}/checkpoint"), &token, Some(""));
+    let (status, ck) =
+        cluster.lb("POST", &format!("/v1/sandboxes/{id}/checkpoint"), &token, Some(""));
     assert_eq!(status, 201, "{ck}");
     for _ in 0..3 {
-        let (status, b) = lb(
+        let (status, b) = cluster.lb(
             "POST",
             &format!("/v1/checkpoints/{}/claim", ck["id"].as_str().unwrap()),
             &token,
             Some(""),
         );
         assert_eq!(status, 201, "{b}");
-        assert_eq!(exec(b["id"].as_str().unwrap(), b["token"].as_str().unwrap(), HASH), before);
+        assert_eq!(
+            exec(&cluster, b["id"].as_str().unwrap(), b["token"].as_str().unwrap(), HASH),
+            before
+        );
     }
 
     // Archive it, kill its node, wake it through the balancer on another.
-    let (status, v) = lb("POST", &format!("/v1/sandboxes/{id}/archive"), &token, Some(""));
+    let (status, v) = cluster.lb("POST", &format!("/v1/sandboxes/{id}/archive"), &token, Some(""));
     assert_eq!((status, v["state"].as_str()), (200, Some("archived")), "{v}");
     unsafe { libc::kill(cluster.pid(&to), libc::SIGKILL) };
     eventually("the others drop the dead node", || {
         ["n1", "n2", "n3"].iter().filter(|n| **n != to).all(|n| {
-            let (_, info) =
-                http(cluster.api(n), "GET", "/v1/info", Some(TOKEN), None, "application/json");
+            let (_, info) = cluster.direct(n, "GET", "/v1/info", Some(TOKEN));
             info["mesh"]["peers"] == 1
         })
     });
-    assert_eq!(exec(&id, &token, HASH), before, "woken on a live node from the store");
+    assert_eq!(exec(&cluster, &id, &token, HASH), before, "woken on a live node from the store");
     let now = owner(&cluster, &id, &token);
     assert_ne!(now, to);
-    let (status, _) = lb("GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
+    let (status, _) = cluster.lb("GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
     assert_eq!(status, 404);
 
     // A real partition: the third node's link goes down (every packet to and from it dropped).
@@ -211,13 +225,12 @@ fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
         assert!(out.status.success(), "ip link set {veth} {state}: {out:?}");
     };
     let peers_of = |n: &str| {
-        let (_, info) =
-            http(cluster.api(n), "GET", "/v1/info", Some(TOKEN), None, "application/json");
+        let (_, info) = cluster.direct(n, "GET", "/v1/info", Some(TOKEN));
         info["mesh"]["peers"].as_u64()
     };
     link("down");
     eventually("the partitioned node is dropped", || peers_of(&now) == Some(0));
-    let (status, c) = lb("POST", "/v1/sandboxes", TOKEN, Some("{}"));
+    let (status, c) = cluster.lb("POST", "/v1/sandboxes", TOKEN, Some("{}"));
     assert_eq!(status, 201, "a claim during the partition: {c}");
     assert_eq!(owner(&cluster, c["id"].as_str().unwrap(), c["token"].as_str().unwrap()), now);
     link("up");

@@ -297,9 +297,58 @@ pub fn try_http(
     body: Option<&str>,
     content_type: &str,
 ) -> Option<(u16, Value)> {
-    let mut s = TcpStream::connect(addr).ok()?;
+    let s = TcpStream::connect(addr).ok()?;
     s.set_read_timeout(Some(Duration::from_secs(60))).ok()?;
-    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    exchange(s, &addr.to_string(), method, path, token, body, content_type)
+}
+
+/// Trust for [`https`]: the CA certificates in a PEM file.
+pub fn tls_client(ca_pem: &Path) -> std::sync::Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca_pem).expect("a CA file") {
+        roots.add(cert.expect("a PEM certificate")).expect("a CA certificate");
+    }
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("TLS versions")
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    std::sync::Arc::new(config)
+}
+
+/// [`http`] over TLS to `addr`, checking its certificate names `name` (a DNS name or IP).
+#[allow(clippy::too_many_arguments)]
+pub fn https(
+    tls: &std::sync::Arc<rustls::ClientConfig>,
+    name: &str,
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, Value) {
+    let server = rustls::pki_types::ServerName::try_from(name.to_string()).expect("a server name");
+    let conn = rustls::ClientConnection::new(tls.clone(), server).expect("a TLS client");
+    let tcp = TcpStream::connect(addr).unwrap_or_else(|e| panic!("connect {addr}: {e}"));
+    tcp.set_read_timeout(Some(Duration::from_secs(60))).expect("a timeout");
+    let stream = rustls::StreamOwned::new(conn, tcp);
+    exchange(stream, name, method, path, token, body, "application/json")
+        .unwrap_or_else(|| panic!("{method} https://{name}{path}: no answer"))
+}
+
+/// One request on `s` and the whole answer (`Connection: close`).
+fn exchange(
+    mut s: impl Read + Write,
+    host: &str,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+    content_type: &str,
+) -> Option<(u16, Value)> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
     if let Some(t) = token {
         head.push_str(&format!("Authorization: Bearer {t}\r\n"));
     }
@@ -313,8 +362,15 @@ pub fn try_http(
     head.push_str("\r\n");
     s.write_all(head.as_bytes()).ok()?;
     s.write_all(body.as_bytes()).ok()?;
+    s.flush().ok()?;
     let mut raw = Vec::new();
-    s.read_to_end(&mut raw).ok()?;
+    // A TLS peer that closes without close_notify still gave a whole answer (Connection:
+    // close): keep what arrived.
+    if let Err(e) = s.read_to_end(&mut raw)
+        && (raw.is_empty() || e.kind() != std::io::ErrorKind::UnexpectedEof)
+    {
+        return None;
+    }
     let text = String::from_utf8_lossy(&raw);
     let (head, rest) = text.split_once("\r\n\r\n")?;
     let status: u16 = head.split_whitespace().nth(1)?.parse().ok()?;
