@@ -198,6 +198,9 @@ pub struct Sandbox {
     /// The node's mesh name: only in a move's answer (the node it moved to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The tenant that owns it; left out for root's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
 }
 
 /// `GET /v1/sandboxes`, and the children of a fork.

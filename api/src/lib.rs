@@ -8,9 +8,11 @@
 
 mod bodies;
 mod code;
+mod tenants;
 
 pub use bodies::*;
 pub use code::Code;
+pub use tenants::*;
 
 use serde::{Deserialize, Serialize};
 
@@ -52,7 +54,14 @@ pub fn schemas() -> serde_json::Value {
         Lane,
         Tier,
         OnExpire,
-        SandboxState
+        SandboxState,
+        TenantLimits,
+        TenantRequest,
+        TenantPatch,
+        TenantKey,
+        TenantUsage,
+        Tenant,
+        TenantList
     )))]
     struct Document;
     let doc = serde_json::to_value(Document::openapi()).expect("a document serializes");

@@ -63,6 +63,8 @@ pub struct NodeState {
     pub claims: u32,
     pub capacity: u32,
     pub draining: bool,
+    /// Live sandboxes per tenant (for fleet-wide quotas).
+    pub tenants: BTreeMap<String, u32>,
 }
 
 impl NodeState {

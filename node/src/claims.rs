@@ -78,6 +78,8 @@ pub struct ClaimRecord {
     /// A lifecycle operation that was begun and not finished: written before acting, so the
     /// next start completes or rolls it back.
     pub intent: Option<Intent>,
+    /// The tenant that owns it (its key may act on it, its quotas count it); none: root's.
+    pub tenant: Option<String>,
 }
 
 /// Where a claimed sandbox is: one value, so no record can be hibernated with an archive, or
@@ -226,6 +228,8 @@ pub struct ClaimSpec {
     pub ttl_seconds: u64,
     pub metadata: BTreeMap<String, String>,
     pub on_expire: OnExpire,
+    /// The tenant the claim is for (its quota counts it); none: root's.
+    pub tenant: Option<String>,
 }
 
 impl ClaimSpec {
@@ -248,6 +252,7 @@ impl ClaimSpec {
             ttl_seconds,
             metadata: req.metadata,
             on_expire: req.on_expire,
+            tenant: None,
         })
     }
 }
@@ -372,6 +377,7 @@ mod tests {
             forked_from: None,
             state_since_ms: 0,
             intent: None,
+            tenant: None,
         }
     }
 

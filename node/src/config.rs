@@ -63,6 +63,9 @@ pub struct Config {
     /// client address may cause: per minute sustained, and at once (0 per minute: no limit).
     pub lookups_per_minute: u32,
     pub lookup_burst: u32,
+    /// How often the node re-reads the fleet's tenants from the store (a change made on another
+    /// node is in force here within this plus one store round trip).
+    pub tenant_refresh_ms: u64,
     /// A bearer token `/metrics` requires (open when unset; the root token is accepted too).
     pub metrics_token: Option<String>,
     /// Serve the API over TLS (plain HTTP when unset).
@@ -226,6 +229,7 @@ impl Default for Config {
             lookups_per_minute: 1200,
             lookup_burst: 100,
             metrics_token: None,
+            tenant_refresh_ms: 2000,
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod node;
 pub mod pool;
 pub mod state;
 pub mod stored;
+pub mod tenants;
 pub mod tls;
 
 use std::future::Future;

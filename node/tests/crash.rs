@@ -110,7 +110,7 @@ fn a_crash_mid_wake_from_an_archive_leaves_it_woken_and_the_archive_gone() {
 fn a_crash_mid_checkpoint_leaves_the_source_running_and_a_whole_checkpoint_or_none() {
     for point in ["checkpoint:captured", "checkpoint:uploaded"] {
         let (_h, node, rt) = crash(point, false, checkpoint, SandboxState::Claimed);
-        for ck in rt.block_on(node.checkpoints(None)).unwrap() {
+        for ck in rt.block_on(node.checkpoints(None, None)).unwrap() {
             // Whatever is listed branches whole.
             let branch = rt.block_on(node.branch(&ck.id, spec(60))).unwrap();
             assert_eq!(branch.record.from_checkpoint.as_deref(), Some(ck.id.as_str()));

@@ -36,6 +36,10 @@ fn lost(m: &str) -> NodeError {
 }
 
 impl Fleet for Direct {
+    fn tenant_sandboxes(&self, _: &str) -> u64 {
+        0
+    }
+
     fn move_target(&self, _to: Option<&str>) -> Result<PeerNode, NodeError> {
         Ok(PeerNode { name: "b".into(), api: "b:1".into() })
     }

@@ -59,15 +59,15 @@ pub(super) async fn sandbox_checkpoints(
     Path(id): Path<String>,
 ) -> Result<axum::Json<silk_api::CheckpointList>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
-    Ok(axum::Json(checkpoint_list(node.checkpoints(Some(&id)).await?)))
+    Ok(axum::Json(checkpoint_list(node.checkpoints(Some(&id), None).await?)))
 }
 
 pub(super) async fn all_checkpoints(
     State(node): Shared,
     headers: HeaderMap,
 ) -> Result<axum::Json<silk_api::CheckpointList>, NodeError> {
-    root(&node, &headers)?;
-    Ok(axum::Json(checkpoint_list(node.checkpoints(None).await?)))
+    let scope = node.principal(bearer(&headers)).scope()?;
+    Ok(axum::Json(checkpoint_list(node.checkpoints(None, scope.as_deref()).await?)))
 }
 
 pub(super) async fn get_checkpoint(
@@ -95,6 +95,7 @@ pub(super) async fn branch(
     body: axum::body::Bytes,
 ) -> Result<Response, NodeError> {
     let ck = node.authorized_checkpoint(&id, bearer(&headers)).await?;
+    let tenant = ck.tenant.clone();
     let b = optional_json::<silk_api::BranchRequest>(&body)?;
     let request = ClaimRequest {
         template: Some(ck.checkpoint.template),
@@ -103,8 +104,10 @@ pub(super) async fn branch(
         on_expire: b.on_expire,
         ..Default::default()
     };
-    let spec =
+    let mut spec =
         ClaimSpec::validate(request, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    // A branch belongs to the checkpoint's tenant, and counts against its quota.
+    spec.tenant = tenant;
     let n = node.clone();
     let claimed = detached(async move { n.branch(&id, spec).await }).await?;
     Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
@@ -137,6 +140,15 @@ pub(super) fn template_row(name: &str, p: &crate::node::Promoted) -> silk_api::T
     }
 }
 
+/// Whether a caller of `scope` (none: root) sees template `name`: root sees all; a tenant sees
+/// root's (bare names) and its own (`<tenant>/…`), never another tenant's.
+pub(super) fn template_visible(name: &str, scope: Option<&str>) -> bool {
+    match (scope, name.split_once('/')) {
+        (None, _) | (Some(_), None) => true,
+        (Some(t), Some((owner, _))) => owner == t,
+    }
+}
+
 fn listed(name: &str, kind: silk_api::TemplateKind) -> silk_api::Template {
     silk_api::Template { name: name.into(), kind, digest: None, source: None, created_ms: None }
 }
@@ -150,8 +162,8 @@ pub(super) async fn promote(
     node.authorized(&id, bearer(&headers))?;
     let by_root = node.is_root(bearer(&headers));
     let (n, name) = (node.clone(), req.template.clone());
-    let p = detached(async move { n.promote(&id, &name, by_root).await }).await?;
-    Ok((StatusCode::CREATED, axum::Json(template_row(&req.template, &p))).into_response())
+    let (full, p) = detached(async move { n.promote(&id, &name, by_root).await }).await?;
+    Ok((StatusCode::CREATED, axum::Json(template_row(&full, &p))).into_response())
 }
 
 pub(super) async fn templates(
@@ -159,10 +171,12 @@ pub(super) async fn templates(
     headers: HeaderMap,
 ) -> Result<axum::Json<silk_api::TemplateList>, NodeError> {
     use silk_api::TemplateKind::{Builtin, Configured};
-    root(&node, &headers)?;
+    let scope = node.principal(bearer(&headers)).scope()?;
     let mut templates = vec![listed("host", Builtin)];
     templates.extend(node.cfg.templates.keys().map(|n| listed(n, Configured)));
-    templates.extend(node.promoted().iter().map(|(n, p)| template_row(n, p)));
+    let promoted = node.promoted();
+    let visible = promoted.iter().filter(|(n, _)| template_visible(n, scope.as_deref()));
+    templates.extend(visible.map(|(n, p)| template_row(n, p)));
     Ok(axum::Json(silk_api::TemplateList { templates }))
 }
 
@@ -171,7 +185,12 @@ pub(super) async fn delete_template(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<StatusCode, NodeError> {
-    root(&node, &headers)?;
+    let scope = node.principal(bearer(&headers)).scope()?;
+    // A tenant deletes only its own: anyone else's is the same 404 as an unknown name.
+    if scope.is_some() && !(name.contains('/') && template_visible(&name, scope.as_deref())) {
+        let unknown = format!("no promoted template {name:?}");
+        return Err(NodeError::new(Code::TemplateNotFound, unknown));
+    }
     node.delete_template(&name)?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -30,6 +30,7 @@ mod lifecycle;
 pub mod limit;
 pub mod openapi;
 pub mod relay;
+mod tenants;
 
 /// What the handlers reach: the controller, and the mesh when this node is in one.
 #[derive(Debug, Clone)]
@@ -83,6 +84,12 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
             get(lifecycle::get_checkpoint).delete(lifecycle::delete_checkpoint),
         )
         .route("/v1/checkpoints/{id}/claim", post(lifecycle::branch))
+        .route("/v1/tenants", post(tenants::create).get(tenants::list))
+        .route(
+            "/v1/tenants/{name}",
+            get(tenants::get).patch(tenants::patch).delete(tenants::delete),
+        )
+        .route("/v1/tenants/{name}/rotate", post(tenants::rotate))
         .route("/v1/templates", get(lifecycle::templates))
         .route("/v1/templates/{name}", axum::routing::delete(lifecycle::delete_template))
         .fallback(|| async { NodeError::new(Code::NoRoute, "no such route") })
@@ -251,6 +258,7 @@ fn row(node: &Node, r: &ClaimRecord) -> silk_api::Sandbox {
         token: None,
         claim_micros: None,
         node: None,
+        tenant: r.tenant.clone(),
     }
 }
 
@@ -270,9 +278,15 @@ async fn claim(
     OptionalJsonBody(req): OptionalJsonBody<ClaimRequest>,
 ) -> Result<Response, NodeError> {
     let node = api.node.clone();
-    root(&node, &headers)?;
+    let tenant = node.principal(bearer(&headers)).scope()?;
     let forwardable = api.peers.is_some().then(|| req.clone());
-    let spec = ClaimSpec::validate(req, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    let mut spec =
+        ClaimSpec::validate(req, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
+    if !lifecycle::template_visible(&spec.template, tenant.as_deref()) {
+        let unknown = format!("no template {:?}", spec.template);
+        return Err(NodeError::new(Code::TemplateNotFound, unknown));
+    }
+    spec.tenant = tenant;
     let key =
         crate::pool::PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
     let peer = forwardable.as_ref().and_then(|_| edge::warm_peer(&api, &key, query.as_deref()));
@@ -295,7 +309,7 @@ async fn list(
     headers: HeaderMap,
     RawQuery(query): RawQuery,
 ) -> Result<axum::Json<silk_api::SandboxList>, NodeError> {
-    root(&node, &headers)?;
+    let scope = node.principal(bearer(&headers)).scope()?;
     let mut filter = vec![];
     for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
@@ -311,7 +325,12 @@ async fn list(
             .ok_or_else(|| NodeError::bad_request("metadata filters are key=value"))?;
         filter.push((k.to_string(), v.to_string()));
     }
-    let sandboxes = node.list(&filter).iter().map(|r| row(&node, r)).collect();
+    let sandboxes = node
+        .list(&filter)
+        .iter()
+        .filter(|r| scope.is_none() || r.tenant == scope)
+        .map(|r| row(&node, r))
+        .collect();
     Ok(axum::Json(silk_api::SandboxList { sandboxes }))
 }
 
@@ -588,7 +607,7 @@ mod tests {
             let (path, rest) = call.split_once('"').expect("a quoted path");
             let methods = rest.split_once(')').map_or("", |(m, _)| m);
             let chained = rest.split("\n").next().unwrap_or_default();
-            for method in ["get", "post", "put", "delete"] {
+            for method in ["get", "post", "put", "patch", "delete"] {
                 let routed = methods.contains(&format!(" {method}("))
                     || chained.contains(&format!(".{method}("))
                     || chained.contains(&format!("::{method}("));

@@ -29,6 +29,13 @@ fn op(summary: &str, ok: (u16, Value), errors: &[u16], body: Option<&str>) -> Va
     o
 }
 
+/// `op` with an optional query parameter.
+fn with_query(mut op: Value, name: &str, schema: Value) -> Value {
+    op["parameters"] =
+        json!([{ "name": name, "in": "query", "required": false, "schema": schema }]);
+    op
+}
+
 fn ok_json(schema: &str) -> Value {
     json!({ "description": "ok", "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } })
 }
@@ -129,19 +136,33 @@ fn paths_and_schemas(limits: Limits) -> Value {
             "/v1/sandboxes/{id}/hibernate": { "parameters": id.clone(), "post": op("Snapshot and stop (idempotent); the lease keeps running; any access wakes it", (200, ok_json("Sandbox")), &[401, 404, 409, 500], None) },
             "/v1/sandboxes/{id}/wake": { "parameters": id.clone(), "post": op("Start a hibernated or archived sandbox (an archive gets a fresh lease)", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
             "/v1/sandboxes/{id}/archive": { "parameters": id.clone(), "post": op("Move the sandbox's files to the store and free the host; on a store failure it runs again", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
-            "/v1/sandboxes/{id}/checkpoint": { "parameters": id.clone(), "post": op("Capture the files into the store; the sandbox keeps running", (201, ok_json("Checkpoint")), &[400, 401, 404, 409, 503, 507], Some("CheckpointRequest?")) },
+            "/v1/sandboxes/{id}/checkpoint": { "parameters": id.clone(), "post": op("Capture the files into the store; the sandbox keeps running", (201, ok_json("Checkpoint")), &[400, 401, 404, 409, 429, 503, 507], Some("CheckpointRequest?")) },
             "/v1/sandboxes/{id}/checkpoints": { "parameters": id.clone(), "get": op("This sandbox's checkpoints", (200, ok_json("CheckpointList")), &[401, 404, 503], None) },
             "/v1/sandboxes/{id}/fork": { "parameters": id.clone(), "post": op("count new sandboxes from the current files, all or none", (201, ok_json("SandboxList")), &[400, 401, 404, 409, 413, 415, 429, 507], Some("ForkRequest")) },
             "/v1/sandboxes/{id}/promote": { "parameters": id.clone(), "post": op("Publish the files as a template (re-promote replaces)", (201, ok_json("Template")), &[400, 401, 404, 409], Some("PromoteRequest")) },
             "/v1/sandboxes/{id}/move": { "parameters": id.clone(), "post": op("Move to another node of the mesh (same id and token)", (200, ok_json("Sandbox")), &[400, 401, 404, 409, 502, 503], Some("MoveRequest?")) },
-            "/v1/checkpoints": { "get": op("Every checkpoint in the store (root token)", (200, ok_json("CheckpointList")), &[401, 503], None) },
+            "/v1/checkpoints": { "get": op("Every checkpoint in the store (root token), or a tenant's (its key)", (200, ok_json("CheckpointList")), &[401, 503], None) },
             "/v1/checkpoints/{id}": {
                 "parameters": id.clone(),
                 "get": op("One checkpoint (root or its sandbox's token)", (200, ok_json("Checkpoint")), &[404, 503], None),
                 "delete": op("Delete a checkpoint", (204, json!({ "description": "deleted" })), &[404, 503], None),
             },
             "/v1/checkpoints/{id}/claim": { "parameters": id.clone(), "post": op("Branch: a new sandbox from the checkpoint", (201, ok_json("Sandbox")), &[400, 404, 409, 429, 503, 507], Some("BranchRequest?")) },
-            "/v1/templates": { "get": op("Templates: built in, configured, promoted", (200, ok_json("TemplateList")), &[401], None) },
+            "/v1/templates": { "get": op("Templates: built in, configured, promoted (a tenant sees root's and its own)", (200, ok_json("TemplateList")), &[401], None) },
+            "/v1/tenants": {
+                "post": op("Create a tenant (root): its key is in the answer, this once", (201, ok_json("TenantKey")), &[400, 401, 409, 413, 415, 503], Some("TenantRequest")),
+                "get": op("Every tenant with its limits and usage (root)", (200, ok_json("TenantList")), &[401, 503], None),
+            },
+            "/v1/tenants/{name}": {
+                "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "get": op("One tenant: limits and usage (root, or the tenant's key)", (200, ok_json("Tenant")), &[401, 404, 503], None),
+                "patch": op("Change limits (root)", (200, ok_json("Tenant")), &[400, 401, 404, 413, 415, 503], Some("TenantPatch")),
+                "delete": with_query(op("Delete (root): refused while it has live sandboxes unless ?force=true, which releases them and deletes its checkpoints, archives and templates", (204, json!({ "description": "deleted" })), &[400, 401, 404, 409, 503], None), "force", json!({ "type": "boolean" })),
+            },
+            "/v1/tenants/{name}/rotate": {
+                "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "post": op("A new key (root); the old one stops working", (200, ok_json("TenantKey")), &[401, 404, 503], None),
+            },
             "/v1/templates/{name}": {
                 "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
                 "delete": op("Delete a promoted template", (204, json!({ "description": "deleted" })), &[401, 404, 409], None),

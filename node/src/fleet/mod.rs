@@ -24,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use silk_mesh::{Incoming, Mesh, Peer, quinn, wire};
 use tokio::task::JoinSet;
 
-use crate::claims::{ClaimRecord, home_tag, token_matches};
+use crate::claims::{ClaimRecord, home_tag};
 use crate::error::{Code, NodeError};
 use crate::node::Node;
 use crate::node::fleet::{BoxFuture, Fleet, PeerNode};
@@ -222,6 +222,12 @@ impl Peers {
 }
 
 impl Fleet for Peers {
+    fn tenant_sandboxes(&self, tenant: &str) -> u64 {
+        let peers = self.mesh.peers();
+        let count = |p: &Peer| p.state.as_ref().and_then(|s| s.tenants.get(tenant)).copied();
+        peers.iter().filter_map(count).map(u64::from).sum()
+    }
+
     fn move_target(&self, to: Option<&str>) -> Result<PeerNode, NodeError> {
         let peer = match to {
             Some(name) => self.mesh.peer(name).ok_or_else(|| {
@@ -362,6 +368,7 @@ pub async fn publish_loop(node: Arc<Node>, peers: Arc<Peers>) {
             s.claims = advert.claims;
             s.capacity = advert.capacity;
             s.draining = advert.draining;
+            s.tenants = advert.tenants;
         });
         tokio::time::sleep(PUBLISH_EVERY).await;
     }
@@ -400,8 +407,8 @@ where
         PeerRequest::Lookup { id, token } => {
             let live = node.get(&id);
             let authorized = live.as_ref().is_some_and(|l| {
-                token.as_deref().is_some_and(|t| token_matches(t, &l.record.token_hash))
-                    || node.is_root(token.as_deref())
+                let r = &l.record;
+                node.may_act(token.as_deref(), r.tenant.as_deref(), &r.token_hash)
             });
             PeerReply::Lookup { owned: live.is_some(), authorized, adopting: node.is_adopting(&id) }
         }

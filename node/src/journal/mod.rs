@@ -12,7 +12,10 @@
 //! journal.lock      flock'd while a journal is open, so two processes never append to one log
 //! ```
 //! `journal.log` starts with a 12-byte header, the magic `SLKJRNL\0` and a `u32` LE format
-//! version (2). Each frame is a `u32` LE payload length, four checksum bytes (the first four bytes
+//! version: the record type's ([`Record::VERSION`]). A log one version older is read as the
+//! previous record type, upgraded record by record, and rewritten whole in the current version
+//! (by the same atomic rename as a compaction) before the journal opens; other versions are
+//! refused with both numbers named. Each frame is a `u32` LE payload length, four checksum bytes (the first four bytes
 //! of the payload's blake3 hash) and the payload: the postcard encoding of a
 //! `Vec<(String, Option<T>)>`, where `None` deletes the key. Replay applies frames in order. A
 //! bad frame with nothing valid after it is a torn tail (a write that never completed, so a batch
@@ -45,14 +48,28 @@ use tracing::{debug, error, warn};
 const LOG: &str = "journal.log";
 const TMP: &str = "journal.log.tmp";
 const LOCK: &str = "journal.lock";
-/// 2: claim records carry lifecycle state (hibernated snapshots, intents, lineage). A log of
-/// another version is refused with both numbers named; postcard records have no field names, so
-/// a changed record is a new version.
-pub const VERSION: u32 = 2;
-/// The magic, then `VERSION` as a `u32` LE.
-const HEADER: [u8; HEADER_LEN] = *b"SLKJRNL\0\x02\0\0\0";
+/// The header's first bytes; the format version follows as a `u32` LE.
+const MAGIC: [u8; MAGIC_LEN] = *b"SLKJRNL\0";
 const MAGIC_LEN: usize = 8;
 const HEADER_LEN: usize = 12;
+
+/// The header of a log in format `version`.
+fn header(version: u32) -> [u8; HEADER_LEN] {
+    let mut h = [0; HEADER_LEN];
+    h[..MAGIC_LEN].copy_from_slice(&MAGIC);
+    h[MAGIC_LEN..].copy_from_slice(&version.to_le_bytes());
+    h
+}
+
+/// A journal's record type. postcard writes no field names, only order and variant indexes, so
+/// a changed record is a new version; the previous one stays readable through `Previous`.
+pub trait Record: Serialize + DeserializeOwned + Clone + Send + 'static {
+    /// The format version of logs of this record.
+    const VERSION: u32;
+    /// The record as format `VERSION - 1` wrote it.
+    type Previous: DeserializeOwned;
+    fn upgrade(previous: Self::Previous) -> Self;
+}
 /// Length and checksum in front of every payload.
 const FRAME_HEADER: usize = 8;
 /// Below this the log is never compacted: rewriting a small file buys nothing.
@@ -127,10 +144,7 @@ struct Batch {
     done: oneshot::Sender<Result<(), JournalError>>,
 }
 
-impl<T> Journal<T>
-where
-    T: Serialize + DeserializeOwned + Clone + Send + 'static,
-{
+impl<T: Record> Journal<T> {
     /// Opens (creating if needed) the journal in `dir`, replays it, and returns the live records.
     /// `fsync`: when true, every commit is fsynced before it is acknowledged.
     pub fn open(
@@ -156,8 +170,9 @@ where
         let (path, tmp) = (dir.join(LOG), dir.join(TMP));
         // A compaction that died before its rename: the log it would have replaced is whole.
         remove_if_present(&tmp)?;
+        let header = header(T::VERSION);
         if !path.exists() {
-            install(dir, &tmp, &path, &HEADER).map_err(|(e, _)| e)?;
+            install(dir, &tmp, &path, &header).map_err(|(e, _)| e)?;
         }
         let mut file = OpenOptions::new()
             .read(true)
@@ -167,15 +182,15 @@ where
         let mut buf = Vec::new();
         file.read_to_end(&mut buf).map_err(io_err(format!("reading {}", path.display())))?;
 
-        if buf.len() < HEADER_LEN && HEADER.starts_with(&buf) {
+        if buf.len() < HEADER_LEN && header.starts_with(&buf) {
             // Never installed whole (we create logs by rename, so only a foreign tool leaves
             // this): it cannot hold an acknowledged batch.
             warn!(path = %path.display(), "journal header incomplete; starting an empty log");
             file.set_len(0)
-                .and_then(|()| file.write_all(&HEADER))
+                .and_then(|()| file.write_all(&header))
                 .and_then(|()| file.sync_all())
                 .map_err(io_err(format!("rewriting header of {}", path.display())))?;
-            buf = HEADER.to_vec();
+            buf = header.to_vec();
         }
         let replay = replay::<T>(&buf).map_err(|(offset, reason)| JournalError::Corrupt {
             path: path.clone(),
@@ -196,7 +211,8 @@ where
 
         let live = Arc::new(AtomicUsize::new(replay.values.len()));
         let live_bytes = replay.encoded.values().map(|b| b.len() as u64).sum();
-        let writer = Writer {
+        let mut writer = Writer {
+            header,
             dir: dir.to_owned(),
             path,
             tmp,
@@ -209,6 +225,11 @@ where
             retry_compaction_at: 0,
             _lock: lock,
         };
+        if replay.upgraded {
+            // Nothing may be appended in the new format to a log in the old one.
+            writer.compact().map_err(|(e, _)| e)?;
+            tracing::info!(path = %writer.path.display(), version = T::VERSION, "journal upgraded");
+        }
         let (tx, rx) = mpsc::channel(QUEUE);
         let handle = std::thread::Builder::new()
             .name("journal-writer".into())
@@ -309,6 +330,8 @@ fn checksum(payload: &[u8]) -> [u8; 4] {
 /// The writer thread's state. It never sees `T`: it keeps each live record as the bytes the
 /// caller encoded, which is all a compacted image needs.
 struct Writer {
+    /// The header of logs this writer writes (its records' version).
+    header: [u8; HEADER_LEN],
     dir: PathBuf,
     path: PathBuf,
     tmp: PathBuf,
@@ -434,7 +457,7 @@ impl Writer {
     }
 
     fn compact(&mut self) -> Result<(), (JournalError, bool)> {
-        let mut image = HEADER.to_vec();
+        let mut image = self.header.to_vec();
         image.resize(HEADER_LEN + FRAME_HEADER, 0);
         image = postcard::to_io(&self.records.len(), image).map_err(|e| {
             let reason = e.to_string();

@@ -10,18 +10,48 @@ pub(super) struct Replay<T> {
     pub(super) encoded: BTreeMap<String, Vec<u8>>,
     /// Bytes up to the end of the last good frame; anything after it is a torn tail.
     pub(super) valid_len: usize,
+    /// The log was in the previous format: its records were upgraded, and it must be rewritten.
+    pub(super) upgraded: bool,
 }
 
-/// Replays a whole log. Errors carry the byte offset and the reason.
-pub(super) fn replay<T: DeserializeOwned>(buf: &[u8]) -> Result<Replay<T>, (usize, String)> {
-    if buf.len() < HEADER_LEN || buf[..MAGIC_LEN] != HEADER[..MAGIC_LEN] {
+/// Replays a whole log: one in `T`'s format, or in the one before, upgraded. Errors carry the
+/// byte offset and the reason.
+pub(super) fn replay<T: Record>(buf: &[u8]) -> Result<Replay<T>, (usize, String)> {
+    if buf.len() < HEADER_LEN || buf[..MAGIC_LEN] != MAGIC {
         return Err((0, "not a journal (bad magic)".into()));
     }
     let version = u32::from_le_bytes([buf[8], buf[9], buf[10], buf[11]]);
-    if version != VERSION {
-        return Err((8, format!("format version {version}; this build reads {VERSION}")));
+    if version == T::VERSION {
+        return replay_as::<T>(buf);
     }
-    let mut replay = Replay { values: BTreeMap::new(), encoded: BTreeMap::new(), valid_len: 0 };
+    if version.checked_add(1) != Some(T::VERSION) {
+        let reason = format!(
+            "format version {version}; this build reads {} (and {version} - 1 before it)",
+            T::VERSION
+        );
+        return Err((8, reason));
+    }
+    let old = replay_as::<T::Previous>(buf)?;
+    let mut replay = Replay {
+        values: BTreeMap::new(),
+        encoded: BTreeMap::new(),
+        valid_len: old.valid_len,
+        upgraded: true,
+    };
+    for (key, value) in old.values {
+        let value = T::upgrade(value);
+        let bytes = postcard::to_allocvec(&(&key, Some(&value)))
+            .map_err(|e| (0, format!("re-encoding {key} in version {}: {e}", T::VERSION)))?;
+        replay.encoded.insert(key.clone(), bytes);
+        replay.values.insert(key, value);
+    }
+    Ok(replay)
+}
+
+/// Replays the frames of a log whose records are `T`s.
+fn replay_as<T: DeserializeOwned>(buf: &[u8]) -> Result<Replay<T>, (usize, String)> {
+    let mut replay =
+        Replay { values: BTreeMap::new(), encoded: BTreeMap::new(), valid_len: 0, upgraded: false };
     let mut pos = HEADER_LEN;
     while pos < buf.len() {
         let payload = match frame_at(buf, pos) {

@@ -11,6 +11,20 @@ struct Rec {
     note: String,
 }
 
+impl Record for Rec {
+    const VERSION: u32 = 2;
+    type Previous = OldRec;
+    fn upgrade(old: OldRec) -> Rec {
+        Rec { seq: old.seq, note: "upgraded".into() }
+    }
+}
+
+/// `Rec` as version 1 wrote it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct OldRec {
+    seq: u64,
+}
+
 fn rec(seq: u64) -> Rec {
     Rec { seq, note: format!("note-{seq}") }
 }
@@ -63,8 +77,9 @@ async fn payload_is_postcard_of_the_batch() {
     journal.commit(vec![put("x", 7), Change::Delete("y".into())]).await.expect("commit");
     drop(journal);
     let bytes = fs::read(dir.path().join(LOG)).expect("read log");
-    assert_eq!(bytes[..HEADER_LEN], HEADER);
-    assert_eq!(HEADER[MAGIC_LEN..], VERSION.to_le_bytes());
+    assert_eq!(bytes[..HEADER_LEN], header(Rec::VERSION));
+    assert_eq!(bytes[..MAGIC_LEN], *b"SLKJRNL\0");
+    assert_eq!(bytes[MAGIC_LEN..HEADER_LEN], 2u32.to_le_bytes());
     let frame = &bytes[HEADER_LEN..];
     let len = u32::from_le_bytes(frame[..4].try_into().expect("4 bytes")) as usize;
     let payload = &frame[FRAME_HEADER..];
@@ -342,11 +357,48 @@ async fn digests_keep_their_journal_encoding() {
         forked_from: None,
         state_since_ms: 4,
         intent: Some(Intent::Hibernate(Box::new(snap))),
+        tenant: Some("team-a".into()),
     };
     let dir = tempfile::tempdir().expect("tempdir");
-    let (journal, _) = Journal::<ClaimRecord>::open(dir.path(), false).expect("open");
-    journal.commit(vec![Change::Put("sb-1".into(), record.clone())]).await.expect("commit");
+    type Stored = crate::stored::StoredClaim;
+    let (journal, _) = Journal::<Stored>::open(dir.path(), false).expect("open");
+    journal.commit(vec![Change::Put("sb-1".into(), Stored::from(&record))]).await.expect("commit");
     drop(journal);
-    let (_journal, live) = Journal::<ClaimRecord>::open(dir.path(), false).expect("reopen");
+    let (_journal, live) = Journal::<Stored>::open(dir.path(), false).expect("reopen");
+    let live = crate::stored::live_records(live).expect("records");
     assert_eq!(live["sb-1"], record);
+}
+
+/// A log in format `version` holding one batch of `records`.
+fn log_of<R: Serialize>(version: u32, records: &[(&str, Option<R>)]) -> Vec<u8> {
+    let payload = postcard::to_allocvec(records).expect("encode");
+    let mut log = header(version).to_vec();
+    log.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+    log.extend_from_slice(&checksum(&payload));
+    log.extend_from_slice(&payload);
+    log
+}
+
+#[tokio::test]
+async fn a_log_one_version_older_is_upgraded_and_rewritten_others_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = [("a", Some(OldRec { seq: 1 })), ("b", Some(OldRec { seq: 2 })), ("b", None)];
+    fs::write(dir.path().join(LOG), log_of(1, &old)).expect("write");
+    let (journal, live) = open(dir.path());
+    let want: BTreeMap<_, _> = [("a".to_string(), Rec { seq: 1, note: "upgraded".into() })].into();
+    assert_eq!(live, want);
+    // Rewritten in the current version before anything is appended to it.
+    assert_eq!(fs::read(dir.path().join(LOG)).expect("read")[..HEADER_LEN], header(Rec::VERSION));
+    journal.commit(vec![put("c", 3)]).await.expect("commit");
+    drop(journal);
+    let (_journal, live) = open(dir.path());
+    assert_eq!(live.keys().collect::<Vec<_>>(), ["a", "c"]);
+    drop(_journal);
+
+    for version in [0, 3] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        fs::write(dir.path().join(LOG), log_of(version, &[("a", Some(rec(1)))])).expect("write");
+        let err = Journal::<Rec>::open(dir.path(), false).expect_err("another version");
+        assert!(err.to_string().contains(&format!("format version {version}")), "{err}");
+    }
 }

@@ -46,7 +46,7 @@ impl Node {
             // Served here: not below the disk reserve (one statfs, under the lock so that no
             // warm sandbox is popped first).
             self.disk_reserve()?;
-            let admitted = self.admit(&mut st, 1)?;
+            let admitted = self.admit(&mut st, 1, spec.tenant.as_deref())?;
             let pool = st.pools.get_mut(&key);
             let idle = pool.as_ref().and_then(|p| p.idle_hibernate);
             (admitted, pool.and_then(|p| p.take(Instant::now())), idle)
@@ -84,16 +84,37 @@ impl Node {
     }
 
     /// Counts `n` claims in flight until the returned guard drops, or answers 429 when the
-    /// node is full. `st` is this node's state, locked (the guard locks it again to drop).
-    pub(super) fn admit(&self, st: &mut State, n: usize) -> Result<Admission<'_>, NodeError> {
+    /// node is full or `tenant` would pass its `max_sandboxes` (its live sandboxes here, in
+    /// flight here, and on its peers as they last said). `st` is this node's state, locked (the
+    /// guard locks it again to drop).
+    pub(super) fn admit(
+        &self,
+        st: &mut State,
+        n: usize,
+        tenant: Option<&str>,
+    ) -> Result<Admission<'_>, NodeError> {
         if st.slots.len() + st.pending + n > self.cfg.max_claims {
             return Err(NodeError::new(
                 Code::NodeFull,
                 format!("this node holds its maximum of {} claims", self.cfg.max_claims),
             ));
         }
+        if let Some(t) = tenant {
+            let max = self.tenants.get(t).map_or(0, |r| r.limits.max_sandboxes);
+            let here = st.slots.claims().filter(|l| l.record.tenant.as_deref() == Some(t)).count()
+                + st.pending_by_tenant.get(t).copied().unwrap_or(0);
+            let elsewhere = self.fleet().map_or(0, |f| f.tenant_sandboxes(t));
+            let live = here as u64 + elsewhere;
+            if live + n as u64 > max {
+                return Err(NodeError::new(
+                    Code::QuotaExceeded,
+                    format!("tenant {t} has {live} live sandboxes of its max_sandboxes {max}"),
+                ));
+            }
+            *st.pending_by_tenant.entry(t.to_string()).or_default() += n;
+        }
         st.pending += n;
-        Ok(Admission { node: self, n })
+        Ok(Admission { node: self, n, tenant: tenant.map(str::to_string) })
     }
 
     /// `host`, a configured template, or a promoted one.
@@ -183,5 +204,6 @@ pub(super) fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Ti
         forked_from: None,
         state_since_ms: now,
         intent: None,
+        tenant: spec.tenant.clone(),
     }
 }

@@ -1,6 +1,6 @@
 //! What the controller asks of other nodes. Only a move crosses nodes from inside the
-//! controller (the target adopts the sandbox; a lost answer is settled by asking it later), so
-//! that is all this trait carries. The mesh layer (`crate::fleet`) implements it; a node alone
+//! controller (the target adopts the sandbox; a lost answer is settled by asking it later), and
+//! a tenant's quota counts its sandboxes everywhere, so that is all this trait carries. The mesh layer (`crate::fleet`) implements it; a node alone
 //! has none, and the controller's tests can bring their own.
 
 use std::future::Future;
@@ -36,4 +36,7 @@ pub trait Fleet: Send + Sync + std::fmt::Debug {
     /// Whether `peer` holds sandbox `id`: `None` while it cannot say (no answer, or it is
     /// starting it right now).
     fn holds<'a>(&'a self, peer: &'a str, id: &'a str) -> BoxFuture<'a, Option<bool>>;
+
+    /// Live sandboxes of `tenant` on the other nodes, as they last said.
+    fn tenant_sandboxes(&self, tenant: &str) -> u64;
 }

@@ -64,6 +64,8 @@ pub struct Promoted {
 pub struct CheckpointInfo {
     pub checkpoint: silk_api::Checkpoint,
     token_hash: String,
+    /// The tenant of the sandbox it was taken from (none: root's).
+    pub tenant: Option<String>,
 }
 
 impl std::ops::Deref for CheckpointInfo {

@@ -131,3 +131,73 @@ pub(super) async fn reap_loop(node: Arc<Node>) {
         node.reap().await;
     }
 }
+
+/// Re-reads the fleet's tenants every `tenant_refresh_ms`. A tenant that is gone (deleted on
+/// any node) leaves nothing behind here: its sandboxes are released and its promoted templates
+/// deleted. A tenant never seen is not "gone": a node that starts with the store down releases
+/// nothing.
+pub(super) async fn tenants_loop(node: Arc<Node>) {
+    let every = Duration::from_millis(node.cfg.tenant_refresh_ms.max(100));
+    loop {
+        tokio::time::sleep(every).await;
+        match node.tenants.refresh().await {
+            Ok(gone) => {
+                for tenant in gone {
+                    node.clear_tenant(&tenant).await;
+                }
+            }
+            Err(e) => tracing::debug!("tenants: {e}; authenticating from the records in memory"),
+        }
+    }
+}
+
+impl Node {
+    /// Live sandboxes of `tenant` in the fleet: here (and in flight here), and on the other
+    /// nodes as they last said.
+    pub fn tenant_sandboxes(&self, tenant: &str) -> u64 {
+        let here = self.advert().tenants.get(tenant).copied().unwrap_or(0);
+        u64::from(here) + self.fleet().map_or(0, |f| f.tenant_sandboxes(tenant))
+    }
+
+    /// After `tenant` was deleted here: its checkpoints go from the store, and this node's
+    /// share of its sandboxes and templates goes at once (the others' as they learn of it).
+    pub async fn forget_tenant(&self, tenant: &str) -> Result<(), NodeError> {
+        for ck in self.checkpoints(None, Some(tenant)).await? {
+            self.delete_checkpoint(&ck.id).await?;
+        }
+        self.clear_tenant(tenant).await;
+        Ok(())
+    }
+
+    /// Releases every sandbox of `tenant` this node holds and deletes its promoted templates.
+    /// How many sandboxes it released.
+    pub async fn clear_tenant(&self, tenant: &str) -> usize {
+        let ids: Vec<String> = self
+            .lock()
+            .slots
+            .claims()
+            .filter(|l| l.record.tenant.as_deref() == Some(tenant))
+            .map(|l| l.record.id.clone())
+            .collect();
+        let mut released = 0;
+        for id in ids {
+            match self.release(&id).await {
+                Ok(()) => released += 1,
+                Err(e) => tracing::warn!(
+                    sandbox = id,
+                    tenant,
+                    "releasing a deleted tenant's sandbox: {e}"
+                ),
+            }
+        }
+        let prefix = format!("{tenant}/");
+        let promoted: Vec<String> =
+            self.lock().promoted.keys().filter(|n| n.starts_with(&prefix)).cloned().collect();
+        for name in promoted {
+            if let Err(e) = self.delete_template(&name) {
+                tracing::warn!(template = name, "deleting a deleted tenant's template: {e}");
+            }
+        }
+        released
+    }
+}

@@ -13,6 +13,8 @@ pub struct Advert {
     pub claims: u32,
     pub capacity: u32,
     pub draining: bool,
+    /// Live sandboxes here per tenant (claims and those in flight).
+    pub tenants: BTreeMap<String, u32>,
 }
 
 impl Node {
@@ -110,6 +112,13 @@ impl Node {
         let mut templates: Vec<String> =
             st.templates.values().map(|t| t.digest.to_string()).collect();
         templates.sort();
+        let mut tenants: BTreeMap<String, u32> = BTreeMap::new();
+        for t in st.slots.claims().filter_map(|l| l.record.tenant.as_ref()) {
+            *tenants.entry(t.clone()).or_default() += 1;
+        }
+        for (t, n) in &st.pending_by_tenant {
+            *tenants.entry(t.clone()).or_default() += *n as u32;
+        }
         Advert {
             warm,
             goldens,
@@ -117,6 +126,7 @@ impl Node {
             claims: (st.slots.len() + st.pending) as u32,
             capacity: self.cfg.max_claims as u32,
             draining,
+            tenants,
         }
     }
 }

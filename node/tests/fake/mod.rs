@@ -67,6 +67,7 @@ pub fn spec(ttl_seconds: u64) -> ClaimSpec {
         ttl_seconds,
         metadata: BTreeMap::new(),
         on_expire: OnExpire::Destroy,
+        tenant: None,
     }
 }
 

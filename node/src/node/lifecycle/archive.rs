@@ -117,6 +117,10 @@ impl Node {
         meta.insert("sandbox".into(), source.id.clone());
         meta.insert("template".into(), source.template.clone());
         meta.insert("token_hash".into(), source.token_hash.clone());
+        if let Some(t) = &source.tenant {
+            // Whose quota the bytes count against, and whose key may see a checkpoint.
+            meta.insert("tenant".into(), t.clone());
+        }
         meta.insert("engine".into(), self.engine.name().into());
         let file = tokio::fs::File::open(&snap.layer_tar)
             .await

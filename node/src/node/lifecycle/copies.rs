@@ -17,6 +17,9 @@ impl Node {
         self.disk_reserve()?;
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
+        if let Some(t) = &live.record.tenant {
+            self.checkpoint_room(t).await?;
+        }
         let (snap, scratch) = self.current_files(&live, "checkpoint").await?;
         self.crash_point("checkpoint:captured").await;
         let hex = random_hex(16);
@@ -42,13 +45,58 @@ impl Node {
             uploaded_bytes: Some(report.uploaded_bytes),
             memory_snapshot: Some(self.engine.capabilities().memory_snapshot),
         };
-        Ok(CheckpointInfo { checkpoint, token_hash: live.record.token_hash.clone() })
+        let token_hash = live.record.token_hash.clone();
+        Ok(CheckpointInfo { checkpoint, token_hash, tenant: live.record.tenant.clone() })
     }
 
-    /// Checkpoints the bearer may see: all of them for the root token, else those of `sandbox`.
+    /// Refuses a checkpoint of `tenant` past its `max_checkpoints` or `max_store_bytes` (what
+    /// its checkpoints and archives hold now, read from the store; two checkpoints taken at
+    /// the same moment may both pass the last room).
+    async fn checkpoint_room(&self, tenant: &str) -> Result<(), NodeError> {
+        let Some(limits) = self.tenants.get(tenant).map(|r| r.limits) else {
+            return Err(NodeError::sandbox_not_found());
+        };
+        let (count, bytes) = self.tenant_store_usage(tenant).await?;
+        let refuse = |what: String| Err(NodeError::new(Code::QuotaExceeded, what));
+        if count >= limits.max_checkpoints {
+            return refuse(format!(
+                "tenant {tenant} has {count} checkpoints of its max_checkpoints {}",
+                limits.max_checkpoints
+            ));
+        }
+        if bytes >= limits.max_store_bytes {
+            return refuse(format!(
+                "tenant {tenant} stores {bytes} bytes of its max_store_bytes {}",
+                limits.max_store_bytes
+            ));
+        }
+        Ok(())
+    }
+
+    /// `tenant`'s checkpoints, and the logical bytes of its checkpoints and archives.
+    pub async fn tenant_store_usage(&self, tenant: &str) -> Result<(u64, u64), NodeError> {
+        let (mut checkpoints, mut bytes) = (0, 0);
+        for prefix in ["checkpoints/", "archives/"] {
+            for name in self.store.list(prefix).await? {
+                let m = match self.store.manifest(&name).await {
+                    Ok(m) => m,
+                    Err(StoreError::NotFound { .. }) => continue,
+                    Err(e) => return Err(e.into()),
+                };
+                if m.meta.get("tenant").map(String::as_str) == Some(tenant) {
+                    bytes += m.size;
+                    checkpoints += u64::from(matches!(name, SnapshotName::Checkpoint(_)));
+                }
+            }
+        }
+        Ok((checkpoints, bytes))
+    }
+
+    /// Checkpoints in `scope`: every one (root), a tenant's, and of those, `sandbox`'s.
     pub async fn checkpoints(
         &self,
         sandbox: Option<&str>,
+        scope: Option<&str>,
     ) -> Result<Vec<CheckpointInfo>, NodeError> {
         let mut out = vec![];
         for name in self.store.list("checkpoints/").await? {
@@ -59,7 +107,8 @@ impl Node {
                 Err(e) if e.code == Code::NotFound => continue,
                 Err(e) => return Err(e),
             };
-            if sandbox.is_none_or(|s| s == info.sandbox) {
+            let in_scope = scope.is_none_or(|t| info.tenant.as_deref() == Some(t));
+            if in_scope && sandbox.is_none_or(|s| s == info.sandbox) {
                 out.push(info);
             }
         }
@@ -87,11 +136,12 @@ impl Node {
             uploaded_bytes: None,
             memory_snapshot: None,
         };
-        Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash") })
+        let tenant = m.meta.get("tenant").cloned();
+        Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant })
     }
 
-    /// The checkpoint, if `bearer` may use it: the root token, or the token of the sandbox it
-    /// was taken from. Anything else is the same 404 as an unknown id.
+    /// The checkpoint, if `bearer` may use it: the root token, the token of the sandbox it was
+    /// taken from, or its tenant's key. Anything else is the same 404 as an unknown id.
     pub async fn authorized_checkpoint(
         &self,
         id: &str,
@@ -100,8 +150,11 @@ impl Node {
         let name = checkpoint_name(id)?;
         let SnapshotName::Checkpoint(hex) = &name else { unreachable!("a checkpoint name") };
         let info = self.checkpoint_info(hex, &name).await?;
-        let own = bearer.is_some_and(|t| crate::claims::token_matches(t, &info.token_hash));
-        if own || self.is_root(bearer) { Ok(info) } else { Err(checkpoint_not_found()) }
+        if self.may_act(bearer, info.tenant.as_deref(), &info.token_hash) {
+            Ok(info)
+        } else {
+            Err(checkpoint_not_found())
+        }
     }
 
     pub async fn delete_checkpoint(&self, id: &str) -> Result<(), NodeError> {
@@ -115,7 +168,7 @@ impl Node {
         self.disk_reserve()?;
         let admitted = {
             let mut st = self.lock();
-            self.admit(&mut st, 1)?
+            self.admit(&mut st, 1, spec.tenant.as_deref())?
         };
         let (snap, _) = self.download(&name).await?;
         let spec = ClaimSpec { size: snap.spec.size, lane: snap.spec.lane, ..spec };
@@ -148,7 +201,7 @@ impl Node {
         let live = self.current(id)?;
         let admitted = {
             let mut st = self.lock();
-            self.admit(&mut st, count)?
+            self.admit(&mut st, count, live.record.tenant.as_deref())?
         };
         let (snap, scratch) = self.current_files(&live, "fork").await?;
         let made = self.restore_new(&snap, count).await;
@@ -163,6 +216,7 @@ impl Node {
             ttl_seconds: ttl_seconds.unwrap_or(src.lease_seconds),
             metadata: src.metadata.clone(),
             on_expire: src.on_expire,
+            tenant: src.tenant.clone(),
         };
         let mut claims = vec![];
         let mut out = vec![];
@@ -212,12 +266,14 @@ impl Node {
     // ---- promote ----
 
     /// Publishes the sandbox's files as template `name`; later claims of it clone from them.
+    /// A tenant's sandbox promotes into its tenant's names (`<tenant>/<name>`) unless root asks;
+    /// returns the template's full name.
     pub async fn promote(
         &self,
         id: &str,
         name: &str,
         by_root: bool,
-    ) -> Result<Promoted, NodeError> {
+    ) -> Result<(String, Promoted), NodeError> {
         let valid = (1..=64).contains(&name.len())
             && name
                 .bytes()
@@ -232,9 +288,16 @@ impl Node {
         }
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
+        let full = match (&live.record.tenant, by_root) {
+            (Some(t), false) => format!("{t}/{name}"),
+            _ => name.to_string(),
+        };
+        let name = full.as_str();
         let owner = (!by_root).then(|| live.record.token_hash.clone());
+        // A tenant's template is its tenant's to replace: any of its sandboxes or its key.
+        let tenant_owned = full.contains('/');
         let may_replace = |st: &State| match st.promoted.get(name) {
-            Some(p) => by_root || p.owner.is_some() && p.owner == owner,
+            Some(p) => by_root || tenant_owned || p.owner.is_some() && p.owner == owner,
             None => true,
         };
         if !may_replace(&self.lock()) {
@@ -271,7 +334,7 @@ impl Node {
         drop(st);
         self.refill.notify_one();
         self.metrics.promoted.fetch_add(1, Ordering::Relaxed);
-        Ok(promoted)
+        Ok((full, promoted))
     }
 
     pub fn promoted(&self) -> BTreeMap<String, Promoted> {

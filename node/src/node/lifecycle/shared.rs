@@ -124,8 +124,7 @@ impl Node {
         let (default_ttl, max_ttl) = (self.cfg.default_ttl_seconds, self.cfg.max_ttl_seconds);
         rec.check_foreign(id, &archive, default_ttl, max_ttl, now_ms())
             .map_err(|e| NodeError::internal(format!("{key}: {}", e.message)))?;
-        let own = token.is_some_and(|t| crate::claims::token_matches(t, &rec.token_hash));
-        if !own && !self.is_root(token) {
+        if !self.may_act(token, rec.tenant.as_deref(), &rec.token_hash) {
             return Ok(false);
         }
         let woken = async {
@@ -258,7 +257,8 @@ impl Node {
         }
         let admitted = {
             let mut st = self.lock();
-            let admitted = self.admit(&mut st, 1)?;
+            // A move: the tenant's sandbox counts here instead of at the source, not twice.
+            let admitted = self.admit(&mut st, 1, None)?;
             st.slots.set_adopting(&record.id, true);
             admitted
         };
