@@ -45,12 +45,37 @@ pub fn node_on(
     join: Option<&str>,
     extra: &str,
 ) -> Sandboxd {
+    node_with(certs, name, &format!("127.0.0.{host}:{port}"), join, extra, "")
+}
+
+/// A node in forward mode (clients need reach only it) on 127.0.0.`host`.
+pub fn forwarding_node(
+    certs: &Path,
+    name: &str,
+    host: u8,
+    join: Option<&str>,
+    extra: &str,
+) -> Sandboxd {
+    node_with(certs, name, &format!("127.0.0.{host}:0"), join, extra, "forward = true\n")
+}
+
+/// A node whose mesh endpoint is `mesh` (its API on the same address, any port); `extra` is
+/// top-level TOML and tables, `mesh_extra` keys of its `[mesh]`.
+fn node_with(
+    certs: &Path,
+    name: &str,
+    mesh: &str,
+    join: Option<&str>,
+    extra: &str,
+    mesh_extra: &str,
+) -> Sandboxd {
     let join = join.map(|j| format!("join = [\"{j}\"]\n")).unwrap_or_default();
     let d = certs.display();
+    let host = mesh.rsplit_once(':').map_or(mesh, |(h, _)| h);
     Sandboxd::start_at(
-        &format!("127.0.0.{host}:0"),
+        &format!("{host}:0"),
         &format!(
-            "{extra}\n[mesh]\nname = \"{name}\"\nlisten = \"127.0.0.{host}:{port}\"\n{join}ca = \"{d}/ca.pem\"\ncert = \"{d}/{name}.pem\"\nkey = \"{d}/{name}.key\"\n"
+            "{extra}\n[mesh]\nname = \"{name}\"\nlisten = \"{mesh}\"\n{join}{mesh_extra}ca = \"{d}/ca.pem\"\ncert = \"{d}/{name}.pem\"\nkey = \"{d}/{name}.key\"\n"
         ),
     )
 }
