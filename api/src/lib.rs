@@ -8,10 +8,12 @@
 
 mod bodies;
 mod code;
+mod journals;
 mod tenants;
 
 pub use bodies::*;
 pub use code::Code;
+pub use journals::*;
 pub use tenants::*;
 
 use serde::{Deserialize, Serialize};
@@ -61,7 +63,9 @@ pub fn schemas() -> serde_json::Value {
         TenantKey,
         TenantUsage,
         Tenant,
-        TenantList
+        TenantList,
+        AuditEntry,
+        AuditList
     )))]
     struct Document;
     let doc = serde_json::to_value(Document::openapi()).expect("a document serializes");

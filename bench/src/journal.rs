@@ -28,9 +28,17 @@ pub struct JournalArgs {
 }
 
 /// A claim of realistic size: id, token hash (64 hex chars), deadline, state, four metadata
-/// pairs. A tuple because this crate does not depend on serde; postcard encodes a struct as the
-/// tuple of its fields, so the bytes on disk are those of the equivalent struct.
-type Claim = (String, String, u64, String, [(String, String); 4]);
+/// pairs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct Claim(String, String, u64, String, [(String, String); 4]);
+
+impl sandboxd::journal::Record for Claim {
+    const VERSION: u32 = 1;
+    type Previous = Claim;
+    fn upgrade(previous: Claim) -> Claim {
+        previous
+    }
+}
 
 const LIVE: [usize; 3] = [100, 1000, 5000];
 /// Untimed rounds before each arm, so first-touch costs stay out of the samples.
@@ -153,7 +161,7 @@ fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {
 /// Claim `key` at version `n`: only the deadline moves between versions, as on a lease renewal.
 fn claim(key: &str, n: u64) -> Claim {
     let pair = |k: &str, v: String| (k.to_string(), v);
-    (
+    Claim(
         key.to_string(),
         blake3::hash(key.as_bytes()).to_hex().to_string(),
         1_767_225_600_000 + n * 30_000,

@@ -66,6 +66,10 @@ pub struct Config {
     /// How often the node re-reads the fleet's tenants from the store (a change made on another
     /// node is in force here within this plus one store round trip).
     pub tenant_refresh_ms: u64,
+    /// The audit journal: whole argv of execs (default: argv[0] only), and its rotation.
+    pub audit_exec_args: bool,
+    pub audit_max_bytes: u64,
+    pub audit_keep: usize,
     /// A bearer token `/metrics` requires (open when unset; the root token is accepted too).
     pub metrics_token: Option<String>,
     /// Serve the API over TLS (plain HTTP when unset).
@@ -230,6 +234,9 @@ impl Default for Config {
             lookup_burst: 100,
             metrics_token: None,
             tenant_refresh_ms: 2000,
+            audit_exec_args: false,
+            audit_max_bytes: 64 << 20,
+            audit_keep: 5,
         }
     }
 }

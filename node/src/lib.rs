@@ -8,6 +8,7 @@
 //! the store. This file wires them together.
 
 pub mod api;
+pub mod audit;
 pub mod claims;
 pub mod config;
 mod durable;

@@ -77,6 +77,8 @@ pub struct Node {
     fleet: std::sync::OnceLock<Arc<dyn Fleet>>,
     /// Every tenant of the fleet, as the shared store says.
     pub tenants: crate::tenants::Tenants,
+    /// Calls that changed something (written by the HTTP layer).
+    pub audit: crate::audit::Audit,
     /// The crash point the in-process crash tests stop calls at.
     #[cfg(feature = "crash-points")]
     crash_at: Mutex<Option<(String, bool)>>,
@@ -284,6 +286,11 @@ impl Node {
         let tenants =
             crate::tenants::Tenants::open(store.object_store().clone(), &cfg.data_dir).await;
         let pools = load_pools(&cfg)?;
+        let audit = crate::audit::Audit::open(
+            &cfg.data_dir.join("audit"),
+            cfg.audit_max_bytes,
+            cfg.audit_keep,
+        )?;
         let name = cfg.mesh.as_ref().map_or_else(|| "local".to_string(), |m| m.name.clone());
         let node = Arc::new(Node {
             background: Arc::new(Semaphore::new(cfg.background_concurrency.max(1))),
@@ -300,6 +307,7 @@ impl Node {
             name,
             fleet: std::sync::OnceLock::new(),
             tenants,
+            audit,
             #[cfg(feature = "crash-points")]
             crash_at: Mutex::new(None),
         });

@@ -24,6 +24,8 @@ pub fn no_redirect(query: Option<&str>) -> bool {
 
 fn redirect(location: String) -> Response {
     let mut res = StatusCode::TEMPORARY_REDIRECT.into_response();
+    // The node it points at serves (and records) the call.
+    res.extensions_mut().insert(super::audited::Passed);
     if let Ok(v) = HeaderValue::from_str(&location) {
         res.headers_mut().insert(header::LOCATION, v);
     }
@@ -262,6 +264,8 @@ async fn forward(
             }
         });
     }
+    // The peer served (and recorded) the call.
+    res.extensions_mut().insert(super::audited::Passed);
     Ok(res.map(Body::new))
 }
 

@@ -110,7 +110,9 @@ pub(super) async fn branch(
     spec.tenant = tenant;
     let n = node.clone();
     let claimed = detached(async move { n.branch(&id, spec).await }).await?;
-    Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
+    let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
+    let row = axum::Json(claimed_row(&node, &claimed));
+    Ok((StatusCode::CREATED, axum::Extension(noted), row).into_response())
 }
 
 pub(super) async fn fork(
@@ -126,8 +128,11 @@ pub(super) async fn fork(
     };
     let n = node.clone();
     let children = detached(async move { n.fork(&id, req.count, ttl).await }).await?;
+    let ids: Vec<&str> = children.iter().map(|c| c.record.id.as_str()).collect();
+    let noted = audited::Noted { target: None, detail: Some(format!("made {}", ids.join(" "))) };
     let sandboxes = children.iter().map(|c| claimed_row(&node, c)).collect();
-    Ok((StatusCode::CREATED, axum::Json(silk_api::SandboxList { sandboxes })).into_response())
+    let list = axum::Json(silk_api::SandboxList { sandboxes });
+    Ok((StatusCode::CREATED, axum::Extension(noted), list).into_response())
 }
 
 pub(super) fn template_row(name: &str, p: &crate::node::Promoted) -> silk_api::Template {

@@ -25,6 +25,7 @@ use crate::error::{Code, NodeError};
 use crate::fleet::Peers;
 use crate::node::{Claimed, Node, detached};
 
+pub(crate) mod audited;
 pub mod edge;
 mod lifecycle;
 pub mod limit;
@@ -96,6 +97,8 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
         .method_not_allowed_fallback(|| async {
             NodeError::new(Code::MethodNotAllowed, "method not allowed on this route")
         })
+        .route("/v1/audit", get(audit))
+        .layer(axum::middleware::from_fn_with_state(api.clone(), audited::record))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(limit, refuse_oversized))
         .with_state(api)
@@ -294,7 +297,9 @@ async fn claim(
     let offered = peer.is_some();
     match detached(async move { n.claim_or_place(spec, offered).await }).await? {
         Some(claimed) => {
-            Ok((StatusCode::CREATED, axum::Json(claimed_row(&node, &claimed))).into_response())
+            let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
+            let row = axum::Json(claimed_row(&node, &claimed));
+            Ok((StatusCode::CREATED, axum::Extension(noted), row).into_response())
         }
         None => {
             let (peer, request) = (peer.expect("offered"), forwardable.expect("offered"));
@@ -387,12 +392,26 @@ async fn renew(
     Ok(axum::Json(silk_api::Renewed { id: record.id, deadline_ms: record.deadline_ms }))
 }
 
-/// Buffered exec for clients that cannot hold an upgraded connection.
+/// Buffered exec for clients that cannot hold an upgraded connection. The audit journal gets
+/// its program (its whole argv with `audit_exec_args`).
 async fn exec(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
     JsonBody(req): JsonBody<silk_api::ExecRequest>,
+) -> Response {
+    let detail =
+        if node.cfg.audit_exec_args { Some(req.argv.join(" ")) } else { req.argv.first().cloned() };
+    let mut res = buffered_exec(node, headers, id, req).await.into_response();
+    res.extensions_mut().insert(audited::Noted { target: None, detail });
+    res
+}
+
+async fn buffered_exec(
+    node: Arc<Node>,
+    headers: HeaderMap,
+    id: String,
+    req: silk_api::ExecRequest,
 ) -> Result<axum::Json<silk_api::ExecResult>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
     if req.argv.is_empty() {
@@ -532,6 +551,38 @@ async fn info(
 ) -> Result<axum::Json<silk_api::NodeInfo>, NodeError> {
     root(&api.node, &headers)?;
     Ok(axum::Json(node_info(&api)))
+}
+
+/// `GET /v1/audit?since=<ms>&tenant=<name>&limit=<n>`: root sees every entry (or a tenant's),
+/// a tenant its own. This node's journal; oldest first.
+async fn audit(
+    State(node): Shared,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<axum::Json<silk_api::AuditList>, NodeError> {
+    let scope = node.principal(bearer(&headers)).scope()?;
+    let (mut since, mut tenant, mut limit) = (0, None, 1000usize);
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let number = || {
+            value.parse::<u64>().map_err(|_| NodeError::bad_request(format!("{name}: a number")))
+        };
+        match name {
+            "since" => since = number()?,
+            "limit" => limit = number()?.clamp(1, 10_000) as usize,
+            "tenant" => tenant = Some(percent_decode(value)),
+            "no_redirect" => {}
+            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
+        }
+    }
+    // A tenant's key reads its own entries whatever it asks for.
+    let tenant = scope.or(tenant);
+    let entries = node
+        .audit
+        .read(since, limit, |e| tenant.is_none() || e.tenant == tenant)
+        .await
+        .map_err(|e| NodeError::internal(format!("audit journal: {e}")))?;
+    Ok(axum::Json(silk_api::AuditList { entries }))
 }
 
 async fn openapi_document(State(node): Shared) -> axum::Json<Value> {

@@ -149,6 +149,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
             },
             "/v1/checkpoints/{id}/claim": { "parameters": id.clone(), "post": op("Branch: a new sandbox from the checkpoint", (201, ok_json("Sandbox")), &[400, 404, 409, 429, 503, 507], Some("BranchRequest?")) },
             "/v1/templates": { "get": op("Templates: built in, configured, promoted (a tenant sees root's and its own)", (200, ok_json("TemplateList")), &[401], None) },
+            "/v1/audit": { "get": with_query(with_query(with_query(op("This node's audit journal, oldest first (root: every entry or a tenant's; a tenant: its own)", (200, ok_json("AuditList")), &[400, 401], None), "since", json!({ "type": "integer", "minimum": 0 })), "tenant", json!({ "type": "string" })), "limit", json!({ "type": "integer", "minimum": 1, "maximum": 10000 })) },
             "/v1/tenants": {
                 "post": op("Create a tenant (root): its key is in the answer, this once", (201, ok_json("TenantKey")), &[400, 401, 409, 413, 415, 503], Some("TenantRequest")),
                 "get": op("Every tenant with its limits and usage (root)", (200, ok_json("TenantList")), &[401, 503], None),

@@ -33,8 +33,9 @@ pub(super) async fn create(
 ) -> Result<Response, NodeError> {
     root(&node, &headers)?;
     let (record, api_key) = node.tenants.create(&req.name, req.limits()).await?;
+    let noted = audited::Noted { target: Some(record.name.clone()), detail: None };
     let created = silk_api::TenantKey { name: record.name, api_key };
-    Ok((StatusCode::CREATED, axum::Json(created)).into_response())
+    Ok((StatusCode::CREATED, axum::Extension(noted), axum::Json(created)).into_response())
 }
 
 pub(super) async fn list(
