@@ -208,6 +208,22 @@ pub struct Sandbox {
 #[cfg_attr(feature = "schema", derive(ToSchema))]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
+    /// More rows follow: pass this as `cursor` to get them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
+    /// Nodes of the mesh that did not answer in time: their sandboxes are missing here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable: Vec<String>,
+}
+
+/// `GET /v1/fleet`: every node's report.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct FleetView {
+    pub nodes: Vec<NodeInfo>,
+    /// Nodes of the mesh that did not answer in time.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable: Vec<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/renew`.

@@ -1,6 +1,8 @@
-//! The audit journal's entries (`GET /v1/audit`).
+//! The audit journal's entries (`GET /v1/audit`) and the usage journal's sums (`GET /v1/usage`).
 
 use serde::{Deserialize, Serialize};
+
+use crate::{Lane, Size};
 
 #[cfg(feature = "schema")]
 use utoipa::ToSchema;
@@ -35,4 +37,34 @@ pub struct AuditEntry {
 #[cfg_attr(feature = "schema", derive(ToSchema))]
 pub struct AuditList {
     pub entries: Vec<AuditEntry>,
+    /// Nodes of the mesh that did not answer in time: their entries are missing here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable: Vec<String>,
+}
+
+/// Sandbox-seconds of one tenant (none: root's), size and lane in a usage report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct UsageRow {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
+    pub size: Size,
+    pub lane: Lane,
+    pub sandbox_seconds: u64,
+}
+
+/// `GET /v1/usage`: sandbox-seconds metered in `[from_ms, to_ms)`, summed over the fleet (or
+/// this node, with `scope=node`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct UsageReport {
+    pub from_ms: u64,
+    pub to_ms: u64,
+    pub rows: Vec<UsageRow>,
+    /// Logical bytes of the tenant's checkpoints and archives now: when one tenant was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_bytes: Option<u64>,
+    /// Nodes of the mesh that did not answer in time: their usage is missing here.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable: Vec<String>,
 }

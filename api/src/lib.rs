@@ -37,6 +37,7 @@ pub fn schemas() -> serde_json::Value {
         Pools,
         Sandbox,
         SandboxList,
+        FleetView,
         Renewed,
         ExecResult,
         Checkpoint,
@@ -65,7 +66,9 @@ pub fn schemas() -> serde_json::Value {
         Tenant,
         TenantList,
         AuditEntry,
-        AuditList
+        AuditList,
+        UsageRow,
+        UsageReport
     )))]
     struct Document;
     let doc = serde_json::to_value(Document::openapi()).expect("a document serializes");

@@ -6,9 +6,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// A tenant's limits. Claims, forks and branches past `max_sandboxes` (live sandboxes across
-/// the fleet), and checkpoints past `max_checkpoints` or `max_store_bytes` (logical bytes of its
-/// checkpoints and archives), are refused with `429 quota_exceeded`; running sandboxes keep
-/// running.
+/// the fleet) or `max_sandbox_seconds` (this calendar month, UTC, across the fleet), and
+/// checkpoints past `max_checkpoints` or `max_store_bytes` (logical bytes of its checkpoints and
+/// archives), are refused with `429 quota_exceeded`; running sandboxes keep running.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(ToSchema))]
 #[serde(deny_unknown_fields)]
@@ -16,6 +16,9 @@ pub struct TenantLimits {
     pub max_sandboxes: u64,
     pub max_checkpoints: u64,
     pub max_store_bytes: u64,
+    /// No limit when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sandbox_seconds: Option<u64>,
 }
 
 /// `POST /v1/tenants`.
@@ -29,6 +32,9 @@ pub struct TenantRequest {
     pub max_sandboxes: u64,
     pub max_checkpoints: u64,
     pub max_store_bytes: u64,
+    /// No limit when left out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sandbox_seconds: Option<u64>,
 }
 
 impl TenantRequest {
@@ -37,6 +43,7 @@ impl TenantRequest {
             max_sandboxes: self.max_sandboxes,
             max_checkpoints: self.max_checkpoints,
             max_store_bytes: self.max_store_bytes,
+            max_sandbox_seconds: self.max_sandbox_seconds,
         }
     }
 }
@@ -48,6 +55,11 @@ impl TenantPatch {
             max_sandboxes: self.max_sandboxes.unwrap_or(limits.max_sandboxes),
             max_checkpoints: self.max_checkpoints.unwrap_or(limits.max_checkpoints),
             max_store_bytes: self.max_store_bytes.unwrap_or(limits.max_store_bytes),
+            max_sandbox_seconds: match self.max_sandbox_seconds {
+                None => limits.max_sandbox_seconds,
+                Some(0) => None,
+                Some(n) => Some(n),
+            },
         }
     }
 }
@@ -63,6 +75,9 @@ pub struct TenantPatch {
     pub max_checkpoints: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_store_bytes: Option<u64>,
+    /// `0` removes the limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_sandbox_seconds: Option<u64>,
 }
 
 /// `201` of `POST /v1/tenants` and `POST /v1/tenants/{name}/rotate`: the key is shown this once
@@ -84,6 +99,8 @@ pub struct TenantUsage {
     pub checkpoints: u64,
     /// Logical bytes of its checkpoints and archives.
     pub store_bytes: u64,
+    /// Sandbox-seconds this calendar month (UTC), across the fleet.
+    pub sandbox_seconds: u64,
 }
 
 /// A tenant: `GET /v1/tenants/{name}`, `PATCH`.

@@ -65,6 +65,8 @@ pub struct NodeState {
     pub draining: bool,
     /// Live sandboxes per tenant (for fleet-wide quotas).
     pub tenants: BTreeMap<String, u32>,
+    /// Sandbox-seconds per tenant this calendar month (UTC).
+    pub tenant_seconds: BTreeMap<String, u64>,
 }
 
 impl NodeState {

@@ -66,6 +66,9 @@ pub struct Config {
     /// How often the node re-reads the fleet's tenants from the store (a change made on another
     /// node is in force here within this plus one store round trip).
     pub tenant_refresh_ms: u64,
+    /// How often running sandboxes are metered into the usage journal (a kill -9 loses at
+    /// most this much of it).
+    pub usage_interval_seconds: u64,
     /// The audit journal: whole argv of execs (default: argv[0] only), and its rotation.
     pub audit_exec_args: bool,
     pub audit_max_bytes: u64,
@@ -234,6 +237,7 @@ impl Default for Config {
             lookup_burst: 100,
             metrics_token: None,
             tenant_refresh_ms: 2000,
+            usage_interval_seconds: 60,
             audit_exec_args: false,
             audit_max_bytes: 64 << 20,
             audit_keep: 5,

@@ -7,6 +7,9 @@
 //! `node` (the controller: claims, pools, lifecycle; no HTTP, no mesh) → `journal`, the engine,
 //! the store. This file wires them together.
 
+// The OpenAPI document is one `json!` literal (api/openapi.rs), deeper than the default limit.
+#![recursion_limit = "256"]
+
 pub mod api;
 pub mod audit;
 pub mod claims;
@@ -23,6 +26,7 @@ pub mod state;
 pub mod stored;
 pub mod tenants;
 pub mod tls;
+pub mod usage;
 
 use std::future::Future;
 use std::path::PathBuf;

@@ -51,7 +51,7 @@ use slots::Slots;
 
 pub use lifecycle::{CheckpointInfo, Promoted};
 use pools::{load_pools, refill_loop};
-use reaper::{gc_loop, reap_loop, tenants_loop};
+use reaper::{gc_loop, reap_loop, tenants_loop, usage_loop};
 pub use report::Advert;
 
 const REFILL_TICK: Duration = Duration::from_millis(250);
@@ -79,6 +79,8 @@ pub struct Node {
     pub tenants: crate::tenants::Tenants,
     /// Calls that changed something (written by the HTTP layer).
     pub audit: crate::audit::Audit,
+    /// Sandbox-seconds per tenant, size and lane.
+    pub usage: crate::usage::Usage,
     /// The crash point the in-process crash tests stop calls at.
     #[cfg(feature = "crash-points")]
     crash_at: Mutex<Option<(String, bool)>>,
@@ -291,6 +293,7 @@ impl Node {
             cfg.audit_max_bytes,
             cfg.audit_keep,
         )?;
+        let usage = crate::usage::Usage::open(&cfg.data_dir.join("usage"), now_ms())?;
         let name = cfg.mesh.as_ref().map_or_else(|| "local".to_string(), |m| m.name.clone());
         let node = Arc::new(Node {
             background: Arc::new(Semaphore::new(cfg.background_concurrency.max(1))),
@@ -308,6 +311,7 @@ impl Node {
             fleet: std::sync::OnceLock::new(),
             tenants,
             audit,
+            usage,
             #[cfg(feature = "crash-points")]
             crash_at: Mutex::new(None),
         });
@@ -322,6 +326,7 @@ impl Node {
         tokio::spawn(reap_loop(node.clone()));
         tokio::spawn(gc_loop(node.clone()));
         tokio::spawn(tenants_loop(node.clone()));
+        tokio::spawn(usage_loop(node.clone()));
 
         Ok(node)
     }
@@ -507,6 +512,7 @@ impl Node {
             return Err(NodeError::internal(format!("journal: {e}")));
         }
         self.metrics.released.fetch_add(1, Ordering::Relaxed);
+        self.meter(std::slice::from_ref(&live.record), &[id.to_string()]);
         live.activity.hangup.notify_waiters();
         match &live.record.phase {
             Phase::Running | Phase::Stopped => self.teardown(live.record.id.parse()?),

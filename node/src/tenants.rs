@@ -254,8 +254,12 @@ mod tests {
         Tenants::open(store, dir).await
     }
 
-    const LIMITS: TenantLimits =
-        TenantLimits { max_sandboxes: 2, max_checkpoints: 1, max_store_bytes: 1 << 20 };
+    const LIMITS: TenantLimits = TenantLimits {
+        max_sandboxes: 2,
+        max_checkpoints: 1,
+        max_store_bytes: 1 << 20,
+        max_sandbox_seconds: None,
+    };
 
     #[tokio::test]
     async fn keys_name_their_tenant_until_rotated_and_every_node_learns_by_refresh() {

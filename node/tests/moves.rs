@@ -40,6 +40,10 @@ impl Fleet for Direct {
         0
     }
 
+    fn tenant_seconds(&self, _: &str) -> u64 {
+        0
+    }
+
     fn move_target(&self, _to: Option<&str>) -> Result<PeerNode, NodeError> {
         Ok(PeerNode { name: "b".into(), api: "b:1".into() })
     }

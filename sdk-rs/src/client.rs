@@ -17,6 +17,13 @@ use crate::error::{Error, Result};
 use crate::http::Http;
 use crate::sandbox::Sandbox;
 
+/// The fleet's sandboxes, and the nodes that did not answer (their sandboxes are missing).
+#[derive(Debug, Clone, Default)]
+pub struct Listing {
+    pub sandboxes: Vec<SandboxInfo>,
+    pub unreachable: Vec<String>,
+}
+
 /// A node's HTTP API. Cheap to clone; clones share one connection pool.
 #[derive(Debug, Clone)]
 pub struct Client {
@@ -158,23 +165,58 @@ impl Client {
         self.list_by(&[]).await
     }
 
-    /// Live claims whose metadata has every `key = value` given.
+    /// Live claims whose metadata has every `key = value` given, on every node of the fleet.
+    /// A node that does not answer makes this an error (`peer_unavailable`) rather than a
+    /// shorter list; [`listing`](Self::listing) returns what the others said and names it.
     pub async fn list_by(&self, metadata: &[(&str, &str)]) -> Result<Vec<SandboxInfo>> {
-        let query: Vec<String> = metadata
+        let listing = self.listing(metadata).await?;
+        if !listing.unreachable.is_empty() {
+            return Err(Error::Api {
+                status: 503,
+                code: "peer_unavailable".into(),
+                message: format!(
+                    "nodes {} did not answer; their sandboxes are missing from the list",
+                    listing.unreachable.join(", ")
+                ),
+            });
+        }
+        Ok(listing.sandboxes)
+    }
+
+    /// Every page of the fleet's list of live claims with the given metadata, and the nodes
+    /// that did not answer.
+    pub async fn listing(&self, metadata: &[(&str, &str)]) -> Result<Listing> {
+        let mut query: Vec<String> = metadata
             .iter()
             .map(|(k, v)| format!("metadata={}", percent_encode(&format!("{k}={v}"))))
             .collect();
-        let path = if query.is_empty() {
-            "/v1/sandboxes".to_string()
-        } else {
-            format!("/v1/sandboxes?{}", query.join("&"))
-        };
-        #[derive(Deserialize)]
-        struct Rows {
-            sandboxes: Vec<SandboxInfo>,
+        query.push("limit=1000".into());
+        let mut listing = Listing::default();
+        let mut cursor: Option<String> = None;
+        loop {
+            let mut q = query.clone();
+            if let Some(c) = &cursor {
+                q.push(format!("cursor={}", percent_encode(c)));
+            }
+            let path = format!("/v1/sandboxes?{}", q.join("&"));
+            let page: silk_api::SandboxList =
+                self.call(Method::GET, &path, self.root_token(), None).await?;
+            listing.sandboxes.extend(page.sandboxes);
+            for n in page.unreachable {
+                if !listing.unreachable.contains(&n) {
+                    listing.unreachable.push(n);
+                }
+            }
+            match page.next_cursor {
+                Some(next) => cursor = Some(next),
+                None => return Ok(listing),
+            }
         }
-        let rows: Rows = self.call(Method::GET, &path, self.root_token(), None).await?;
-        Ok(rows.sandboxes)
+    }
+
+    /// Every node's report (root).
+    pub async fn fleet(&self) -> Result<silk_api::FleetView> {
+        self.call(Method::GET, "/v1/fleet", self.root_token(), None).await
     }
 
     /// The node: version, engine, claims, pools and their warm counts.

@@ -45,7 +45,7 @@ mod search;
 mod tls;
 
 pub use client::{
-    ClaimBuilder, Client, ClientBuilder, NodeInfo, PoolConfig, PoolStatus, SandboxInfo,
+    ClaimBuilder, Client, ClientBuilder, Listing, NodeInfo, PoolConfig, PoolStatus, SandboxInfo,
     SandboxState, Size, Tier,
 };
 pub use conn::ConnStats;
@@ -57,6 +57,7 @@ pub use process::{Attach, Chunk, Exec, ExecBuilder, ExecStdin, Logs, Output};
 pub use pty::{Pty, PtyBuilder, PtyInput, PtyOutput};
 pub use sandbox::Sandbox;
 pub use search::{Find, Replaced, Watch};
+pub use silk_api::FleetView;
 
 /// The wire types the SDK's calls take and return, re-exported so callers need no other crate.
 pub use silk_proto::{

@@ -131,7 +131,8 @@ pub(super) async fn fork(
     let ids: Vec<&str> = children.iter().map(|c| c.record.id.as_str()).collect();
     let noted = audited::Noted { target: None, detail: Some(format!("made {}", ids.join(" "))) };
     let sandboxes = children.iter().map(|c| claimed_row(&node, c)).collect();
-    let list = axum::Json(silk_api::SandboxList { sandboxes });
+    let list =
+        axum::Json(silk_api::SandboxList { sandboxes, next_cursor: None, unreachable: vec![] });
     Ok((StatusCode::CREATED, axum::Extension(noted), list).into_response())
 }
 

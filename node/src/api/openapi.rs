@@ -29,6 +29,11 @@ fn op(summary: &str, ok: (u16, Value), errors: &[u16], body: Option<&str>) -> Va
     o
 }
 
+/// `op` with optional query parameters.
+fn queries(op: Value, params: &[(&str, Value)]) -> Value {
+    params.iter().fold(op, |op, (name, schema)| with_query(op, name, schema.clone()))
+}
+
 /// `op` with an optional query parameter.
 fn with_query(mut op: Value, name: &str, schema: Value) -> Value {
     op["parameters"] =
@@ -128,7 +133,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
             },
             "/v1/sandboxes": {
                 "post": op("Claim a sandbox: warm hit, clone from golden, or cold boot", (201, ok_json("Sandbox")), &[400, 401, 404, 413, 415, 422, 429, 500, 501, 503, 507], Some("ClaimRequest?")),
-                "get": op("List claims; filter with metadata=key=value (repeatable)", (200, ok_json("SandboxList")), &[400, 401], None),
+                "get": queries(op("The caller's sandboxes on every node (this one's with scope=node), oldest first, paged; filter with metadata=key=value (repeatable)", (200, ok_json("SandboxList")), &[400, 401], None), &[("metadata", json!({ "type": "string" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 1000 })), ("cursor", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]),
             },
             "/v1/sandboxes/{id}": sandbox,
             "/v1/sandboxes/{id}/renew": { "parameters": id.clone(), "post": op("Reset the lease", (200, ok_json("Renewed")), &[400, 401, 404, 413, 415], Some("RenewRequest")) },
@@ -149,7 +154,9 @@ fn paths_and_schemas(limits: Limits) -> Value {
             },
             "/v1/checkpoints/{id}/claim": { "parameters": id.clone(), "post": op("Branch: a new sandbox from the checkpoint", (201, ok_json("Sandbox")), &[400, 404, 409, 429, 503, 507], Some("BranchRequest?")) },
             "/v1/templates": { "get": op("Templates: built in, configured, promoted (a tenant sees root's and its own)", (200, ok_json("TemplateList")), &[401], None) },
-            "/v1/audit": { "get": with_query(with_query(with_query(op("This node's audit journal, oldest first (root: every entry or a tenant's; a tenant: its own)", (200, ok_json("AuditList")), &[400, 401], None), "since", json!({ "type": "integer", "minimum": 0 })), "tenant", json!({ "type": "string" })), "limit", json!({ "type": "integer", "minimum": 1, "maximum": 10000 })) },
+            "/v1/audit": { "get": queries(op("The audit journal of every node (this one's with scope=node), oldest first (root: every entry or a tenant's; a tenant: its own)", (200, ok_json("AuditList")), &[400, 401], None), &[("since", json!({ "type": "integer", "minimum": 0 })), ("tenant", json!({ "type": "string" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 10000 })), ("scope", json!({ "enum": ["node"] }))]) },
+            "/v1/usage": { "get": queries(op("Sandbox-seconds per tenant, size and lane metered in [from, to) (default: this month), summed over every node (this one's with scope=node); root: all or one tenant's, a tenant: its own", (200, ok_json("UsageReport")), &[400, 401], None), &[("from", json!({ "type": "integer", "minimum": 0 })), ("to", json!({ "type": "integer", "minimum": 0 })), ("tenant", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]) },
+            "/v1/fleet": { "get": queries(op("Every node's report (root)", (200, ok_json("FleetView")), &[401], None), &[("scope", json!({ "enum": ["node"] }))]) },
             "/v1/tenants": {
                 "post": op("Create a tenant (root): its key is in the answer, this once", (201, ok_json("TenantKey")), &[400, 401, 409, 413, 415, 503], Some("TenantRequest")),
                 "get": op("Every tenant with its limits and usage (root)", (200, ok_json("TenantList")), &[401, 503], None),

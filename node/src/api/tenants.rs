@@ -19,6 +19,7 @@ async fn usage(node: &Node, name: &str) -> Result<silk_api::TenantUsage, NodeErr
         live_sandboxes: node.tenant_sandboxes(name),
         checkpoints,
         store_bytes,
+        sandbox_seconds: node.tenant_month_seconds(name),
     })
 }
 

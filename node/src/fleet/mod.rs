@@ -222,6 +222,13 @@ impl Peers {
 }
 
 impl Fleet for Peers {
+    fn tenant_seconds(&self, tenant: &str) -> u64 {
+        let peers = self.mesh.peers();
+        let seconds =
+            |p: &Peer| p.state.as_ref().and_then(|s| s.tenant_seconds.get(tenant)).copied();
+        peers.iter().filter_map(seconds).sum()
+    }
+
     fn tenant_sandboxes(&self, tenant: &str) -> u64 {
         let peers = self.mesh.peers();
         let count = |p: &Peer| p.state.as_ref().and_then(|s| s.tenants.get(tenant)).copied();
@@ -369,6 +376,7 @@ pub async fn publish_loop(node: Arc<Node>, peers: Arc<Peers>) {
             s.capacity = advert.capacity;
             s.draining = advert.draining;
             s.tenants = advert.tenants;
+            s.tenant_seconds = advert.tenant_seconds;
         });
         tokio::time::sleep(PUBLISH_EVERY).await;
     }

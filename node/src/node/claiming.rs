@@ -111,6 +111,18 @@ impl Node {
                     format!("tenant {t} has {live} live sandboxes of its max_sandboxes {max}"),
                 ));
             }
+            let seconds_max = self.tenants.get(t).and_then(|r| r.limits.max_sandbox_seconds);
+            if let Some(max) = seconds_max {
+                let used = self.tenant_month_seconds(t);
+                if used >= max {
+                    return Err(NodeError::new(
+                        Code::QuotaExceeded,
+                        format!(
+                            "tenant {t} used {used} of its max_sandbox_seconds {max} this month"
+                        ),
+                    ));
+                }
+            }
             *st.pending_by_tenant.entry(t.to_string()).or_default() += n;
         }
         st.pending += n;

@@ -39,4 +39,7 @@ pub trait Fleet: Send + Sync + std::fmt::Debug {
 
     /// Live sandboxes of `tenant` on the other nodes, as they last said.
     fn tenant_sandboxes(&self, tenant: &str) -> u64;
+
+    /// Sandbox-seconds of `tenant` this month on the other nodes, as they last said.
+    fn tenant_seconds(&self, tenant: &str) -> u64;
 }

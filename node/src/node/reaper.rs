@@ -201,3 +201,41 @@ impl Node {
         released
     }
 }
+
+/// Meters the running sandboxes into the usage journal every `usage_interval_seconds`.
+pub(super) async fn usage_loop(node: Arc<Node>) {
+    let every = Duration::from_secs(node.cfg.usage_interval_seconds.max(1));
+    loop {
+        tokio::time::sleep(every).await;
+        let records: Vec<ClaimRecord> =
+            node.lock().slots.claims().map(|l| l.record.clone()).collect();
+        node.meter(&records, &[]);
+    }
+}
+
+impl Node {
+    /// Meters `records` up to now (those that stopped running, up to when they stopped);
+    /// `released` are metered for the last time.
+    pub(super) fn meter(&self, records: &[ClaimRecord], released: &[String]) {
+        let running: Vec<crate::usage::Running> = records
+            .iter()
+            .map(|r| crate::usage::Running {
+                id: r.id.clone(),
+                tenant: r.tenant.clone(),
+                size: r.size,
+                lane: r.lane,
+                since_ms: r.state_since_ms,
+                until_ms: (r.state() != SandboxState::Claimed).then_some(r.state_since_ms),
+            })
+            .collect();
+        if let Err(e) = self.usage.meter(&running, released, now_ms()) {
+            tracing::warn!("usage journal: {e}");
+        }
+    }
+
+    /// Sandbox-seconds of `tenant` this calendar month: here, and on the other nodes as they
+    /// last said.
+    pub fn tenant_month_seconds(&self, tenant: &str) -> u64 {
+        self.usage.month_seconds(tenant) + self.fleet().map_or(0, |f| f.tenant_seconds(tenant))
+    }
+}

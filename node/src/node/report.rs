@@ -15,6 +15,8 @@ pub struct Advert {
     pub draining: bool,
     /// Live sandboxes here per tenant (claims and those in flight).
     pub tenants: BTreeMap<String, u32>,
+    /// Sandbox-seconds here per tenant this calendar month.
+    pub tenant_seconds: BTreeMap<String, u64>,
 }
 
 impl Node {
@@ -127,6 +129,7 @@ impl Node {
             capacity: self.cfg.max_claims as u32,
             draining,
             tenants,
+            tenant_seconds: self.usage.month_totals(),
         }
     }
 }

@@ -145,8 +145,12 @@ enum Cmd {
         #[command(flatten)]
         token: SandboxToken,
     },
-    /// The node: version, engine, claims, pools.
-    Info,
+    /// The node: version, engine, claims, pools (every node's with --fleet).
+    Info {
+        /// Every node of the fleet, one line each.
+        #[arg(long)]
+        fleet: bool,
+    },
     /// The warm pool configuration.
     Pools,
     #[command(flatten)]
@@ -224,11 +228,19 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Cmd::Ls { labels } => {
             let filter: Vec<(&str, &str)> =
                 labels.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
-            let rows = c.list_by(&filter).await?;
+            let listing = c.listing(&filter).await?;
+            let (rows, missing) = (listing.sandboxes, listing.unreachable);
             if json {
-                println!("{}", serde_json::to_string_pretty(&json!({ "sandboxes": rows }))?);
+                let all = json!({ "sandboxes": rows, "unreachable": missing });
+                println!("{}", serde_json::to_string_pretty(&all)?);
             } else {
                 print_list(&rows);
+            }
+            if !missing.is_empty() {
+                eprintln!(
+                    "sbx: nodes {} did not answer; their sandboxes are missing",
+                    missing.join(", ")
+                );
             }
             Ok(0)
         }
@@ -258,7 +270,34 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        Cmd::Info => {
+        Cmd::Info { fleet: true } => {
+            let view = c.fleet().await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else {
+                let rows: Vec<Vec<String>> = view
+                    .nodes
+                    .iter()
+                    .map(|n| {
+                        let warm: u64 = n.pools.iter().map(|p| p.warm).sum();
+                        vec![
+                            n.name.clone(),
+                            n.version.clone(),
+                            format!("{} of {}", n.claims, n.max_claims),
+                            warm.to_string(),
+                            if n.draining { "draining".into() } else { "ok".into() },
+                            duration(Duration::from_millis(n.uptime_ms)),
+                        ]
+                    })
+                    .collect();
+                table(&["NODE", "VERSION", "CLAIMS", "WARM", "STATE", "UPTIME"], &rows);
+            }
+            if !view.unreachable.is_empty() {
+                eprintln!("sbx: nodes {} did not answer", view.unreachable.join(", "));
+            }
+            Ok(0)
+        }
+        Cmd::Info { fleet: false } => {
             let info = c.info().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&info)?);
