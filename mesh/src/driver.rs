@@ -34,6 +34,8 @@ pub struct MeshConfig {
     pub suspect_to_down: Duration,
     /// Our state is re-sent to every peer this often, besides at every change.
     pub state_interval: Duration,
+    /// The revocation list (`trust`), re-read when it changes; none: nothing is revoked.
+    pub revoked: Option<std::path::PathBuf>,
 }
 
 impl MeshConfig {
@@ -49,6 +51,7 @@ impl MeshConfig {
             probe_rtt: Duration::from_millis(150),
             suspect_to_down: Duration::from_millis(1500),
             state_interval: Duration::from_secs(1),
+            revoked: None,
         }
     }
 }
@@ -92,6 +95,8 @@ struct Inner {
     /// The live members as of the last change (read by the API without touching the core).
     view: Mutex<(NodeState, Arc<Vec<Peer>>)>,
     conns: Mutex<HashMap<SocketAddr, Conn>>,
+    /// How this node dials (replaced when its certificate or the revocation list changes).
+    client: Mutex<quinn::ClientConfig>,
     /// Membership and state bytes sent (datagrams and state streams' payloads).
     gossip_bytes: AtomicU64,
     state_interval: Duration,
@@ -104,10 +109,11 @@ impl Mesh {
         cfg: MeshConfig,
         local: NodeState,
     ) -> Result<(Mesh, mpsc::Receiver<Incoming>), MeshError> {
-        let (server, client) = crate::tls::configs(&cfg.tls)?;
-        let mut endpoint = quinn::Endpoint::server(server, cfg.listen)
+        let revoked =
+            crate::trust::RevocationList::open(cfg.revoked.as_deref()).map_err(MeshError::Tls)?;
+        let (server, client) = crate::tls::configs(&cfg.tls, &revoked)?;
+        let endpoint = quinn::Endpoint::server(server, cfg.listen)
             .map_err(|e| MeshError::Io(format!("bind {}: {e}", cfg.listen)))?;
-        endpoint.set_default_client_config(client);
         let addr = endpoint.local_addr().map_err(|e| MeshError::Io(e.to_string()))?;
         let me = NodeId { name: cfg.name.clone(), addr, epoch: cfg.epoch, renewal: 0 };
         let local = NodeState { name: cfg.name.clone(), epoch: cfg.epoch, seq: 1, ..local };
@@ -123,10 +129,12 @@ impl Mesh {
             incoming,
             view: Mutex::new((local, Arc::new(vec![]))),
             conns: Mutex::new(HashMap::new()),
+            client: Mutex::new(client),
             gossip_bytes: AtomicU64::new(0),
             state_interval: cfg.state_interval,
         });
         tokio::spawn(accept_loop(inner.clone()));
+        tokio::spawn(watch_trust(Arc::downgrade(&inner), cfg.tls.clone(), revoked));
         tokio::spawn(membership_task(inner.clone(), core, rx, cfg.join));
         Ok((Mesh { inner }, incoming_rx))
     }
@@ -207,7 +215,7 @@ async fn connection(inner: &Arc<Inner>, to: &NodeId) -> Result<quinn::Connection
     }
     let connecting = inner
         .endpoint
-        .connect(addr, named.unwrap_or(SERVER_NAME))
+        .connect_with(lock(&inner.client).clone(), addr, named.unwrap_or(SERVER_NAME))
         .map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
     let conn = connecting.await.map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
     let named = named.map(str::to_string); // the handshake checked it
@@ -217,8 +225,18 @@ async fn connection(inner: &Arc<Inner>, to: &NodeId) -> Result<quinn::Connection
 }
 
 async fn accept_loop(inner: Arc<Inner>) {
+    let rejected = Throttled::default();
     while let Some(incoming) = inner.endpoint.accept().await {
+        // A handshake costs a signature check: an address must prove it receives our packets
+        // first (a stateless retry), so a spoofed flood costs us one small packet each.
+        if !incoming.remote_address_validated() {
+            if let Err(e) = incoming.retry() {
+                rejected.log(format_args!("retry: {e:?}"));
+            }
+            continue;
+        }
         let inner = inner.clone();
+        let log = rejected.clone();
         tokio::spawn(async move {
             let remote = incoming.remote_address();
             match incoming.await {
@@ -228,9 +246,73 @@ async fn accept_loop(inner: Arc<Inner>) {
                     lock(&inner.conns).insert(remote, Conn { conn: conn.clone(), named: None });
                     serve(inner, conn).await;
                 }
-                Err(e) => tracing::warn!(%remote, "mesh connection rejected: {e}"),
+                Err(e) => log.log(format_args!("mesh connection from {remote} rejected: {e}")),
             }
         });
+    }
+}
+
+/// Rejection logs at most once per 10 s, with how many were left out: a node refused over and
+/// over (a revoked one, a stranger) must not flood the log.
+#[derive(Debug, Clone, Default)]
+struct Throttled(Arc<Mutex<(Option<std::time::Instant>, u64)>>);
+
+impl Throttled {
+    fn log(&self, what: std::fmt::Arguments<'_>) {
+        let mut s = lock(&self.0);
+        let now = std::time::Instant::now();
+        if s.0.is_some_and(|at| now.duration_since(at) < Duration::from_secs(10)) {
+            s.1 += 1;
+            return;
+        }
+        let skipped = std::mem::take(&mut s.1);
+        s.0 = Some(now);
+        tracing::warn!(skipped, "{what}");
+    }
+}
+
+/// Every second: re-reads the revocation list, closing the connections of nodes it now names,
+/// and this node's certificate, taking a renewed one into use for new handshakes.
+async fn watch_trust(
+    inner: std::sync::Weak<Inner>,
+    files: crate::TlsFiles,
+    revoked: crate::trust::RevocationList,
+) {
+    let stamp = |f: &crate::TlsFiles| {
+        [&f.cert, &f.key, &f.ca].map(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok())
+    };
+    let mut certs = stamp(&files);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let Some(inner) = inner.upgrade() else { return };
+        let list_changed = match revoked.reload() {
+            Ok(changed) => changed,
+            Err(e) => {
+                tracing::warn!("revocation list: {e}; keeping the last one read");
+                false
+            }
+        };
+        let now = stamp(&files);
+        if list_changed || now != certs {
+            match crate::tls::configs(&files, &revoked) {
+                Ok((server, client)) => {
+                    inner.endpoint.set_server_config(Some(server));
+                    *lock(&inner.client) = client;
+                    if now != certs {
+                        tracing::info!("mesh certificate reloaded");
+                    }
+                    certs = now;
+                }
+                Err(e) => tracing::warn!("mesh certificate: {e}; keeping the one in use"),
+            }
+        }
+        if list_changed {
+            for c in lock(&inner.conns).values() {
+                if revoked.covers(&crate::tls::peer_chain(&c.conn)) {
+                    c.conn.close(1u32.into(), b"revoked");
+                }
+            }
+        }
     }
 }
 

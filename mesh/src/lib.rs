@@ -2,6 +2,7 @@
 //! and call each other.
 //!
 //! - [`tls`]: the cluster CA and node certificates (rcgen), and the mutual-TLS QUIC configs.
+//! - [`trust`]: the revocation list checked at every handshake.
 //! - [`core`]: membership without I/O — foca (SWIM) and the versioned view of every node's
 //!   state. The simulation tests drive it with a virtual clock and a lossy virtual network.
 //! - [`Mesh`]: the run-time driver — one quinn endpoint per node; SWIM packets as QUIC
@@ -13,6 +14,7 @@ pub mod core;
 mod driver;
 pub mod sim;
 pub mod tls;
+pub mod trust;
 pub mod wire;
 
 pub use crate::core::{NodeId, NodeState, Peer};

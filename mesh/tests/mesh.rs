@@ -11,7 +11,7 @@ fn certs(dir: &std::path::Path, names: &[&str]) -> Vec<TlsFiles> {
     names
         .iter()
         .map(|n| {
-            let (cert, key) = tls::issue(dir, n).unwrap();
+            let (cert, key) = tls::issue(dir, n, tls::DEFAULT_DAYS).unwrap();
             TlsFiles { ca: dir.join("ca.pem"), cert, key }
         })
         .collect()
@@ -93,6 +93,24 @@ async fn three_nodes_join_gossip_call_and_leave() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_certificate_expired_cannot_join() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = certs(dir.path(), &["a", "b"]);
+    // Valid until the second it was issued: past it two seconds later.
+    let (cert, key) = tls::issue(dir.path(), "x", 0).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let expired = TlsFiles { ca: dir.path().join("ca.pem"), cert, key };
+    let a = start("a", files[0].clone(), vec![]).await;
+    let b = start("b", files[1].clone(), vec![a.id().addr]).await;
+    until("a mesh of two", Duration::from_secs(10), || a.peers().len() == 1).await;
+    let x = start("x", expired, vec![a.id().addr, b.id().addr]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(names(&a), ["b"], "an expired certificate joined");
+    assert_eq!(names(&b), ["a"]);
+    assert!(x.peers().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_another_cas_certificate_cannot_join() {
     let (good, evil) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let files = certs(good.path(), &["a"]);
@@ -109,7 +127,7 @@ async fn a_node_with_another_cas_certificate_cannot_join() {
 async fn a_member_cannot_speak_for_another_name() {
     let dir = tempfile::tempdir().unwrap();
     let files = certs(dir.path(), &["a", "b", "evil"]);
-    assert!(tls::issue(dir.path(), "silkmesh").is_err(), "the name every certificate carries");
+    assert!(tls::issue(dir.path(), "silkmesh", 1).is_err(), "the name every certificate carries");
     assert!(tls::check_own(&files[2], "b").is_err(), "a node checks its own certificate");
     tls::check_own(&files[1], "b").unwrap();
 

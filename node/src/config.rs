@@ -131,6 +131,9 @@ pub struct MeshSection {
     /// nodes behind a load balancer that clients cannot reach one by one).
     #[serde(default)]
     pub forward: bool,
+    /// A revocation list: one node name or `serial:<hex>` per line, re-read when it changes;
+    /// a node it names is refused at every handshake and its connections are closed.
+    pub revoked: Option<PathBuf>,
     #[serde(default = "default_probe_period_ms")]
     pub probe_period_ms: u64,
     #[serde(default = "default_probe_rtt_ms")]

@@ -91,13 +91,27 @@ enum CaCommand {
 
 #[derive(Debug, clap::Subcommand)]
 enum CertCommand {
-    /// Issue `NAME.pem` and `NAME.key` in DIR, signed by DIR's CA.
+    /// Issue `NAME.pem` and `NAME.key` in DIR, signed by DIR's CA (never overwrites); prints
+    /// their paths and the certificate's serial.
     Issue {
         #[arg(long)]
         dir: PathBuf,
         /// The node's name (its `mesh.name`).
         #[arg(long)]
         node: String,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = silk_mesh::tls::DEFAULT_DAYS)]
+        days: u32,
+    },
+    /// Replace `NAME.pem` and `NAME.key` with a new certificate (new key, serial and validity);
+    /// a running node takes it into use within a second, with no restart.
+    Renew {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        node: String,
+        #[arg(long, default_value_t = silk_mesh::tls::DEFAULT_DAYS)]
+        days: u32,
     },
 }
 
@@ -107,9 +121,15 @@ fn mesh_command(what: MeshCommand) -> anyhow::Result<()> {
             let ca = silk_mesh::tls::init_ca(&dir)?;
             println!("{}", ca.display());
         }
-        MeshCommand::Cert { what: CertCommand::Issue { dir, node } } => {
-            let (cert, key) = silk_mesh::tls::issue(&dir, &node)?;
-            println!("{}\n{}", cert.display(), key.display());
+        MeshCommand::Cert { what: CertCommand::Issue { dir, node, days } } => {
+            let (cert, key) = silk_mesh::tls::issue(&dir, &node, days)?;
+            let serial = silk_mesh::tls::serial_hex(&cert)?;
+            println!("{}\n{}\nserial:{serial}", cert.display(), key.display());
+        }
+        MeshCommand::Cert { what: CertCommand::Renew { dir, node, days } } => {
+            let (cert, key) = silk_mesh::tls::renew(&dir, &node, days)?;
+            let serial = silk_mesh::tls::serial_hex(&cert)?;
+            println!("{}\n{}\nserial:{serial}", cert.display(), key.display());
         }
     }
     Ok(())

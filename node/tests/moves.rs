@@ -198,3 +198,28 @@ fn a_target_that_dies_mid_adoption_leaves_the_sandbox_with_the_mover() {
     let (_rt_b, b) = p.open_b();
     assert!(!settled_once(&p, &a, &b, &id, &token, "adopt:restored"), "ended on b");
 }
+
+#[test]
+fn an_adopt_is_refused_unless_the_archive_was_made_for_that_sandbox_token_and_tenant() {
+    let p = Pair::new();
+    let a = p.open_a();
+    let b = p.open_b();
+    let (id, token) = p.claim_with_notes(&a);
+    let record = a.0.block_on(a.1.archive(&id)).unwrap();
+    let archive = record.phase.archive().unwrap().to_string();
+    // A cluster member hands b the archive with a token of its own, or in another tenant's
+    // (or root's) name: b would serve the sandbox's files to whoever holds that.
+    let stolen =
+        ClaimRecord { token_hash: sandboxd::claims::hash_token("sbt_attacker"), ..record.clone() };
+    let renamed = ClaimRecord { tenant: Some("someone".into()), ..record.clone() };
+    for forged in [stolen, renamed] {
+        let e = b.0.block_on(b.1.adopt(forged, &archive)).unwrap_err();
+        assert_eq!(e.code, Code::BadRequest, "{e:?}");
+        assert!(e.message.contains("was not made for"), "{e:?}");
+        assert!(b.1.get(&id).is_none());
+    }
+    // The record the archive was made for is adopted.
+    b.0.block_on(b.1.adopt(record, &archive)).unwrap();
+    let live = b.1.get(&id).unwrap();
+    assert!(sandboxd::claims::token_matches(&token, &live.record.token_hash));
+}

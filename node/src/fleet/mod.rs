@@ -465,6 +465,7 @@ pub async fn start(
     mc.probe_period = Duration::from_millis(m.probe_period_ms);
     mc.probe_rtt = Duration::from_millis(m.probe_rtt_ms);
     mc.suspect_to_down = Duration::from_millis(m.suspect_to_down_ms);
+    mc.revoked = m.revoked.clone();
     let api = m.advertise.clone().unwrap_or_else(|| cfg.own_url());
     let state = silk_mesh::NodeState { api, public: m.public_url.clone(), ..Default::default() };
     let (mesh, incoming) = silk_mesh::Mesh::start(mc, state).await?;

@@ -61,7 +61,7 @@ pub fn forwarding_node(
 
 /// A node whose mesh endpoint is `mesh` (its API on the same address, any port); `extra` is
 /// top-level TOML and tables, `mesh_extra` keys of its `[mesh]`.
-fn node_with(
+pub fn node_with(
     certs: &Path,
     name: &str,
     mesh: &str,

@@ -264,6 +264,20 @@ impl Node {
         };
         let result = async move {
             let name = SnapshotName::archive(archive).map_err(NodeError::from)?;
+            // The archive must have been made, by the node that held the sandbox, for this very
+            // record: a member handing over someone's archive with its own token (or in
+            // another tenant's name) gets nothing.
+            let made_for = self.store.manifest(&name).await?.meta;
+            let said = |k: &str| made_for.get(k).map(String::as_str);
+            if said("sandbox") != Some(record.id.as_str())
+                || said("token_hash") != Some(record.token_hash.as_str())
+                || said("tenant") != record.tenant.as_deref()
+            {
+                return Err(NodeError::bad_request(format!(
+                    "adopt: archive {archive} was not made for this claim of {}",
+                    record.id
+                )));
+            }
             let (snap, _) = self.download(&name).await?;
             let (engine, sid, spec, s) = (
                 self.engine.clone(),
