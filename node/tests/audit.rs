@@ -48,7 +48,25 @@ fn every_change_is_recorded_with_who_did_it_and_survives_kill_9() {
         n.req("DELETE", &format!("/v1/sandboxes/{root_id}"), Some("sbt_guess"), None).0,
         404
     );
-    let _relay = upgrade(n.addr, &tid, ttoken);
+    // Through the relay: the opening, and each program run on it (after bulk data too).
+    let stream = upgrade(n.addr, &tid, ttoken);
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let mut conn = relay_connection(stream);
+        let (_, code) = relay_exec(&mut conn, &["true", "relay-secret-1"]).await;
+        assert_eq!(code, 0);
+        conn.queue(&silk_proto::Frame::Write(silk_proto::WriteRequest {
+            path: "/tmp/bulk".into(),
+            mode: None,
+            parents: false,
+        }))
+        .unwrap();
+        conn.queue(&silk_proto::Frame::Data(bytes::Bytes::from(vec![1u8; 200_000]))).unwrap();
+        conn.send(&silk_proto::Frame::Eof).await.unwrap();
+        assert_eq!(conn.recv().await.unwrap(), Some(silk_proto::Frame::Done));
+        let (out, _) = relay_exec(&mut conn, &["echo", "relay-secret-2"]).await;
+        assert_eq!(out, b"relay-secret-2\n");
+    });
     assert_eq!(n.req("POST", "/v1/drain", Some(ROOT), None).0, 200);
     assert_eq!(n.req("DELETE", "/v1/drain", Some(ROOT), None).0, 200);
     assert_eq!(n.req("DELETE", &format!("/v1/sandboxes/{root_id}"), Some(ROOT), None).0, 204);
@@ -66,7 +84,8 @@ fn every_change_is_recorded_with_who_did_it_and_survives_kill_9() {
     let exec = find(&all, "exec", &tid);
     assert_eq!(who(exec), (format!("sandbox:{tid}"), 200));
     assert_eq!((exec["detail"].as_str(), exec["tenant"].as_str()), (Some("sh"), Some("team-a")));
-    assert!(!serde_json::to_string(&all).unwrap().contains("the-secret-argument"));
+    let text = serde_json::to_string(&all).unwrap();
+    assert!(!text.contains("the-secret-argument") && !text.contains("relay-secret"), "arguments");
     assert_eq!(who(find(&all, "renew", &root_id)), ("root".into(), 200));
     assert!(
         all.iter().any(|e| e["action"] == "release"
@@ -75,6 +94,12 @@ fn every_change_is_recorded_with_who_did_it_and_survives_kill_9() {
         "a refused release is recorded too: {all:#?}"
     );
     assert_eq!(who(find(&all, "relay", &tid)), (format!("sandbox:{tid}"), 101));
+    let relayed: Vec<&str> = all
+        .iter()
+        .filter(|e| e["action"] == "exec" && e["status"] == 101)
+        .map(|e| e["detail"].as_str().unwrap())
+        .collect();
+    assert_eq!(relayed, ["true", "echo"], "each program run through the relay: {all:#?}");
     assert!(
         all.iter().any(|e| e["action"] == "drain") && all.iter().any(|e| e["action"] == "undrain")
     );

@@ -52,8 +52,25 @@ fn action(method: &Method, route: &str) -> String {
     route.rsplit('/').next().unwrap_or(route).to_string()
 }
 
+/// What an audit entry says of a frame sent through the relay that runs a program: argv[0]
+/// (a session's script: its first word; a terminal without a command: `/bin/sh`), or all of it
+/// when `whole`. `None` for every other frame.
+pub fn program(frame: &silk_proto::Frame, whole: bool) -> Option<String> {
+    use silk_proto::Frame;
+    let words: Vec<String> = match frame {
+        Frame::Exec(r) => r.command.argv.clone(),
+        Frame::Spawn(c) => c.argv.clone(),
+        Frame::PtyOpen(r) if r.command.argv.is_empty() => vec!["/bin/sh".into()],
+        Frame::PtyOpen(r) => r.command.argv.clone(),
+        Frame::SessionExec(r) if whole => vec![r.script.clone()],
+        Frame::SessionExec(r) => r.script.split_whitespace().take(1).map(String::from).collect(),
+        _ => return None,
+    };
+    Some(if whole { words.join(" ") } else { words.into_iter().next().unwrap_or_default() })
+}
+
 /// Who `bearer` is for this call (`id`: the sandbox the route names, if any).
-fn principal(node: &Node, bearer: Option<&str>, id: Option<&str>) -> (String, Option<String>) {
+pub fn principal(node: &Node, bearer: Option<&str>, id: Option<&str>) -> (String, Option<String>) {
     match node.principal(bearer) {
         Principal::Root => ("root".into(), None),
         Principal::Tenant(t) => (format!("tenant:{t}"), Some(t)),
@@ -106,6 +123,19 @@ pub async fn record(State(api): State<Api>, req: Request, next: Next) -> Respons
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relay_frames_that_run_programs_are_named_by_their_program() {
+        use silk_proto::{Command, ExecRequest, Frame};
+        let command =
+            Command { argv: vec!["ls".into(), "-l".into()], cwd: None, env: vec![], user: None };
+        let exec =
+            Frame::Exec(ExecRequest { command: command.clone(), stdin: false, timeout_ms: None });
+        assert_eq!(program(&exec, false).as_deref(), Some("ls"));
+        assert_eq!(program(&exec, true).as_deref(), Some("ls -l"));
+        assert_eq!(program(&Frame::Spawn(command), false).as_deref(), Some("ls"));
+        assert_eq!(program(&Frame::Eof, false), None);
+    }
 
     #[test]
     fn routes_name_their_actions() {

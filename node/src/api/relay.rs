@@ -1,6 +1,7 @@
 //! The data plane: `GET /v1/sandboxes/{id}/agent` with `Upgrade: silkd`. After the `101` the
-//! node splices bytes between the client and the sandbox's silkd, both ways, without buffering
-//! or parsing; a half-close on either side is passed on to the other.
+//! node splices bytes between the client and the sandbox's silkd, both ways, unchanged; a
+//! half-close on either side is passed on to the other. The client's side is watched as it
+//! passes (`silk_proto::Sniffer`) so each program it runs is an audit entry.
 
 use std::sync::Arc;
 
@@ -39,6 +40,23 @@ pub async fn agent(
     let upgrade = hyper::upgrade::on(&mut req);
     // In use from the 101 on: the reaper must not find it idle while the upgrade completes.
     let active = crate::node::Active::new(&live);
+    // Each program run through the relay is one audit entry (the opening is another).
+    let (who, tenant) = super::audited::principal(&node, bearer(req.headers()), Some(&id));
+    let whole = node.cfg.audit_exec_args;
+    let (audit, name, target) = (node.audit.clone(), node.name.clone(), id.clone());
+    let seen = move |frame: silk_proto::Frame| {
+        let Some(detail) = super::audited::program(&frame, whole) else { return };
+        audit.record(silk_api::AuditEntry {
+            time_ms: crate::node::now_ms(),
+            node: name.clone(),
+            principal: who.clone(),
+            tenant: tenant.clone(),
+            action: "exec".into(),
+            target: Some(target.clone()),
+            status: 101,
+            detail: Some(detail),
+        });
+    };
     tokio::spawn(async move {
         let _active = active;
         let upgraded = match upgrade.await {
@@ -48,7 +66,7 @@ pub async fn agent(
                 return;
             }
         };
-        node.splice(&live, &mut TokioIo::new(upgraded), &mut agent).await;
+        node.splice(&live, &mut TokioIo::new(upgraded), &mut agent, seen).await;
     });
     Ok(switching_protocols())
 }

@@ -370,14 +370,45 @@ impl Node {
 
     /// Splices a data-plane connection to the sandbox's silkd, both ways, until either side
     /// ends or the sandbox stops (hibernate, archive, release); keeps its idle clock paused
-    /// meanwhile and counts the bytes.
-    pub async fn splice<C>(&self, live: &Live, client: &mut C, agent: &mut UnixStream)
-    where
+    /// meanwhile and counts the bytes. The client's control frames (a request to run a
+    /// program, say) are shown to `seen` as they pass, unchanged; a half-close on either side
+    /// is passed on to the other.
+    pub async fn splice<C>(
+        &self,
+        live: &Live,
+        client: &mut C,
+        agent: &mut UnixStream,
+        mut seen: impl FnMut(silk_proto::Frame),
+    ) where
         C: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let _active = super::Active::new(live);
+        let (mut client_rd, mut client_wr) = tokio::io::split(client);
+        let (mut agent_rd, mut agent_wr) = agent.split();
+        let up = async {
+            let (mut sniffer, mut frames) = (silk_proto::Sniffer::default(), vec![]);
+            let mut buf = vec![0u8; 64 << 10];
+            let mut total = 0u64;
+            loop {
+                let n = client_rd.read(&mut buf).await?;
+                if n == 0 {
+                    agent_wr.shutdown().await?;
+                    return Ok::<u64, std::io::Error>(total);
+                }
+                sniffer.feed(&buf[..n], &mut frames);
+                frames.drain(..).for_each(&mut seen);
+                agent_wr.write_all(&buf[..n]).await?;
+                total += n as u64;
+            }
+        };
+        let down = async {
+            let n = tokio::io::copy(&mut agent_rd, &mut client_wr).await?;
+            client_wr.shutdown().await?;
+            Ok::<u64, std::io::Error>(n)
+        };
         tokio::select! {
-            copied = tokio::io::copy_bidirectional(client, agent) => match copied {
+            copied = async { tokio::try_join!(up, down) } => match copied {
                 Ok((up, down)) => {
                     self.metrics.relay_bytes.fetch_add(up + down, Ordering::Relaxed);
                 }

@@ -59,7 +59,7 @@ pub fn decode(src: &mut BytesMut) -> Result<Option<Frame>, ProtoError> {
     decode_body(body).map(Some)
 }
 
-fn decode_body(mut body: BytesMut) -> Result<Frame, ProtoError> {
+pub(crate) fn decode_body(mut body: BytesMut) -> Result<Frame, ProtoError> {
     let Some(&tag) = body.first() else {
         return Err(ProtoError::Malformed("empty frame body".into()));
     };

@@ -24,6 +24,7 @@ mod codec;
 mod conn;
 mod error;
 mod frame;
+pub mod sniff;
 #[cfg(feature = "tar")]
 pub mod tarstream;
 
@@ -31,6 +32,7 @@ pub use codec::{decode, encode};
 pub use conn::{Connection, FrameReader, FrameWriter};
 pub use error::{ErrorKind, ProtoError};
 pub use frame::*;
+pub use sniff::Sniffer;
 
 /// The protocol version spoken by this crate. Bumped on any incompatible change.
 pub const PROTOCOL_VERSION: u32 = 1;
