@@ -4,6 +4,9 @@
 //! |---|---|
 //! | warm claim, request → 201 with a usable handle | `GET /healthz` on the same kept connection |
 //! | `info` and `exec /bin/true` through the relay (kept upgraded connection) | the same calls on a direct connection to the sandbox's silkd socket |
+//!
+//! With `--tls`, a second node of this build serves its API over TLS (a development
+//! certificate) and is measured the same way, call for call beside the plain one.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -32,21 +35,39 @@ pub struct NodeArgs {
     /// nodes take turns call by call, and each gets its own rows.
     #[arg(long)]
     baseline: Option<PathBuf>,
+    /// Also measure this build with its API over TLS.
+    #[arg(long)]
+    tls: bool,
 }
 
 pub(crate) const TOKEN: &str = "bench-root-token";
 
-/// A kept-alive HTTP/1.1 connection.
+/// A kept-alive HTTP/1.1 connection (over TLS when made by [`Http::connect_tls`]).
 pub(crate) struct Http {
-    reader: BufReader<TcpStream>,
-    writer: TcpStream,
+    io: BufReader<Box<dyn Duplex>>,
 }
+
+/// A blocking byte stream both ways: a socket, or TLS over one.
+pub(crate) trait Duplex: Read + Write + Send {}
+impl<T: Read + Write + Send> Duplex for T {}
 
 impl Http {
     pub(crate) fn connect(addr: SocketAddr) -> anyhow::Result<Http> {
         let s = TcpStream::connect(addr)?;
         s.set_nodelay(true)?;
-        Ok(Http { reader: BufReader::new(s.try_clone()?), writer: s })
+        Ok(Http { io: BufReader::new(Box::new(s)) })
+    }
+
+    /// TLS to `addr`, trusting `tls`'s roots, its certificate checked for 127.0.0.1.
+    pub(crate) fn connect_tls(
+        addr: SocketAddr,
+        tls: &std::sync::Arc<rustls::ClientConfig>,
+    ) -> anyhow::Result<Http> {
+        let s = TcpStream::connect(addr)?;
+        s.set_nodelay(true)?;
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+        let conn = rustls::ClientConnection::new(tls.clone(), name)?;
+        Ok(Http { io: BufReader::new(Box::new(rustls::StreamOwned::new(conn, s))) })
     }
 
     pub(crate) fn call(
@@ -56,17 +77,18 @@ impl Http {
         body: &str,
     ) -> anyhow::Result<(u16, String)> {
         write!(
-            self.writer,
+            self.io.get_mut(),
             "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
         )?;
+        self.io.get_mut().flush()?;
         let mut line = String::new();
-        self.reader.read_line(&mut line)?;
+        self.io.read_line(&mut line)?;
         let status: u16 = line.split_whitespace().nth(1).context("status line")?.parse()?;
         let mut len = 0;
         loop {
             line.clear();
-            self.reader.read_line(&mut line)?;
+            self.io.read_line(&mut line)?;
             if line == "\r\n" {
                 break;
             }
@@ -75,7 +97,7 @@ impl Http {
             }
         }
         let mut body = vec![0; len];
-        self.reader.read_exact(&mut body)?;
+        self.io.read_exact(&mut body)?;
         Ok((status, String::from_utf8_lossy(&body).into_owned()))
     }
 }
@@ -131,12 +153,30 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     let result = (|| {
         let mut nodes = vec![];
         let this = std::env::current_exe()?.with_file_name("sandboxd");
-        for (name, binary) in std::iter::once(("this build", this))
+        for (name, binary) in std::iter::once(("this build", this.clone()))
             .chain(args.baseline.clone().map(|b| ("baseline", b)))
         {
             let dir = work.join(name.replace(' ', "-"));
             std::fs::create_dir_all(&dir)?;
-            nodes.push((name, NodeProc::start_binary(&binary, &args.silkd, &dir, config)?));
+            let node = NodeProc::start_binary(&binary, &args.silkd, &dir, config)?;
+            nodes.push((name, node, None));
+        }
+        if args.tls {
+            let certs = work.join("certs");
+            let made = std::process::Command::new(&this)
+                .args(["tls", "self-signed", "--name", "127.0.0.1", "--dir"])
+                .arg(&certs)
+                .output()?;
+            anyhow::ensure!(made.status.success(), "{}", String::from_utf8_lossy(&made.stderr));
+            let tls = format!(
+                "{config}[tls]\ncert = {:?}\nkey = {:?}\n",
+                certs.join("127.0.0.1.pem"),
+                certs.join("127.0.0.1.key")
+            );
+            let dir = work.join("this-build-tls");
+            std::fs::create_dir_all(&dir)?;
+            let node = NodeProc::start_binary(&this, &args.silkd, &dir, &tls)?;
+            nodes.push(("this build over TLS", node, Some(silk_testkit::tls_client(&certs.join("ca.pem")))));
         }
         sections(&args, &nodes)
     })();
@@ -171,21 +211,29 @@ fn row(name: &str, s: &Samples, f: &Samples) -> Vec<String> {
 struct Arm<'a> {
     name: &'a str,
     node: &'a NodeProc,
+    tls: Option<&'a std::sync::Arc<rustls::ClientConfig>>,
     http: Http,
     floor: Samples,
     claim: Samples,
     last: Option<String>,
 }
 
-fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc)]) -> anyhow::Result<()> {
+type TlsClient = Option<std::sync::Arc<rustls::ClientConfig>>;
+
+fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::Result<()> {
     println!("## node (sandboxd)\n\n{}", host_stamp());
     let mut arms = nodes
         .iter()
-        .map(|(name, node)| {
+        .map(|(name, node, tls)| {
+            let http = match tls {
+                Some(tls) => Http::connect_tls(node.addr, tls)?,
+                None => Http::connect(node.addr)?,
+            };
             Ok(Arm {
                 name,
                 node,
-                http: Http::connect(node.addr)?,
+                tls: tls.as_ref(),
+                http,
                 floor: Samples::default(),
                 claim: Samples::default(),
                 last: None,
@@ -243,7 +291,7 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc)]) -> anyhow::Result<()> {
         let id = arm.last.clone().context("no sandbox")?;
         let socket = arm.node.work.join("data/engine/boxes").join(&id).join("agent.sock");
         rt.block_on(async {
-            let mut relayed = upgrade(arm.node.addr, &id).await?;
+            let mut relayed = upgrade_with(arm.node.addr, &id, arm.tls).await?;
             let mut direct = Connection::new(tokio::net::UnixStream::connect(&socket).await?);
             let exec = Frame::Exec(ExecRequest {
                 command: Command { argv: vec!["/bin/true".into()], ..Default::default() },
@@ -287,9 +335,39 @@ pub(crate) async fn upgrade(
     addr: SocketAddr,
     id: &str,
 ) -> anyhow::Result<Connection<tokio::net::TcpStream>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    upgrade_on(tcp, id).await
+}
+
+/// An async byte stream both ways: a socket, or TLS over one.
+pub(crate) trait AsyncDuplex: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AsyncDuplex for T {}
+
+/// [`upgrade`], over TLS when `tls` is given.
+async fn upgrade_with(
+    addr: SocketAddr,
+    id: &str,
+    tls: Option<&std::sync::Arc<rustls::ClientConfig>>,
+) -> anyhow::Result<Connection<Box<dyn AsyncDuplex>>> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let stream: Box<dyn AsyncDuplex> = match tls {
+        None => Box::new(tcp),
+        Some(tls) => {
+            let mut config = (**tls).clone();
+            // The relay is an HTTP/1.1 upgrade.
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            let name = rustls::pki_types::ServerName::try_from("127.0.0.1")?;
+            let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+            Box::new(connector.connect(name, tcp).await?)
+        }
+    };
+    upgrade_on(stream, id).await
+}
+
+async fn upgrade_on<S: AsyncDuplex>(mut s: S, id: &str) -> anyhow::Result<Connection<S>> {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await?;
-    s.set_nodelay(true)?;
     s.write_all(format!("GET /v1/sandboxes/{id}/agent HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n\r\n").as_bytes()).await?;
     let mut reader = tokio::io::BufReader::new(s);
     let mut line = String::new();
