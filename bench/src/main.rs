@@ -8,6 +8,7 @@
 
 mod agent;
 mod all;
+mod audit;
 mod cluster;
 mod engine;
 mod fleet;
@@ -42,6 +43,8 @@ enum Section {
     Engine(engine::EngineArgs),
     /// Claims journal commit time at 100, 1000 and 5000 live claims beside a raw append.
     Journal(journal::JournalArgs),
+    /// The audit journal's cost on a call's path.
+    Audit(audit::AuditArgs),
     /// Warm claim over HTTP and the relay's overhead, on a throwaway sandboxd (needs root).
     Node(node::NodeArgs),
     /// Claim tiers, a burst of clones and refill recovery through the SDK (needs root).
@@ -78,6 +81,7 @@ fn main() -> anyhow::Result<()> {
         Section::Mesh(a) => mesh::run(a),
         Section::Cluster(a) => cluster::run(a),
         Section::Journal(j) => journal::run(j),
+        Section::Audit(a) => audit::run(a),
         Section::Node(n) => node::run(n),
         Section::Fleet(f) => runtime()?.block_on(fleet::run(f)),
         Section::Store(s) => store::run(s),

@@ -176,7 +176,11 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
             let dir = work.join("this-build-tls");
             std::fs::create_dir_all(&dir)?;
             let node = NodeProc::start_binary(&this, &args.silkd, &dir, &tls)?;
-            nodes.push(("this build over TLS", node, Some(silk_testkit::tls_client(&certs.join("ca.pem")))));
+            nodes.push((
+                "this build over TLS",
+                node,
+                Some(silk_testkit::tls_client(&certs.join("ca.pem"))),
+            ));
         }
         sections(&args, &nodes)
     })();
@@ -341,7 +345,10 @@ pub(crate) async fn upgrade(
 }
 
 /// An async byte stream both ways: a socket, or TLS over one.
-pub(crate) trait AsyncDuplex: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+pub(crate) trait AsyncDuplex:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send
+{
+}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> AsyncDuplex for T {}
 
 /// [`upgrade`], over TLS when `tls` is given.
