@@ -3,7 +3,7 @@
 //! changes come out. The driver feeds it from QUIC and tokio; the simulation in the tests
 //! feeds it from a virtual network and a virtual clock.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -97,6 +97,14 @@ pub enum Output {
     /// A member joined (send it our state).
     Up(NodeId),
     Down(NodeId),
+    /// The failure detector says this member is down, which a lying member can make it say:
+    /// probe it directly and report with [`Membership::verified`]. It stays a peer until then.
+    /// `again`: it answered the last probe, yet has not come back up: probe it again in a
+    /// while (a node that refutes the rumour comes back soon; one that left stops answering).
+    Verify {
+        id: NodeId,
+        again: bool,
+    },
 }
 
 type Swim = Foca<NodeId, PostcardCodec, StdRng, NoCustomBroadcast>;
@@ -109,6 +117,14 @@ pub struct Membership {
     peers: BTreeMap<String, Peer>,
     /// States received before their member came up (gossip can beat SWIM).
     early: BTreeMap<String, NodeState>,
+    /// Peers declared down that this node is probing before it believes it.
+    doubted: BTreeMap<String, NodeId>,
+    /// Members that said themselves they are down (left) in a packet just handled: believed
+    /// without a probe (the driver takes a packet from N only on a connection N's certificate
+    /// names, so no one else can say it for N).
+    left: BTreeSet<String>,
+    /// Output produced outside `drain` (a verification's verdict), emitted by the next one.
+    pending: Vec<Output>,
 }
 
 impl std::fmt::Debug for Membership {
@@ -155,6 +171,9 @@ impl Membership {
             me,
             peers: BTreeMap::new(),
             early: BTreeMap::new(),
+            doubted: BTreeMap::new(),
+            left: BTreeSet::new(),
+            pending: vec![],
         }
     }
 
@@ -185,6 +204,12 @@ impl Membership {
     pub fn handle_packet(&mut self, data: &[u8]) {
         if let Err(e) = self.foca.handle_data(data, &mut self.runtime) {
             tracing::debug!("membership packet: {e}");
+        }
+        // A member that says it is down itself is leaving.
+        if let Some(src) = Membership::sender(data)
+            && self.foca.iter_members().all(|m| m.id().name != src.name)
+        {
+            self.left.insert(src.name);
         }
     }
 
@@ -237,6 +262,30 @@ impl Membership {
         true
     }
 
+    /// The verdict of this node's own probe of a member the failure detector declared down:
+    /// alive, it stays a peer (it refutes the rumour and comes back under a renewed identity);
+    /// not, it goes.
+    pub fn verified(&mut self, id: NodeId, alive: bool) {
+        if self.doubted.get(&id.name) != Some(&id) {
+            return; // it came back, or left, meanwhile
+        }
+        if alive {
+            tracing::info!(peer = id.name, "declared down by the cluster, but answers: kept");
+            self.pending.push(Output::Verify { id, again: true });
+            return;
+        }
+        self.doubted.remove(&id.name);
+        if self.peers.get(&id.name).is_some_and(|p| p.id == id) {
+            self.peers.remove(&id.name);
+        }
+        self.pending.push(Output::Down(id));
+    }
+
+    /// Peers the failure detector declared down that this node is still probing.
+    pub fn doubted(&self) -> impl Iterator<Item = &str> {
+        self.doubted.keys().map(String::as_str)
+    }
+
     /// Live members (never this node).
     pub fn peers(&self) -> impl Iterator<Item = &Peer> {
         self.peers.values()
@@ -244,23 +293,34 @@ impl Membership {
 
     /// Everything the last calls produced, in order.
     pub fn drain(&mut self) -> Vec<Output> {
-        let mut out = vec![];
+        let mut out = std::mem::take(&mut self.pending);
         while let Some(n) = self.runtime.to_notify() {
             match n {
                 // Our own name at another address: this node before a restart, still being
                 // gossiped until it is declared down. Never a peer.
                 OwnedNotification::MemberUp(id) if id.name == self.me.name => {}
                 OwnedNotification::MemberUp(id) => {
+                    self.doubted.remove(&id.name);
                     let state = self.early.remove(&id.name).filter(|s| s.epoch >= id.epoch);
                     let kept = self.peers.get(&id.name).and_then(|p| p.state.clone());
                     let state = state.or(kept.filter(|s| s.epoch >= id.epoch));
                     self.peers.insert(id.name.clone(), Peer { id: id.clone(), state });
                     out.push(Output::Up(id));
                 }
+                // Kept until this node's own probe agrees: a member can gossip that another is
+                // down, and the failure detector believes it.
+                OwnedNotification::MemberDown(id)
+                    if self.peers.get(&id.name).is_some_and(|p| p.id == id)
+                        && !self.left.contains(&id.name) =>
+                {
+                    self.doubted.insert(id.name.clone(), id.clone());
+                    out.push(Output::Verify { id, again: false });
+                }
                 OwnedNotification::MemberDown(id) => {
                     if self.peers.get(&id.name).is_some_and(|p| p.id == id) {
                         self.peers.remove(&id.name);
                     }
+                    self.doubted.remove(&id.name);
                     out.push(Output::Down(id));
                 }
                 OwnedNotification::Rename(old, new) => {
@@ -271,6 +331,7 @@ impl Membership {
                 _ => {}
             }
         }
+        self.left.clear();
         while let Some((to, data)) = self.runtime.to_send() {
             out.push(Output::Packet(to, data));
         }

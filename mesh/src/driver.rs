@@ -68,6 +68,8 @@ enum Cmd {
     Packet(Bytes),
     Timer(Timer<NodeId>),
     State(NodeState),
+    /// This node's own probe of a peer declared down: alive or not.
+    Verified(NodeId, bool),
     Local(Box<dyn FnOnce(&mut NodeState) + Send>),
     Leave(oneshot::Sender<()>),
 }
@@ -97,6 +99,8 @@ struct Inner {
     conns: Mutex<HashMap<SocketAddr, Conn>>,
     /// How this node dials (replaced when its certificate or the revocation list changes).
     client: Mutex<quinn::ClientConfig>,
+    /// How long a peer declared down has to answer this node's own probe.
+    verify_within: Duration,
     /// Membership and state bytes sent (datagrams and state streams' payloads).
     gossip_bytes: AtomicU64,
     state_interval: Duration,
@@ -130,6 +134,7 @@ impl Mesh {
             view: Mutex::new((local, Arc::new(vec![]))),
             conns: Mutex::new(HashMap::new()),
             client: Mutex::new(client),
+            verify_within: (cfg.probe_rtt * 4).max(Duration::from_secs(1)),
             gossip_bytes: AtomicU64::new(0),
             state_interval: cfg.state_interval,
         });
@@ -222,6 +227,28 @@ async fn connection(inner: &Arc<Inner>, to: &NodeId) -> Result<quinn::Connection
     lock(&inner.conns).insert(addr, Conn { conn: conn.clone(), named });
     tokio::spawn(serve(inner.clone(), conn.clone()));
     Ok(conn)
+}
+
+/// This node's own look at a peer the failure detector declared down: our state sent on a
+/// stream of its own and acknowledged by the peer within [`Inner::verify_within`].
+async fn probe(inner: &Arc<Inner>, id: &NodeId) -> bool {
+    // It closed our connection itself (it left, or stopped): no need to wait for a dial.
+    let closed = lock(&inner.conns).get(&id.addr).is_some_and(|c| {
+        matches!(c.conn.close_reason(), Some(quinn::ConnectionError::ApplicationClosed(_)))
+    });
+    if closed {
+        return false;
+    }
+    let attempt = async {
+        let conn = connection(inner, id).await.ok()?;
+        let mut send = conn.open_uni().await.ok()?;
+        let state = lock(&inner.view).0.clone();
+        write_frame(&mut send, &state).await.ok()?;
+        send.finish().ok()?;
+        send.stopped().await.ok()?;
+        Some(())
+    };
+    matches!(tokio::time::timeout(inner.verify_within, attempt).await, Ok(Some(())))
 }
 
 async fn accept_loop(inner: Arc<Inner>) {
@@ -395,6 +422,7 @@ async fn membership_task(
                 Some(Cmd::State(s)) => {
                     core.apply_state(s);
                 }
+                Some(Cmd::Verified(id, alive)) => core.verified(id, alive),
                 Some(Cmd::Local(f)) => {
                     if let Some(state) = core.update_local(f) {
                         for peer in core.peers() {
@@ -462,6 +490,16 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
                 tracing::info!(peer = id.name, addr = %id.addr, "peer up");
                 push_state(inner, id.clone(), core.me().clone());
                 changed = true;
+            }
+            Output::Verify { id, again } => {
+                let inner2 = inner.clone();
+                tokio::spawn(async move {
+                    if again {
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                    }
+                    let alive = probe(&inner2, &id).await;
+                    let _ = inner2.cmds.send(Cmd::Verified(id, alive));
+                });
             }
             Output::Down(id) => {
                 tracing::info!(peer = id.name, addr = %id.addr, "peer down");

@@ -49,6 +49,8 @@ enum Event {
     Timer(usize, Timer<NodeId>),
     State(usize, NodeState),
     Tick(usize),
+    /// Node `i`'s own probe of a doubted peer comes back: alive or not.
+    Verified(usize, NodeId, bool),
 }
 
 /// The running simulation.
@@ -57,6 +59,8 @@ pub struct Sim {
     now: Duration,
     nodes: Vec<Membership>,
     dead: Vec<bool>,
+    /// Dead by leaving (its endpoint closed: a probe fails at once).
+    left: Vec<bool>,
     queue: BinaryHeap<Reverse<(Duration, u64)>>,
     events: BTreeMap<u64, Event>,
     next: u64,
@@ -83,6 +87,7 @@ impl Sim {
             now: Duration::ZERO,
             nodes: vec![],
             dead: vec![false; cfg.nodes],
+            left: vec![false; cfg.nodes],
             queue: BinaryHeap::new(),
             events: BTreeMap::new(),
             next: 0,
@@ -146,6 +151,19 @@ impl Sim {
                 Output::Timer(after, t) => self.at(after, Event::Timer(i, t)),
                 Output::Up(to) => self.push_state(i, &to),
                 Output::Down(_) => {}
+                Output::Verify { id, again } => {
+                    // A direct probe: a round trip if it is alive (and the network lets it
+                    // through) or left (its endpoint closed answers at once), the driver's bound
+                    // if it died silently.
+                    let j = self.by_addr.get(&id.addr).copied();
+                    let alive =
+                        j.is_some_and(|j| !self.dead[j]) && !self.rng.random_bool(self.cfg.loss);
+                    let left = j.is_some_and(|j| self.left[j]);
+                    let probe =
+                        if alive || left { self.cfg.latency * 2 } else { self.cfg.probe_rtt * 4 };
+                    let wait = if again { Duration::from_secs(2) } else { Duration::ZERO };
+                    self.at(wait + probe, Event::Verified(i, id, alive));
+                }
             }
         }
     }
@@ -159,6 +177,33 @@ impl Sim {
         }
     }
 
+    /// Delivers `packet` to node `i` now, as if a member sent it (a forged one, say).
+    pub fn inject(&mut self, i: usize, packet: Bytes) {
+        self.nodes[i].handle_packet(&packet);
+        self.flush(i);
+    }
+
+    /// A membership packet from node `from` to node `to` that says node `about` is down: what a
+    /// lying member sends.
+    pub fn rumour_down(&self, from: usize, to: usize, about: usize) -> Bytes {
+        use bytes::BufMut;
+        use foca::Codec;
+        let id = |i: usize| self.nodes[i].id().clone();
+        let header = foca::Header {
+            src: id(from),
+            src_incarnation: 0,
+            dst: id(to),
+            message: foca::Message::Gossip,
+        };
+        let mut buf = bytes::BytesMut::new();
+        let mut codec = foca::PostcardCodec;
+        codec.encode_header(&header, &mut buf).expect("a header encodes");
+        buf.put_u16(1);
+        let member = foca::Member::new(id(about), 0, foca::State::Down);
+        codec.encode_member(&member, &mut buf).expect("a member encodes");
+        buf.freeze()
+    }
+
     /// Stops node `i` without a word: its packets and timers vanish.
     pub fn kill(&mut self, i: usize) {
         self.dead[i] = true;
@@ -169,6 +214,7 @@ impl Sim {
         self.nodes[i].leave();
         self.flush(i);
         self.dead[i] = true;
+        self.left[i] = true;
     }
 
     /// Changes node `i`'s state and pushes it to its peers, as the driver does.
@@ -191,15 +237,18 @@ impl Sim {
             self.now = t;
             let Some(e) = self.events.remove(&n) else { continue };
             let i = match &e {
-                Event::Packet(i, _) | Event::Timer(i, _) | Event::State(i, _) | Event::Tick(i) => {
-                    *i
-                }
+                Event::Packet(i, _)
+                | Event::Timer(i, _)
+                | Event::State(i, _)
+                | Event::Tick(i)
+                | Event::Verified(i, _, _) => *i,
             };
             if self.dead[i] {
                 continue;
             }
             match e {
                 Event::Packet(_, data) => self.nodes[i].handle_packet(&data),
+                Event::Verified(_, id, alive) => self.nodes[i].verified(id, alive),
                 Event::Timer(_, t) => self.nodes[i].handle_timer(t),
                 Event::State(_, s) => {
                     self.nodes[i].apply_state(s);

@@ -77,3 +77,28 @@ fn the_simulation_is_deterministic() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn a_rumour_that_a_live_peer_is_down_does_not_drop_it() {
+    let mut sim = Sim::new(SimConfig::new(3));
+    sim.run_until_true(Duration::from_secs(10), Sim::converged).expect("converged");
+    // n1 tells n0 that n2 is down; n2 is alive.
+    let lie = sim.rumour_down(1, 0, 2);
+    sim.inject(0, lie);
+    let names =
+        |sim: &Sim| -> Vec<String> { sim.node(0).peers().map(|p| p.id.name.clone()).collect() };
+    // The failure detector believed it (this is what a lie does)...
+    assert_eq!(sim.node(0).doubted().collect::<Vec<_>>(), ["n2"], "the rumour was not taken");
+    // ...yet n2 stays a peer until n0's own probe says otherwise.
+    assert!(names(&sim).contains(&"n2".to_string()), "dropped on a rumour: {:?}", names(&sim));
+    // n0's own probe finds it alive: it stays (and the cluster settles with it in).
+    let t = sim.now();
+    sim.run_until(t + Duration::from_secs(5));
+    assert!(names(&sim).contains(&"n2".to_string()), "{:?}", names(&sim));
+    assert!(sim.converged());
+    // A peer that is really gone still goes, once the probe agrees.
+    sim.kill(2);
+    let gone = sim
+        .run_until_true(Duration::from_secs(10), |s| !s.node(0).peers().any(|p| p.id.name == "n2"));
+    assert!(gone.is_some(), "a dead peer was kept");
+}

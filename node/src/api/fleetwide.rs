@@ -13,7 +13,7 @@ use hyper_util::rt::TokioIo;
 use serde::de::DeserializeOwned;
 use tokio::task::JoinSet;
 
-use super::Api;
+use super::{Api, NodeError, RawQuery, State, bearer, node_info, percent_decode, root, row};
 
 /// How long a peer has to answer a gathered view.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(3);
@@ -111,6 +111,195 @@ pub fn page(
     let next = (rows.len() > limit).then(|| cursor_of(&rows[limit - 1]));
     rows.truncate(limit);
     (rows, next)
+}
+
+// ---- the routes ----
+
+/// `GET /v1/sandboxes?metadata=key=value&…&limit=&cursor=&scope=node`: the caller's sandboxes
+/// (root: all; a tenant: its own) on every node of the mesh, or this node's with `scope=node`;
+/// oldest first, at most `limit` (1-1000, default 1000) after `cursor`.
+pub(super) async fn list(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<axum::Json<silk_api::SandboxList>, NodeError> {
+    let node = &api.node;
+    let scope = node.principal(bearer(&headers)).scope()?;
+    let (mut filter, mut filters, mut limit, mut cursor) = (vec![], vec![], None, None);
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            // A retried redirect, or a peer gathering the fleet's list: answered here.
+            "no_redirect" | "scope" => continue,
+            "limit" => match value.parse::<usize>() {
+                Ok(n @ 1..=1000) => limit = Some(n),
+                _ => return Err(NodeError::bad_request("limit is 1-1000")),
+            },
+            "cursor" => cursor = Some(percent_decode(value)),
+            "metadata" => {
+                let decoded = percent_decode(value);
+                let (k, v) = decoded
+                    .split_once('=')
+                    .ok_or_else(|| NodeError::bad_request("metadata filters are key=value"))?;
+                filter.push((k.to_string(), v.to_string()));
+                filters.push(pair);
+            }
+            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
+        }
+    }
+    let mut rows: Vec<silk_api::Sandbox> = node
+        .list(&filter)
+        .iter()
+        .filter(|r| scope.is_none() || r.tenant == scope)
+        .map(|r| row(node, r))
+        .collect();
+    let mut unreachable = vec![];
+    let here_only = node_only(query.as_deref());
+    if !here_only {
+        let path = format!("/v1/sandboxes?{}", filters.join("&"));
+        let (answers, missing) = gather::<silk_api::SandboxList>(&api, &path, &headers).await;
+        rows.extend(answers.into_iter().flat_map(|(_, list)| list.sandboxes));
+        unreachable = missing;
+    }
+    // A peer's share comes whole; pages are cut where the fleet's list is gathered.
+    let limit = limit.unwrap_or(if here_only { usize::MAX } else { 1000 });
+    let (sandboxes, next_cursor) = page(rows, cursor.as_deref(), limit);
+    Ok(axum::Json(silk_api::SandboxList { sandboxes, next_cursor, unreachable }))
+}
+
+/// `GET /v1/fleet` (root): every node's report (this one's with `scope=node`).
+pub(super) async fn fleet_view(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<axum::Json<silk_api::FleetView>, NodeError> {
+    root(&api.node, &headers)?;
+    let mut nodes = vec![node_info(&api)];
+    let mut unreachable = vec![];
+    if !node_only(query.as_deref()) {
+        let (answers, missing) = gather::<silk_api::FleetView>(&api, "/v1/fleet", &headers).await;
+        nodes.extend(answers.into_iter().flat_map(|(_, v)| v.nodes));
+        unreachable = missing;
+    }
+    Ok(axum::Json(silk_api::FleetView { nodes, unreachable }))
+}
+
+/// `GET /v1/audit?since=<ms>&tenant=<name>&limit=<n>&scope=node`: root sees every entry (or a
+/// tenant's), a tenant its own; from every node of the mesh (this one's with `scope=node`),
+/// oldest first.
+pub(super) async fn audit(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<axum::Json<silk_api::AuditList>, NodeError> {
+    let node = &api.node;
+    let scope = node.principal(bearer(&headers)).scope()?;
+    let (mut since, mut tenant, mut limit) = (0, None, 1000usize);
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let number = || {
+            value.parse::<u64>().map_err(|_| NodeError::bad_request(format!("{name}: a number")))
+        };
+        match name {
+            "since" => since = number()?,
+            "limit" => limit = number()?.clamp(1, 10_000) as usize,
+            "tenant" => tenant = Some(percent_decode(value)),
+            "no_redirect" | "scope" => {}
+            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
+        }
+    }
+    // A tenant's key reads its own entries whatever it asks for.
+    let tenant = scope.or(tenant);
+    let mut entries = node
+        .audit
+        .read(since, limit, |e| tenant.is_none() || e.tenant == tenant)
+        .await
+        .map_err(|e| NodeError::internal(format!("audit journal: {e}")))?;
+    let mut unreachable = vec![];
+    if !node_only(query.as_deref()) {
+        let mut path = format!("/v1/audit?since={since}&limit={limit}");
+        if let Some(t) = &tenant {
+            path += &format!("&tenant={t}");
+        }
+        let (answers, missing) = gather::<silk_api::AuditList>(&api, &path, &headers).await;
+        entries.extend(answers.into_iter().flat_map(|(_, l)| l.entries));
+        entries.sort_by(|a, b| a.time_ms.cmp(&b.time_ms).then_with(|| a.node.cmp(&b.node)));
+        entries.truncate(limit);
+        unreachable = missing;
+    }
+    Ok(axum::Json(silk_api::AuditList { entries, unreachable }))
+}
+
+/// `GET /v1/usage?tenant=&from=&to=&scope=node`: sandbox-seconds metered in `[from, to)` (unix
+/// ms; default: this calendar month so far) per tenant, size and lane, summed over the fleet
+/// (this node's with `scope=node`). Root sees every tenant's (and root's own) or one tenant's; a
+/// tenant its own.
+pub(super) async fn usage(
+    State(api): State<Api>,
+    headers: HeaderMap,
+    RawQuery(query): RawQuery,
+) -> Result<axum::Json<silk_api::UsageReport>, NodeError> {
+    let node = &api.node;
+    let scope = node.principal(bearer(&headers)).scope()?;
+    let now = crate::node::now_ms();
+    let (mut from, mut to, mut tenant) = (crate::usage::month_start(now), u64::MAX, None);
+    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let number = || {
+            value.parse::<u64>().map_err(|_| NodeError::bad_request(format!("{name}: a number")))
+        };
+        match name {
+            "from" => from = number()?,
+            "to" => to = number()?,
+            "tenant" => tenant = Some(percent_decode(value)),
+            "no_redirect" | "scope" => {}
+            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
+        }
+    }
+    let tenant = scope.or(tenant);
+    let lines = node
+        .usage
+        .read(from, to, |t| tenant.is_none() || t == tenant.as_deref())
+        .map_err(|e| NodeError::internal(format!("usage journal: {e}")))?;
+    let mut sums: std::collections::BTreeMap<
+        (Option<String>, silk_engine::Size, silk_engine::Lane),
+        u64,
+    > = Default::default();
+    for l in lines {
+        *sums.entry((l.tenant, l.size, l.lane)).or_default() += l.sandbox_seconds;
+    }
+    let mut unreachable = vec![];
+    if !node_only(query.as_deref()) {
+        let mut path = format!("/v1/usage?from={from}&to={to}");
+        if let Some(t) = &tenant {
+            path += &format!("&tenant={t}");
+        }
+        let (answers, missing) = gather::<silk_api::UsageReport>(&api, &path, &headers).await;
+        for r in answers.into_iter().flat_map(|(_, u)| u.rows) {
+            *sums.entry((r.tenant, r.size, r.lane)).or_default() += r.sandbox_seconds;
+        }
+        unreachable = missing;
+    }
+    let rows = sums
+        .into_iter()
+        .map(|((tenant, size, lane), sandbox_seconds)| silk_api::UsageRow {
+            tenant,
+            size,
+            lane,
+            sandbox_seconds,
+        })
+        .collect();
+    let store_bytes = match &tenant {
+        Some(t) if !node_only(query.as_deref()) => Some(node.tenant_store_usage(t).await?.1),
+        _ => None,
+    };
+    Ok(axum::Json(silk_api::UsageReport {
+        from_ms: from,
+        to_ms: to,
+        rows,
+        store_bytes,
+        unreachable,
+    }))
 }
 
 #[cfg(test)]

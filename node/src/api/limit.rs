@@ -1,12 +1,19 @@
-//! Per-client rate limits on the work a request makes this node do elsewhere: finding which
-//! node holds a sandbox asks peers (and, when none does, the store). A token bucket per client
-//! address, in memory; an unknown id is cheap for the client to send and must not be expensive
-//! for the fleet to answer.
+//! Limits on what one request can cost. Per client: the work a request makes this node do
+//! elsewhere — finding which node holds a sandbox asks peers (and, when none does, the store) —
+//! through a token bucket per client address, in memory; an unknown id is cheap for the client
+//! to send and must not be expensive for the fleet to answer. Per request: a body past the
+//! limit is refused before any handler runs, in a way its client can read.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+
+use crate::error::{Code, NodeError};
 
 /// Clients tracked at once; past this the idle ones are forgotten (and, under a flood from
 /// more addresses than this, every one: limits restart rather than memory growing).
@@ -64,6 +71,44 @@ impl PerClient {
         bucket.tokens -= 1.0;
         true
     }
+}
+
+/// How much of a refused body is read (and dropped) so that its client, still writing, gets
+/// to read the `413`: a client that is cut off mid-write sees a broken pipe, not the answer.
+const DRAIN_MAX_BYTES: u64 = 64 << 20;
+const DRAIN_MAX_TIME: Duration = Duration::from_secs(10);
+
+/// A body whose declared length is past the limit is refused before any handler runs: read
+/// to its end (within [`DRAIN_MAX_BYTES`] and [`DRAIN_MAX_TIME`]) and answered `413` on a
+/// connection that then closes. A chunked body past the limit is refused by the extractor
+/// that reads it, without this courtesy.
+pub(super) async fn refuse_oversized(
+    State(limit): State<usize>,
+    req: Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let Some(length) = declared.filter(|&n| n > limit as u64) else {
+        return next.run(req).await;
+    };
+    if length <= DRAIN_MAX_BYTES {
+        let mut body = req.into_body();
+        let drain = async {
+            use http_body_util::BodyExt;
+            while let Some(Ok(_)) = body.frame().await {}
+        };
+        let _ = tokio::time::timeout(DRAIN_MAX_TIME, drain).await;
+    }
+    let refused = NodeError::new(
+        Code::PayloadTooLarge,
+        format!("the body is {length} bytes; this node takes at most {limit}"),
+    );
+    let mut res = refused.into_response();
+    res.headers_mut().insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+    res
 }
 
 #[cfg(test)]

@@ -78,7 +78,7 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
         .route("/v1/peers", get(mesh_peers))
         .route("/v1/pools", get(get_pools).put(put_pools))
         .route("/v1/drain", post(drain_on).delete(drain_off))
-        .route("/v1/sandboxes", post(claim).get(list))
+        .route("/v1/sandboxes", post(claim).get(fleetwide::list))
         .merge(sandbox)
         .route("/v1/checkpoints", get(lifecycle::all_checkpoints))
         .route(
@@ -98,51 +98,13 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
         .method_not_allowed_fallback(|| async {
             NodeError::new(Code::MethodNotAllowed, "method not allowed on this route")
         })
-        .route("/v1/audit", get(audit))
-        .route("/v1/usage", get(usage))
-        .route("/v1/fleet", get(fleet_view))
+        .route("/v1/audit", get(fleetwide::audit))
+        .route("/v1/usage", get(fleetwide::usage))
+        .route("/v1/fleet", get(fleetwide::fleet_view))
         .layer(axum::middleware::from_fn_with_state(api.clone(), audited::record))
         .layer(DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::from_fn_with_state(limit, refuse_oversized))
+        .layer(axum::middleware::from_fn_with_state(limit, limit::refuse_oversized))
         .with_state(api)
-}
-
-/// How much of a refused body is read (and dropped) so that its client, still writing, gets
-/// to read the `413`: a client that is cut off mid-write sees a broken pipe, not the answer.
-const DRAIN_MAX_BYTES: u64 = 64 << 20;
-const DRAIN_MAX_TIME: Duration = Duration::from_secs(10);
-
-/// A body whose declared length is past the limit is refused before any handler runs: read
-/// to its end (within [`DRAIN_MAX_BYTES`] and [`DRAIN_MAX_TIME`]) and answered `413` on a
-/// connection that then closes. A chunked body past the limit is refused by the extractor
-/// that reads it, without this courtesy.
-async fn refuse_oversized(
-    State(limit): State<usize>,
-    req: Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let declared = req
-        .headers()
-        .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let Some(length) = declared.filter(|&n| n > limit as u64) else {
-        return next.run(req).await;
-    };
-    if length <= DRAIN_MAX_BYTES {
-        let mut body = req.into_body();
-        let drain = async {
-            use http_body_util::BodyExt;
-            while let Some(Ok(_)) = body.frame().await {}
-        };
-        let _ = tokio::time::timeout(DRAIN_MAX_TIME, drain).await;
-    }
-    let refused = NodeError::new(
-        Code::PayloadTooLarge,
-        format!("the body is {length} bytes; this node takes at most {limit}"),
-    );
-    let mut res = refused.into_response();
-    res.headers_mut().insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
-    res
 }
 
 pub fn bearer(headers: &HeaderMap) -> Option<&str> {
@@ -309,77 +271,6 @@ async fn claim(
             edge::place_claim(&api, peer, &headers, &request).await
         }
     }
-}
-
-/// `GET /v1/sandboxes?metadata=key=value&…&limit=&cursor=&scope=node`: the caller's sandboxes
-/// (root: all; a tenant: its own) on every node of the mesh, or this node's with `scope=node`;
-/// oldest first, at most `limit` (1-1000, default 1000) after `cursor`.
-async fn list(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Result<axum::Json<silk_api::SandboxList>, NodeError> {
-    let node = &api.node;
-    let scope = node.principal(bearer(&headers)).scope()?;
-    let (mut filter, mut filters, mut limit, mut cursor) = (vec![], vec![], None, None);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        match name {
-            // A retried redirect, or a peer gathering the fleet's list: answered here.
-            "no_redirect" | "scope" => continue,
-            "limit" => match value.parse::<usize>() {
-                Ok(n @ 1..=1000) => limit = Some(n),
-                _ => return Err(NodeError::bad_request("limit is 1-1000")),
-            },
-            "cursor" => cursor = Some(percent_decode(value)),
-            "metadata" => {
-                let decoded = percent_decode(value);
-                let (k, v) = decoded
-                    .split_once('=')
-                    .ok_or_else(|| NodeError::bad_request("metadata filters are key=value"))?;
-                filter.push((k.to_string(), v.to_string()));
-                filters.push(pair);
-            }
-            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
-        }
-    }
-    let mut rows: Vec<silk_api::Sandbox> = node
-        .list(&filter)
-        .iter()
-        .filter(|r| scope.is_none() || r.tenant == scope)
-        .map(|r| row(node, r))
-        .collect();
-    let mut unreachable = vec![];
-    let here_only = fleetwide::node_only(query.as_deref());
-    if !here_only {
-        let path = format!("/v1/sandboxes?{}", filters.join("&"));
-        let (answers, missing) =
-            fleetwide::gather::<silk_api::SandboxList>(&api, &path, &headers).await;
-        rows.extend(answers.into_iter().flat_map(|(_, list)| list.sandboxes));
-        unreachable = missing;
-    }
-    // A peer's share comes whole; pages are cut where the fleet's list is gathered.
-    let limit = limit.unwrap_or(if here_only { usize::MAX } else { 1000 });
-    let (sandboxes, next_cursor) = fleetwide::page(rows, cursor.as_deref(), limit);
-    Ok(axum::Json(silk_api::SandboxList { sandboxes, next_cursor, unreachable }))
-}
-
-/// `GET /v1/fleet` (root): every node's report (this one's with `scope=node`).
-async fn fleet_view(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Result<axum::Json<silk_api::FleetView>, NodeError> {
-    root(&api.node, &headers)?;
-    let mut nodes = vec![node_info(&api)];
-    let mut unreachable = vec![];
-    if !fleetwide::node_only(query.as_deref()) {
-        let (answers, missing) =
-            fleetwide::gather::<silk_api::FleetView>(&api, "/v1/fleet", &headers).await;
-        nodes.extend(answers.into_iter().flat_map(|(_, v)| v.nodes));
-        unreachable = missing;
-    }
-    Ok(axum::Json(silk_api::FleetView { nodes, unreachable }))
 }
 
 fn percent_decode(s: &str) -> String {
@@ -594,128 +485,6 @@ async fn info(
 ) -> Result<axum::Json<silk_api::NodeInfo>, NodeError> {
     root(&api.node, &headers)?;
     Ok(axum::Json(node_info(&api)))
-}
-
-/// `GET /v1/audit?since=<ms>&tenant=<name>&limit=<n>&scope=node`: root sees every entry (or a
-/// tenant's), a tenant its own; from every node of the mesh (this one's with `scope=node`),
-/// oldest first.
-async fn audit(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Result<axum::Json<silk_api::AuditList>, NodeError> {
-    let node = &api.node;
-    let scope = node.principal(bearer(&headers)).scope()?;
-    let (mut since, mut tenant, mut limit) = (0, None, 1000usize);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let number = || {
-            value.parse::<u64>().map_err(|_| NodeError::bad_request(format!("{name}: a number")))
-        };
-        match name {
-            "since" => since = number()?,
-            "limit" => limit = number()?.clamp(1, 10_000) as usize,
-            "tenant" => tenant = Some(percent_decode(value)),
-            "no_redirect" | "scope" => {}
-            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
-        }
-    }
-    // A tenant's key reads its own entries whatever it asks for.
-    let tenant = scope.or(tenant);
-    let mut entries = node
-        .audit
-        .read(since, limit, |e| tenant.is_none() || e.tenant == tenant)
-        .await
-        .map_err(|e| NodeError::internal(format!("audit journal: {e}")))?;
-    let mut unreachable = vec![];
-    if !fleetwide::node_only(query.as_deref()) {
-        let mut path = format!("/v1/audit?since={since}&limit={limit}");
-        if let Some(t) = &tenant {
-            path += &format!("&tenant={t}");
-        }
-        let (answers, missing) =
-            fleetwide::gather::<silk_api::AuditList>(&api, &path, &headers).await;
-        entries.extend(answers.into_iter().flat_map(|(_, l)| l.entries));
-        entries.sort_by(|a, b| a.time_ms.cmp(&b.time_ms).then_with(|| a.node.cmp(&b.node)));
-        entries.truncate(limit);
-        unreachable = missing;
-    }
-    Ok(axum::Json(silk_api::AuditList { entries, unreachable }))
-}
-
-/// `GET /v1/usage?tenant=&from=&to=&scope=node`: sandbox-seconds metered in `[from, to)` (unix
-/// ms; default: this calendar month so far) per tenant, size and lane, summed over the fleet
-/// (this node's with `scope=node`). Root sees every tenant's (and root's own) or one tenant's; a
-/// tenant its own.
-async fn usage(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-) -> Result<axum::Json<silk_api::UsageReport>, NodeError> {
-    let node = &api.node;
-    let scope = node.principal(bearer(&headers)).scope()?;
-    let now = crate::node::now_ms();
-    let (mut from, mut to, mut tenant) = (crate::usage::month_start(now), u64::MAX, None);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let number = || {
-            value.parse::<u64>().map_err(|_| NodeError::bad_request(format!("{name}: a number")))
-        };
-        match name {
-            "from" => from = number()?,
-            "to" => to = number()?,
-            "tenant" => tenant = Some(percent_decode(value)),
-            "no_redirect" | "scope" => {}
-            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
-        }
-    }
-    let tenant = scope.or(tenant);
-    let lines = node
-        .usage
-        .read(from, to, |t| tenant.is_none() || t == tenant.as_deref())
-        .map_err(|e| NodeError::internal(format!("usage journal: {e}")))?;
-    let mut sums: std::collections::BTreeMap<
-        (Option<String>, silk_engine::Size, silk_engine::Lane),
-        u64,
-    > = Default::default();
-    for l in lines {
-        *sums.entry((l.tenant, l.size, l.lane)).or_default() += l.sandbox_seconds;
-    }
-    let mut unreachable = vec![];
-    if !fleetwide::node_only(query.as_deref()) {
-        let mut path = format!("/v1/usage?from={from}&to={to}");
-        if let Some(t) = &tenant {
-            path += &format!("&tenant={t}");
-        }
-        let (answers, missing) =
-            fleetwide::gather::<silk_api::UsageReport>(&api, &path, &headers).await;
-        for r in answers.into_iter().flat_map(|(_, u)| u.rows) {
-            *sums.entry((r.tenant, r.size, r.lane)).or_default() += r.sandbox_seconds;
-        }
-        unreachable = missing;
-    }
-    let rows = sums
-        .into_iter()
-        .map(|((tenant, size, lane), sandbox_seconds)| silk_api::UsageRow {
-            tenant,
-            size,
-            lane,
-            sandbox_seconds,
-        })
-        .collect();
-    let store_bytes = match &tenant {
-        Some(t) if !fleetwide::node_only(query.as_deref()) => {
-            Some(node.tenant_store_usage(t).await?.1)
-        }
-        _ => None,
-    };
-    Ok(axum::Json(silk_api::UsageReport {
-        from_ms: from,
-        to_ms: to,
-        rows,
-        store_bytes,
-        unreachable,
-    }))
 }
 
 async fn openapi_document(State(node): Shared) -> axum::Json<Value> {
