@@ -111,6 +111,28 @@ async fn a_node_whose_certificate_expired_cannot_join() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_is_refused_after_the_revocation_list_changed_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = certs(dir.path(), &["a", "b"]);
+    let list = dir.path().join("revoked");
+    let mut cfg = MeshConfig::new("a", "127.0.0.1:0".parse().unwrap(), files[0].clone());
+    cfg.revoked = Some(list.clone());
+    let (a, _calls) = Mesh::start(cfg, NodeState::default()).await.unwrap();
+    let b = start("b", files[1].clone(), vec![a.id().addr]).await;
+    until("a mesh of two", Duration::from_secs(10), || a.peers().len() == 1).await;
+    // The list changes (a name that is no member): a reloads its configs.
+    std::fs::write(&list, "someone-else\n").unwrap();
+    let (cert, key) = tls::issue(dir.path(), "x", 0).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let expired = TlsFiles { ca: dir.path().join("ca.pem"), cert, key };
+    let x = start("x", expired, vec![a.id().addr]).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(names(&a), ["b"], "an expired certificate joined after a reload");
+    assert!(x.peers().is_empty());
+    drop(b);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_with_another_cas_certificate_cannot_join() {
     let (good, evil) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let files = certs(good.path(), &["a"]);

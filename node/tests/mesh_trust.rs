@@ -1,7 +1,8 @@
 //! Trust between nodes, attacked from the side of a member gone bad: a node named in the
 //! revocation list is dropped by every node that reads it (its connections closed) and cannot
-//! rejoin; a renewed certificate is taken into use without a restart. (An expired certificate
-//! is refused in silk-mesh's `tests/mesh.rs`; a forged `Adopt` in `moves.rs`.)
+//! rejoin; a renewed certificate is taken into use without a restart; a node whose certificate
+//! expired cannot join (silk-mesh's `tests/mesh.rs` checks that too, also after a reload of the
+//! revocation list; a forged `Adopt` is refused in `moves.rs`).
 
 mod common;
 
@@ -55,4 +56,26 @@ fn a_revoked_node_is_dropped_and_cannot_rejoin_and_a_renewed_certificate_is_used
     eventually("b is in the mesh on its renewed certificate", || {
         peer_names(&a) == ["b"] && peer_names(&b) == ["a"]
     });
+}
+
+#[test]
+fn a_node_whose_certificate_expired_cannot_join() {
+    let dir = tempfile::tempdir().unwrap();
+    sandboxd(&["mesh", "ca", "init", "--dir", dir.path().to_str().unwrap()]);
+    for n in ["a", "b"] {
+        names(dir.path(), n);
+    }
+    let a = node_with(dir.path(), "a", "127.0.0.45:0", None, "", "");
+    let join = mesh_addr(&a);
+    let b = node_with(dir.path(), "b", "127.0.0.46:0", Some(&join), "", "");
+    eventually("a mesh of two", || peer_names(&a) == ["b"]);
+    let d = dir.path().to_str().unwrap();
+    sandboxd(&["mesh", "cert", "issue", "--dir", d, "--node", "x", "--days", "0"]);
+    // Valid until the second it was issued: past it by the time x dials.
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let x = node_with(dir.path(), "x", "127.0.0.47:0", Some(&join), "", "");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(peer_names(&a), ["b"], "an expired certificate joined: {}", peers(&a));
+    assert_eq!(peer_names(&b), ["a"]);
+    assert!(peer_names(&x).is_empty());
 }
