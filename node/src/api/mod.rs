@@ -3,9 +3,11 @@
 //! mapped to its status here ([`status`]). `edge` sends calls on sandboxes held elsewhere to
 //! their owner, `relay` is the data plane, `openapi` the document.
 //!
-//! Auth: `Authorization: Bearer <token>`. Node routes need the root token (when one is
-//! configured). Sandbox routes take that sandbox's own token or the root token; anything else
-//! answers the same 404 as an unknown id.
+//! Auth: `Authorization: Bearer <token>`, resolved by the controller (`Node::principal`,
+//! `Node::authorized`). Node routes need the root token (when one is configured). Sandbox
+//! routes take that sandbox's own token, its tenant's key, or the root token; anything else
+//! answers the same 404 as an unknown id. Every call that changes something is recorded
+//! (`audited`); what a request may cost is bounded (`limit`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -94,13 +96,13 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
         .route("/v1/tenants/{name}/rotate", post(tenants::rotate))
         .route("/v1/templates", get(lifecycle::templates))
         .route("/v1/templates/{name}", axum::routing::delete(lifecycle::delete_template))
+        .route("/v1/audit", get(fleetwide::audit))
+        .route("/v1/usage", get(fleetwide::usage))
+        .route("/v1/fleet", get(fleetwide::fleet_view))
         .fallback(|| async { NodeError::new(Code::NoRoute, "no such route") })
         .method_not_allowed_fallback(|| async {
             NodeError::new(Code::MethodNotAllowed, "method not allowed on this route")
         })
-        .route("/v1/audit", get(fleetwide::audit))
-        .route("/v1/usage", get(fleetwide::usage))
-        .route("/v1/fleet", get(fleetwide::fleet_view))
         .layer(axum::middleware::from_fn_with_state(api.clone(), audited::record))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(limit, limit::refuse_oversized))
