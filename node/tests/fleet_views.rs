@@ -170,3 +170,32 @@ fn a_tenant_past_its_sandbox_seconds_gets_no_new_sandboxes_and_keeps_its_running
     assert_eq!(status, 200);
     assert_eq!(n.req("POST", "/v1/sandboxes", Some(&key), Some("{}")).0, 201);
 }
+
+#[test]
+fn with_the_store_down_tenants_still_authenticate_and_tenant_changes_answer_503() {
+    let mut n = Sandboxd::start("[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 2\n");
+    let body = json!({"name": "team", "max_sandboxes": 5, "max_checkpoints": 1, "max_store_bytes": 1u64 << 30});
+    let (status, t) = n.req("POST", "/v1/tenants", Some(ROOT), Some(&body.to_string()));
+    assert_eq!(status, 201, "{t}");
+    let key = t["api_key"].as_str().unwrap().to_string();
+    // The node starts again with its store unreachable (nothing listens on port 9).
+    let dead = "[store.s3]\nbucket = \"b\"\nendpoint = \"http://127.0.0.1:9\"\npath_style = true\nmax_attempts = 1\nconnect_timeout_ms = 200\n";
+    let config = std::fs::read_to_string(&n.config).unwrap();
+    std::fs::write(&n.config, format!("{config}{dead}")).unwrap();
+    n.restart();
+    // The tenant's key still works: from the records this node read last.
+    let (status, s) = n.req("POST", "/v1/sandboxes", Some(&key), Some("{}"));
+    assert_eq!(status, 201, "{s}");
+    assert_eq!(s["tenant"], "team");
+    let other =
+        json!({"name": "later", "max_sandboxes": 1, "max_checkpoints": 1, "max_store_bytes": 1});
+    let (status, v) = n.req("POST", "/v1/tenants", Some(ROOT), Some(&other.to_string()));
+    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("store_unavailable")), "{v}");
+    let (status, v) = n.req("POST", "/v1/tenants/team/rotate", Some(ROOT), None);
+    assert_eq!((status, v["error"]["code"].as_str()), (503, Some("store_unavailable")), "{v}");
+    // Nothing was lost: the old key still works.
+    assert_eq!(
+        n.req("GET", &format!("/v1/sandboxes/{}", s["id"].as_str().unwrap()), Some(&key), None).0,
+        200
+    );
+}
