@@ -122,8 +122,14 @@ impl Tenants {
             let (key, got) = joined.map_err(|e| NodeError::internal(format!("tenants: {e}")))?;
             match got {
                 Ok(bytes) => match serde_json::from_slice::<TenantRecord>(&bytes) {
-                    // A record is trusted only under its own name.
-                    Ok(r) if key.as_str() == format!("{PREFIX}{}", r.name) => records.push(r),
+                    // A record is trusted only under its own name, and only with a name a
+                    // tenant can have (it becomes a template prefix and a log field).
+                    Ok(r)
+                        if silk_api::valid_tenant_name(&r.name)
+                            && key.as_str() == format!("{PREFIX}{}", r.name) =>
+                    {
+                        records.push(r)
+                    }
                     _ => tracing::warn!(%key, "tenants: an unreadable record is ignored"),
                 },
                 // Deleted between the list and the read.
@@ -301,8 +307,14 @@ mod tests {
         record.limits.max_sandboxes = 1000;
         let bytes = Bytes::from(serde_json::to_vec(&record).unwrap());
         t.store.put_bytes(&Key::new("tenants/evil").unwrap(), bytes).await.unwrap();
+        // And one whose name no tenant can have, under that very name.
+        let mut odd = record.clone();
+        odd.name = "a/b".into();
+        let bytes = Bytes::from(serde_json::to_vec(&odd).unwrap());
+        t.store.put_bytes(&Key::new("tenants/a/b").unwrap(), bytes).await.unwrap();
         t.refresh().await.unwrap();
         assert_eq!(t.get("honest").unwrap().limits.max_sandboxes, 2);
         assert_eq!(t.by_key(&key).as_deref(), Some("honest"));
+        assert!(t.get("a/b").is_none());
     }
 }
