@@ -121,13 +121,11 @@ fn mesh_command(what: MeshCommand) -> anyhow::Result<()> {
             let ca = silk_mesh::tls::init_ca(&dir)?;
             println!("{}", ca.display());
         }
-        MeshCommand::Cert { what: CertCommand::Issue { dir, node, days } } => {
-            let (cert, key) = silk_mesh::tls::issue(&dir, &node, days)?;
-            let serial = silk_mesh::tls::serial_hex(&cert)?;
-            println!("{}\n{}\nserial:{serial}", cert.display(), key.display());
-        }
-        MeshCommand::Cert { what: CertCommand::Renew { dir, node, days } } => {
-            let (cert, key) = silk_mesh::tls::renew(&dir, &node, days)?;
+        MeshCommand::Cert { what } => {
+            let (cert, key) = match what {
+                CertCommand::Issue { dir, node, days } => silk_mesh::tls::issue(&dir, &node, days)?,
+                CertCommand::Renew { dir, node, days } => silk_mesh::tls::renew(&dir, &node, days)?,
+            };
             let serial = silk_mesh::tls::serial_hex(&cert)?;
             println!("{}\n{}\nserial:{serial}", cert.display(), key.display());
         }

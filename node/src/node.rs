@@ -101,6 +101,14 @@ struct State {
     promoted: BTreeMap<String, Promoted>,
 }
 
+impl State {
+    /// `tenant`'s sandboxes on this node: claimed, and in flight.
+    fn tenant_live(&self, tenant: &str) -> usize {
+        self.slots.claims().filter(|l| l.record.tenant.as_deref() == Some(tenant)).count()
+            + self.pending_by_tenant.get(tenant).copied().unwrap_or(0)
+    }
+}
+
 /// A claimed sandbox.
 #[derive(Debug, Clone)]
 pub struct Live {

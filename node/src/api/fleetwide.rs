@@ -115,6 +115,29 @@ pub fn page(
 
 // ---- the routes ----
 
+/// The query's `name=value` pairs (values still encoded), but for those every such route takes
+/// (`no_redirect`: a retried redirect; `scope`: see [`node_only`]); a name not in `known` is a
+/// `400`.
+fn params<'q>(
+    query: Option<&'q str>,
+    known: &[&str],
+) -> Result<Vec<(&'q str, &'q str)>, NodeError> {
+    let mut out = vec![];
+    for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        match name {
+            "no_redirect" | "scope" => {}
+            _ if known.contains(&name) => out.push((name, value)),
+            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
+        }
+    }
+    Ok(out)
+}
+
+fn number(name: &str, value: &str) -> Result<u64, NodeError> {
+    value.parse().map_err(|_| NodeError::bad_request(format!("{name}: a number")))
+}
+
 /// `GET /v1/sandboxes?metadata=key=value&…&limit=&cursor=&scope=node`: the caller's sandboxes
 /// (root: all; a tenant: its own) on every node of the mesh, or this node's with `scope=node`;
 /// oldest first, at most `limit` (1-1000, default 1000) after `cursor`.
@@ -126,25 +149,21 @@ pub(super) async fn list(
     let node = &api.node;
     let scope = node.principal(bearer(&headers)).scope()?;
     let (mut filter, mut filters, mut limit, mut cursor) = (vec![], vec![], None, None);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+    for (name, value) in params(query.as_deref(), &["limit", "cursor", "metadata"])? {
         match name {
-            // A retried redirect, or a peer gathering the fleet's list: answered here.
-            "no_redirect" | "scope" => continue,
             "limit" => match value.parse::<usize>() {
                 Ok(n @ 1..=1000) => limit = Some(n),
                 _ => return Err(NodeError::bad_request("limit is 1-1000")),
             },
             "cursor" => cursor = Some(percent_decode(value)),
-            "metadata" => {
+            _ => {
                 let decoded = percent_decode(value);
                 let (k, v) = decoded
                     .split_once('=')
                     .ok_or_else(|| NodeError::bad_request("metadata filters are key=value"))?;
                 filter.push((k.to_string(), v.to_string()));
-                filters.push(pair);
+                filters.push(format!("metadata={value}"));
             }
-            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
         }
     }
     let mut rows: Vec<silk_api::Sandbox> = node
@@ -195,17 +214,11 @@ pub(super) async fn audit(
     let node = &api.node;
     let scope = node.principal(bearer(&headers)).scope()?;
     let (mut since, mut tenant, mut limit) = (0, None, 1000usize);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let number = || {
-            value.parse::<u64>().map_err(|_| NodeError::bad_request(format!("{name}: a number")))
-        };
+    for (name, value) in params(query.as_deref(), &["since", "limit", "tenant"])? {
         match name {
-            "since" => since = number()?,
-            "limit" => limit = number()?.clamp(1, 10_000) as usize,
-            "tenant" => tenant = Some(percent_decode(value)),
-            "no_redirect" | "scope" => {}
-            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
+            "since" => since = number(name, value)?,
+            "limit" => limit = number(name, value)?.clamp(1, 10_000) as usize,
+            _ => tenant = Some(percent_decode(value)),
         }
     }
     // A tenant's key reads its own entries whatever it asks for.
@@ -217,10 +230,8 @@ pub(super) async fn audit(
         .map_err(|e| NodeError::internal(format!("audit journal: {e}")))?;
     let mut unreachable = vec![];
     if !node_only(query.as_deref()) {
-        let mut path = format!("/v1/audit?since={since}&limit={limit}");
-        if let Some(t) = &tenant {
-            path += &format!("&tenant={t}");
-        }
+        // Each peer gets the same question (and scopes a tenant's key itself).
+        let path = format!("/v1/audit?{}", query.as_deref().unwrap_or(""));
         let (answers, missing) = gather::<silk_api::AuditList>(&api, &path, &headers).await;
         entries.extend(answers.into_iter().flat_map(|(_, l)| l.entries));
         entries.sort_by(|a, b| a.time_ms.cmp(&b.time_ms).then_with(|| a.node.cmp(&b.node)));
@@ -243,17 +254,11 @@ pub(super) async fn usage(
     let scope = node.principal(bearer(&headers)).scope()?;
     let now = crate::node::now_ms();
     let (mut from, mut to, mut tenant) = (crate::usage::month_start(now), u64::MAX, None);
-    for pair in query.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let number = || {
-            value.parse::<u64>().map_err(|_| NodeError::bad_request(format!("{name}: a number")))
-        };
+    for (name, value) in params(query.as_deref(), &["from", "to", "tenant"])? {
         match name {
-            "from" => from = number()?,
-            "to" => to = number()?,
-            "tenant" => tenant = Some(percent_decode(value)),
-            "no_redirect" | "scope" => {}
-            _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
+            "from" => from = number(name, value)?,
+            "to" => to = number(name, value)?,
+            _ => tenant = Some(percent_decode(value)),
         }
     }
     let tenant = scope.or(tenant);
@@ -270,10 +275,8 @@ pub(super) async fn usage(
     }
     let mut unreachable = vec![];
     if !node_only(query.as_deref()) {
-        let mut path = format!("/v1/usage?from={from}&to={to}");
-        if let Some(t) = &tenant {
-            path += &format!("&tenant={t}");
-        }
+        // Each peer gets the same question (and scopes a tenant's key itself).
+        let path = format!("/v1/usage?{}", query.as_deref().unwrap_or(""));
         let (answers, missing) = gather::<silk_api::UsageReport>(&api, &path, &headers).await;
         for r in answers.into_iter().flat_map(|(_, u)| u.rows) {
             *sums.entry((r.tenant, r.size, r.lane)).or_default() += r.sandbox_seconds;

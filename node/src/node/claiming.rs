@@ -100,19 +100,18 @@ impl Node {
             ));
         }
         if let Some(t) = tenant {
-            let max = self.tenants.get(t).map_or(0, |r| r.limits.max_sandboxes);
-            let here = st.slots.claims().filter(|l| l.record.tenant.as_deref() == Some(t)).count()
-                + st.pending_by_tenant.get(t).copied().unwrap_or(0);
+            // A tenant deleted meanwhile has no room at all.
+            let limits = self.tenants.get(t).map(|r| r.limits);
+            let max = limits.map_or(0, |l| l.max_sandboxes);
             let elsewhere = self.fleet().map_or(0, |f| f.tenant_sandboxes(t));
-            let live = here as u64 + elsewhere;
+            let live = st.tenant_live(t) as u64 + elsewhere;
             if live + n as u64 > max {
                 return Err(NodeError::new(
                     Code::QuotaExceeded,
                     format!("tenant {t} has {live} live sandboxes of its max_sandboxes {max}"),
                 ));
             }
-            let seconds_max = self.tenants.get(t).and_then(|r| r.limits.max_sandbox_seconds);
-            if let Some(max) = seconds_max {
+            if let Some(max) = limits.and_then(|l| l.max_sandbox_seconds) {
                 let used = self.tenant_month_seconds(t);
                 if used >= max {
                     return Err(NodeError::new(

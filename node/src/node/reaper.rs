@@ -155,8 +155,8 @@ impl Node {
     /// Live sandboxes of `tenant` in the fleet: here (and in flight here), and on the other
     /// nodes as they last said.
     pub fn tenant_sandboxes(&self, tenant: &str) -> u64 {
-        let here = self.advert().tenants.get(tenant).copied().unwrap_or(0);
-        u64::from(here) + self.fleet().map_or(0, |f| f.tenant_sandboxes(tenant))
+        let here = self.lock().tenant_live(tenant) as u64;
+        here + self.fleet().map_or(0, |f| f.tenant_sandboxes(tenant))
     }
 
     /// After `tenant` was deleted here: its checkpoints go from the store, and this node's
