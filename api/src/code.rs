@@ -43,6 +43,9 @@ pub enum Code {
     /// A command the sandbox's agent refused (the status follows its kind).
     ExecFailed,
     EngineFailed,
+    /// `"memory": "required"` and the sandbox's processes could not be checkpointed (the
+    /// message says why); nothing changed.
+    MemorySnapshotFailed,
     StoreUnavailable,
     StoreCorrupt,
     StoreRefused,
@@ -81,6 +84,7 @@ impl Code {
             Unsupported => "unsupported",
             ExecFailed => "exec_failed",
             EngineFailed => "engine_failed",
+            MemorySnapshotFailed => "memory_snapshot_failed",
             StoreUnavailable => "store_unavailable",
             StoreCorrupt => "store_corrupt",
             StoreRefused => "store_refused",
@@ -137,6 +141,7 @@ mod tests {
             Unsupported,
             ExecFailed,
             EngineFailed,
+            MemorySnapshotFailed,
             StoreUnavailable,
             StoreCorrupt,
             StoreRefused,

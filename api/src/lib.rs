@@ -113,6 +113,20 @@ pub enum Lane {
     Egress,
 }
 
+/// Whether an operation that stops or copies a sandbox keeps its processes' memory: `auto`
+/// (where the engine can, else files only, saying why), `required` (fail with
+/// `409 memory_snapshot_failed` instead, changing nothing) or `off` (files only: processes
+/// restart).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(utoipa::ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum Memory {
+    #[default]
+    Auto,
+    Required,
+    Off,
+}
+
 /// How a claim was served: an already running sandbox, a clone of the template's golden, or a
 /// cold boot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

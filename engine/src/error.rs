@@ -22,6 +22,10 @@ pub enum EngineError {
     /// silkd did not answer in time, or died; the sandbox was removed.
     #[error("sandbox did not become ready: {0}")]
     NotReady(String),
+    /// Process memory was required and could not be checkpointed (CRIU's reason); the sandbox
+    /// is as it was.
+    #[error("memory snapshot failed: {0}")]
+    MemoryFailed(String),
     /// The host lacks something the engine needs (a cgroup controller, overlayfs, root).
     #[error("host: {0}")]
     Host(String),

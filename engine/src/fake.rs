@@ -12,7 +12,8 @@ use std::sync::{Mutex, MutexGuard};
 
 use crate::{
     AgentAddr, Base, BoxInfo, BoxSpec, Caps, Digest, DiskMechanism, Engine, EngineError, Golden,
-    Result, SandboxId, Snapshot, SnapshotMode, Template, TemplateDef, TemplateSource, Warmup,
+    Memory, MemoryKept, Result, SandboxId, Snapshot, SnapshotMode, Template, TemplateDef,
+    TemplateSource, Warmup,
 };
 
 /// The operations failures can be injected into.
@@ -128,6 +129,7 @@ impl FakeEngine {
             pid: None,
             running: true,
             created_ms: 0,
+            memory: MemoryKept::default(),
         };
         st.boxes.insert(id.clone(), FakeBox { info: info.clone(), files });
         Ok(info)
@@ -283,7 +285,13 @@ impl Engine for FakeEngine {
         self.start(&mut st, base, id, spec, Files::new())
     }
 
-    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot> {
+    fn snapshot(
+        &self,
+        id: &SandboxId,
+        mode: SnapshotMode,
+        _memory: Memory,
+        into: &Path,
+    ) -> Result<Snapshot> {
         let mut st = self.enter(Op::Snapshot)?;
         let b = st.boxes.get(id).ok_or_else(|| EngineError::NotFound(id.to_string()))?;
         let bytes = write_tar(&b.files, into)?;
@@ -293,6 +301,7 @@ impl Engine for FakeEngine {
             layer_tar: into.to_path_buf(),
             bytes,
             memory: false,
+            memory_why_not: Some("the fake engine keeps no memory".into()),
         };
         if mode == SnapshotMode::Stop {
             st.boxes.remove(id);
@@ -300,11 +309,11 @@ impl Engine for FakeEngine {
         Ok(snapshot)
     }
 
-    fn stop(&self, id: &SandboxId) -> Result<()> {
+    fn stop(&self, id: &SandboxId, _memory: Memory) -> Result<MemoryKept> {
         let mut st = self.enter(Op::Stop)?;
         let b = st.boxes.get_mut(id).ok_or_else(|| EngineError::NotFound(id.to_string()))?;
         b.info.running = false;
-        Ok(())
+        Ok(MemoryKept::no("the fake engine keeps no memory"))
     }
 
     fn resume(&self, id: &SandboxId) -> Result<BoxInfo> {
@@ -339,7 +348,13 @@ impl Engine for FakeEngine {
         Ok(golden)
     }
 
-    fn restore(&self, snapshot: &Snapshot, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
+    fn restore(
+        &self,
+        snapshot: &Snapshot,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        _memory: Memory,
+    ) -> Result<BoxInfo> {
         let mut files = match &snapshot.base.golden {
             Some(g) => {
                 self.lock().goldens.get(&g.digest).map(|(_, f)| f.clone()).unwrap_or_default()

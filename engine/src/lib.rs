@@ -11,6 +11,7 @@
 //! node runs them on blocking threads. The `jail` backend (namespaces, overlayfs, cgroups,
 //! seccomp) is in [`jail`]; VM backends will implement the same trait.
 
+pub mod agent;
 mod error;
 #[cfg(feature = "fake")]
 pub mod fake;
@@ -73,23 +74,44 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     /// no file there, and the source as it was). The file belongs to the caller. A sandbox that
     /// stopped on its own (its agent died, the host rebooted) can still be captured: its files
     /// are all there is, and restoring them is how it comes back.
-    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot>;
+    fn snapshot(
+        &self,
+        id: &SandboxId,
+        mode: SnapshotMode,
+        memory: Memory,
+        into: &Path,
+    ) -> Result<Snapshot>;
 
-    /// Stops a sandbox and keeps its files where they are (the cheap hibernate): its processes
-    /// and memory are freed, `resume` starts it again on the same files (processes restart), and
-    /// `snapshot` can still capture it. Stopping a stopped sandbox does nothing.
-    fn stop(&self, id: &SandboxId) -> Result<()>;
+    /// Stops a sandbox and keeps its files where they are (the cheap hibernate), and its
+    /// processes' memory beside them where the engine can and `memory` allows (`Required`: or
+    /// fail, the sandbox running on as it was). `resume` starts it again; `snapshot` can still
+    /// capture it. Stopping a stopped sandbox does nothing.
+    fn stop(&self, id: &SandboxId, memory: Memory) -> Result<MemoryKept>;
 
-    /// Starts a stopped sandbox again on its files; a running one is answered as it is. A failure
-    /// leaves it stopped, its files kept.
+    /// Starts a stopped sandbox again: its processes from their memory if `stop` kept it (else,
+    /// or if that fails, restarted on its files; `BoxInfo::memory` says which); a running one is
+    /// answered as it is. A failure leaves it stopped, its files kept.
     fn resume(&self, id: &SandboxId) -> Result<BoxInfo>;
 
     /// Freezes a snapshot as a golden: the base's golden (if any) and the snapshot's changes
     /// merged into one read-only layer, so new sandboxes clone from it (promote).
     fn golden_from_snapshot(&self, snapshot: &Snapshot) -> Result<Golden>;
 
-    /// A new sandbox from a snapshot: wake, branch and fork all land here.
-    fn restore(&self, snapshot: &Snapshot, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo>;
+    /// A new sandbox from a snapshot: wake, branch and fork all land here. Its processes come
+    /// back from the snapshot's memory where it has some and `memory` allows (`Required`: or
+    /// fail); `BoxInfo::memory` says whether they did.
+    fn restore(
+        &self,
+        snapshot: &Snapshot,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        memory: Memory,
+    ) -> Result<BoxInfo>;
+
+    /// Why this engine keeps no process memory (`None` when it does).
+    fn memory_why_not(&self) -> Option<String> {
+        (!self.capabilities().memory_snapshot).then(|| "not supported by this engine".into())
+    }
 
     /// Stops a sandbox and removes every trace of it. Unknown ids are `NotFound`.
     fn destroy(&self, id: &SandboxId) -> Result<()>;

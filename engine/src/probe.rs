@@ -3,13 +3,12 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use silk_proto::{AgentInfo, Command, ExecRequest, ExitStatus, Frame, decode, encode};
 
-use crate::{EngineError, Result};
+use crate::{AgentAddr, EngineError, Result};
 
 struct Client {
     stream: UnixStream,
@@ -18,9 +17,10 @@ struct Client {
 }
 
 impl Client {
-    fn connect(socket: &Path, deadline: Instant) -> Result<Client> {
-        let stream = UnixStream::connect(socket)
-            .map_err(|e| EngineError::NotReady(format!("connect {}: {e}", socket.display())))?;
+    fn connect(agent: &AgentAddr, deadline: Instant) -> Result<Client> {
+        let stream = crate::agent::connect(agent)
+            .and_then(|s| s.set_nonblocking(false).map(|()| s))
+            .map_err(|e| EngineError::NotReady(format!("connect to silkd: {e}")))?;
         Ok(Client { stream, buf: BytesMut::with_capacity(4096), deadline })
     }
 
@@ -53,9 +53,9 @@ impl Client {
     }
 }
 
-/// Waits until silkd at `socket` answers `info`.
-pub fn info(socket: &Path, timeout: Duration) -> Result<AgentInfo> {
-    let mut c = Client::connect(socket, Instant::now() + timeout)?;
+/// Waits until silkd at `agent` answers `info`.
+pub fn info(agent: &AgentAddr, timeout: Duration) -> Result<AgentInfo> {
+    let mut c = Client::connect(agent, Instant::now() + timeout)?;
     c.send(&Frame::Info)?;
     let mut info = None;
     loop {
@@ -70,12 +70,12 @@ pub fn info(socket: &Path, timeout: Duration) -> Result<AgentInfo> {
 
 /// Runs `argv` to completion; returns its exit status and the last 4 KiB of its output.
 pub fn exec(
-    socket: &Path,
+    agent: &AgentAddr,
     argv: &[String],
     env: &[(String, String)],
     timeout: Duration,
 ) -> Result<(ExitStatus, String)> {
-    let mut c = Client::connect(socket, Instant::now() + timeout + Duration::from_secs(5))?;
+    let mut c = Client::connect(agent, Instant::now() + timeout + Duration::from_secs(5))?;
     c.send(&Frame::Exec(ExecRequest {
         command: Command { argv: argv.to_vec(), env: env.to_vec(), ..Default::default() },
         stdin: false,
@@ -95,5 +95,23 @@ pub fn exec(
             Frame::Error(e) => return Err(EngineError::WarmupFailed(e.to_string())),
             _ => {}
         }
+    }
+}
+
+/// Asks silkd to close every connection (this one last), so the jail holds no socket of the
+/// host's when CRIU dumps it. Returns once silkd closed this connection too.
+pub fn quiesce(agent: &AgentAddr, timeout: Duration) -> Result<()> {
+    let mut c = Client::connect(agent, Instant::now() + timeout)?;
+    c.send(&Frame::Quiesce)?;
+    match c.recv()? {
+        Frame::Done => {}
+        Frame::Error(e) => return Err(EngineError::NotReady(e.to_string())),
+        other => return Err(EngineError::NotReady(format!("quiesce answered {}", other.name()))),
+    }
+    // silkd closes its end right after `Done`: wait for that, so its socket is gone.
+    match c.recv() {
+        Err(EngineError::NotReady(m)) if m.contains("closed the connection") => Ok(()),
+        Err(e) => Err(e),
+        Ok(other) => Err(EngineError::NotReady(format!("quiesce went on with {}", other.name()))),
     }
 }

@@ -112,7 +112,25 @@ impl std::fmt::Display for Digest {
 }
 
 /// Size tiers and network lanes are the API's (`none`: a network namespace with only loopback).
-pub use silk_api::{Lane, Size};
+pub use silk_api::{Lane, Memory, Size};
+
+/// Whether an operation carried a sandbox's process memory, and if not, why.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryKept {
+    pub kept: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why_not: Option<String>,
+}
+
+impl MemoryKept {
+    pub fn yes() -> MemoryKept {
+        MemoryKept { kept: true, why_not: None }
+    }
+
+    pub fn no(why: impl Into<String>) -> MemoryKept {
+        MemoryKept { kept: false, why_not: Some(why.into()) }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Limits {
@@ -194,7 +212,17 @@ pub struct Base {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AgentAddr {
     Unix(PathBuf),
-    Vsock { cid: u32, port: u32 },
+    /// An abstract unix socket `name` in the network namespace of the process `pid` (the
+    /// jail's init, told from a reused pid by its start time): see [`crate::agent`].
+    Netns {
+        pid: u32,
+        start_time: u64,
+        name: String,
+    },
+    Vsock {
+        cid: u32,
+        port: u32,
+    },
 }
 
 /// A sandbox as the engine knows it.
@@ -208,6 +236,9 @@ pub struct BoxInfo {
     pub pid: Option<u32>,
     pub running: bool,
     pub created_ms: u64,
+    /// For the start that made it running: whether its processes came back from memory.
+    #[serde(default)]
+    pub memory: MemoryKept,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -226,8 +257,11 @@ pub struct Snapshot {
     pub spec: BoxSpec,
     pub layer_tar: PathBuf,
     pub bytes: u64,
-    /// Process memory was captured (never by the jail engine).
+    /// Process memory was captured (into the layer tar; see the jail engine's `memory`).
     pub memory: bool,
+    /// Why it was not, when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_why_not: Option<String>,
 }
 
 /// What an engine can do.

@@ -114,8 +114,10 @@ fn fills_to_the_limit(fs: &LoopFs, engine: &JailEngine, full: &str) {
     ok(&a, "rm /root/fill && sync && head -c 1048576 /dev/zero > /root/again");
 
     // A snapshot restores into a bounded disk too, and removal takes the disk with the box.
-    let snap = engine.snapshot(&a.id, SnapshotMode::KeepRunning, &fs.mnt.join("a.tar")).unwrap();
-    let c = engine.restore(&snap, &id("disk-c"), &small()).unwrap();
+    let snap = engine
+        .snapshot(&a.id, SnapshotMode::KeepRunning, Memory::Off, &fs.mnt.join("a.tar"))
+        .unwrap();
+    let c = engine.restore(&snap, &id("disk-c"), &small(), Memory::Off).unwrap();
     assert_eq!(ok(&c, "stat -c %s /root/again"), "1048576");
     let (_, out) = sh(&c, "dd if=/dev/zero of=/root/fill bs=1M count=200 2>&1");
     assert!(out.contains(full), "{out}");
@@ -134,7 +136,7 @@ fn an_image_unmounted_by_a_reboot_is_mounted_again_and_keeps_its_files() {
     let template = engine.template(&TemplateDef::host()).unwrap();
     let a = engine.boot(&template, &id("disk-r"), &small()).unwrap();
     ok(&a, "echo kept > /root/note && sync");
-    engine.stop(&a.id).unwrap();
+    engine.stop(&a.id, Memory::Off).unwrap();
     drop(engine);
     // What a host reboot leaves: the box's files in its image, nothing mounted.
     let disk = fs.mnt.join("data/boxes/disk-r/disk");

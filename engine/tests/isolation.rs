@@ -262,7 +262,7 @@ fn a_relaunch_never_writes_through_symlinks_the_sandbox_planted() {
     );
     // And a relative escape through a planted directory link.
     ok(&a, "rm -rf /opt && ln -s ../../../../../../../.. /opt");
-    h.engine.stop(&a.id).unwrap();
+    h.engine.stop(&a.id, Memory::Off).unwrap();
     let a = h.engine.resume(&a.id).unwrap();
     assert!(!hostname.exists(), "the launcher created a host file through a symlink");
     assert_eq!(std::fs::read_to_string(&machine_id).unwrap(), "host file\n");
@@ -314,13 +314,14 @@ fn captures_stay_the_size_of_the_data() {
          && for i in $(seq 200); do ln /root/data /root/link$i; done",
     );
     let snap_path = h.data.path().join("sparse.tar");
-    let snap = h.engine.snapshot(&a.id, SnapshotMode::KeepRunning, &snap_path).unwrap();
+    let snap =
+        h.engine.snapshot(&a.id, SnapshotMode::KeepRunning, Memory::Off, &snap_path).unwrap();
     assert!(
         snap.bytes < 70 << 20,
         "a 64 MiB file, 200 links to it and a 64 GiB sparse file captured as {} bytes",
         snap.bytes
     );
-    let b = h.engine.restore(&snap, &id("iso-sparse-b"), &small()).unwrap();
+    let b = h.engine.restore(&snap, &id("iso-sparse-b"), &small(), Memory::Off).unwrap();
     assert_eq!(
         ok(&b, "stat -c %s /root/sparse; stat -c %h /root/data; tail -c 5 /root/sparse"),
         "68719476741\n201\ntail"
@@ -338,7 +339,7 @@ fn a_file_named_like_a_whiteout_cannot_delete_files_on_restore() {
     ok(&a, "touch /etc/.wh.passwd");
     let err = h
         .engine
-        .snapshot(&a.id, SnapshotMode::KeepRunning, &h.data.path().join("wh.tar"))
+        .snapshot(&a.id, SnapshotMode::KeepRunning, Memory::Off, &h.data.path().join("wh.tar"))
         .unwrap_err();
     assert!(matches!(err, EngineError::BadRequest(_)), "{err}");
     assert!(err.to_string().contains(".wh.passwd"), "{err}");

@@ -112,9 +112,9 @@ fn a_jail_whose_silkd_died_comes_back_from_its_files() {
     kill_silkd(&h.engine, &a);
 
     let tar = h.data.path().join("x-a.tar");
-    let snap = h.engine.snapshot(&a.id, SnapshotMode::Stop, &tar).unwrap();
+    let snap = h.engine.snapshot(&a.id, SnapshotMode::Stop, Memory::Off, &tar).unwrap();
     assert!(traces(&h, &a.id, a.pid).is_empty(), "a stop snapshot removes the dead jail");
-    let back = h.engine.restore(&snap, &a.id, &small()).unwrap();
+    let back = h.engine.restore(&snap, &a.id, &small(), Memory::Off).unwrap();
     assert!(back.running);
     assert_eq!(ok(&back, "cat /root/work/state"), "kept");
     h.engine.destroy(&back.id).unwrap();

@@ -57,6 +57,7 @@ impl From<EngineError> for NodeError {
             Unsupported { .. } => Code::Unsupported,
             BadRequest(_) => Code::BadRequest,
             NotReady(_) => Code::SandboxNotReady,
+            MemoryFailed(_) => Code::MemorySnapshotFailed,
             Host(_) | Io { .. } => Code::EngineFailed,
         };
         NodeError::new(code, e.to_string())

@@ -21,6 +21,7 @@ use silk_engine::{
     TemplateDef, TemplateSource, Warmup,
 };
 use silk_store::SnapshotStore;
+use tokio::net::UnixStream;
 use tokio::sync::{Notify, Semaphore};
 
 use crate::claims::{
@@ -114,7 +115,7 @@ impl State {
 pub struct Live {
     pub record: ClaimRecord,
     /// Where its silkd listens while it runs.
-    pub agent: PathBuf,
+    pub agent: AgentAddr,
     /// The layers it runs on (unknown for a sandbox adopted while archived).
     pub base: Option<Base>,
     pub activity: Arc<Activity>,
@@ -195,7 +196,7 @@ impl Live {
     fn new(record: ClaimRecord, info: &BoxInfo) -> Live {
         Live {
             record,
-            agent: agent_path(info),
+            agent: info.agent.clone(),
             base: Some(info.base.clone()),
             activity: Activity::new(),
         }
@@ -267,12 +268,9 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-fn agent_path(info: &BoxInfo) -> PathBuf {
-    match &info.agent {
-        AgentAddr::Unix(p) => p.clone(),
-        // The jail engine only hands out unix sockets; vsock arrives with VM engines.
-        AgentAddr::Vsock { .. } => PathBuf::new(),
-    }
+/// A connection to the silkd at `agent` (a few syscalls: a unix socket's connect does not wait).
+pub(crate) fn connect_agent(agent: &AgentAddr) -> std::io::Result<UnixStream> {
+    UnixStream::from_std(silk_engine::agent::connect(agent)?)
 }
 
 async fn blocking<T: Send + 'static>(

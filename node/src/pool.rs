@@ -160,6 +160,7 @@ mod tests {
             pid: None,
             running: true,
             created_ms: 0,
+            memory: Default::default(),
         }
     }
 

@@ -295,6 +295,7 @@ impl TryFrom<StoredSnapshot> for Snapshot {
             layer_tar: s.layer_tar,
             bytes: s.bytes,
             memory: s.memory,
+            memory_why_not: None,
         })
     }
 }

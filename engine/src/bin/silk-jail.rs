@@ -1,6 +1,7 @@
 //! `silk-jail SPEC.json`: starts one jail from a launch spec (see `silk_engine::jail::launch`),
-//! with silkd's listening socket as fd 3. Prints the jail's host pid on success; on failure
-//! prints why on stderr and exits 1. `silk-jail --hold-userns BASE` holds a new user namespace open
+//! Prints the jail's host pid on success; on failure prints why on stderr and exits 1.
+//! `silk-jail --restore SPEC.json` brings a jail back from CRIU images (see
+//! `silk_engine::jail::launch::restore`). `silk-jail --hold-userns BASE` holds a new user namespace open
 //! until stdin closes (the engine makes its sandboxes' user namespace this way). Run by the jail
 //! engine, not by people.
 
@@ -18,11 +19,32 @@ fn main() {
         }
         return;
     }
+    if arg.as_deref() == Some(std::ffi::OsStr::new("--restore")) {
+        let Some(spec) = std::env::args_os().nth(2).map(read_spec) else {
+            eprintln!("usage: silk-jail --restore SPEC.json");
+            std::process::exit(2);
+        };
+        if let Err(e) = silk_engine::jail::launch::restore::run(&spec) {
+            eprintln!("silk-jail: {e}");
+            std::process::exit(1);
+        }
+        return;
+    }
     let Some(path) = arg else {
         eprintln!("usage: silk-jail SPEC.json");
         std::process::exit(2);
     };
-    let spec = match std::fs::read(&path)
+    match silk_engine::jail::launch::run(&read_spec(path)) {
+        Ok(pid) => println!("{pid}"),
+        Err(e) => {
+            eprintln!("silk-jail: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn read_spec<T: serde::de::DeserializeOwned>(path: std::ffi::OsString) -> T {
+    match std::fs::read(&path)
         .map_err(|e| e.to_string())
         .and_then(|b| serde_json::from_slice(&b).map_err(|e| e.to_string()))
     {
@@ -30,13 +52,6 @@ fn main() {
         Err(e) => {
             eprintln!("silk-jail: cannot read {}: {e}", std::path::Path::new(&path).display());
             std::process::exit(2);
-        }
-    };
-    match silk_engine::jail::launch::run(&spec) {
-        Ok(pid) => println!("{pid}"),
-        Err(e) => {
-            eprintln!("silk-jail: {e}");
-            std::process::exit(1);
         }
     }
 }

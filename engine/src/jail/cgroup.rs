@@ -136,6 +136,14 @@ impl Cgroups {
         Ok(dirs)
     }
 
+    /// The group that freezes the sandbox (CRIU's `--freeze-cgroup`).
+    pub fn freezer_dir(&self, id: &SandboxId) -> PathBuf {
+        match self.version {
+            Version::V2 => self.dirs(id)[0].clone(),
+            Version::V1 => self.mount.join("freezer").join(&self.parent).join(id.as_str()),
+        }
+    }
+
     pub fn freeze(&self, id: &SandboxId, frozen: bool) -> Result<()> {
         match self.version {
             Version::V2 => {

@@ -9,8 +9,8 @@ use super::{JailEngine, partial_path};
 use crate::layer::Ids;
 use crate::layer::{self, Whiteouts};
 use crate::{
-    AgentAddr, Base, BoxSpec, Digest, Engine, EngineError, Golden, Lane, Result, SandboxId,
-    Snapshot, Template, Warmup, probe, template,
+    Base, BoxSpec, Digest, Engine, EngineError, Golden, Lane, Result, SandboxId, Snapshot,
+    Template, Warmup, probe, template,
 };
 
 impl JailEngine {
@@ -70,11 +70,8 @@ impl JailEngine {
             self.create(base, &builder, &BoxSpec::new(crate::Size::Medium, Lane::None), None, false)?;
         let built = (|| {
             if !warmup.argv.is_empty() {
-                let AgentAddr::Unix(socket) = &info.agent else {
-                    unreachable!("jails listen on unix sockets")
-                };
                 let (status, tail) =
-                    probe::exec(socket, &warmup.argv, &template.env, warmup.timeout)?;
+                    probe::exec(&info.agent, &warmup.argv, &template.env, warmup.timeout)?;
                 if status.timed_out {
                     return Err(EngineError::WarmupFailed(format!(
                         "timed out after {:?}: {tail}",

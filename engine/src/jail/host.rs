@@ -56,7 +56,7 @@ pub(super) fn now_ms() -> u64 {
 }
 
 /// Field 22 of `/proc/<pid>/stat`: the process's start time in clock ticks since boot.
-pub(super) fn start_time(pid: u32) -> Option<u64> {
+pub(crate) fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_comm = stat.rsplit_once(')')?.1;
     let state = after_comm.split_whitespace().next()?;

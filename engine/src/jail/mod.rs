@@ -5,7 +5,7 @@
 //! ```text
 //! templates/<kind>-<digest>/root     materialised templates (host skeletons, flattened images)
 //! goldens/<digest>/{layer,golden.json,ids}   warmup results, read-only lower layers
-//! boxes/<id>/{box.json,launch.json,root,lower,agent.sock,agent.log}
+//! boxes/<id>/{box.json,launch.json,root,lower,agent.log}
 //! boxes/<id>/[disk/]{upper,work}      the sandbox's files (in `disk/` where its disk is bounded)
 //! boxes/<id>/disk.img                the sandbox's disk, where it is an ext4 image
 //! disks/<engine>/<n>/{disk.img,mnt}    images made ahead (see `disk`)
@@ -35,17 +35,19 @@
 //! on a thread with a stack for any depth a sandbox can nest directories to).
 
 mod cgroup;
+mod criu;
 mod disk;
 mod goldens;
 mod host;
 mod ids;
 pub mod launch;
+mod memory;
 mod outside;
 pub mod seccomp;
+mod snapshot;
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-use std::os::unix::net::UnixListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -53,22 +55,28 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::layer::{self, ID_COUNT, Ids, Whiteouts};
+use crate::layer::{ID_COUNT, Ids};
 use crate::template::{self, TemplateDef};
 use crate::{
     AgentAddr, Base, BoxInfo, BoxSpec, Caps, Digest, DiskMechanism, Engine, EngineError, Golden,
-    Lane, Result, SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
+    Lane, Memory, MemoryKept, Result, SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
 };
 use cgroup::Cgroups;
 pub use disk::{DiskSizes, unmount_under};
-use host::{image_defaults, log_tail, now_ms, partial_path, start_time};
+pub(crate) use host::start_time;
+use host::{image_defaults, log_tail, now_ms, partial_path};
 pub use ids::user_namespace;
-use launch::{LISTEN_FD, LaunchSpec, Lower, USERNS_FD};
+use launch::{AGENT_NAME, LaunchSpec, Lower, USERNS_FD};
 pub use outside::{recorded_boxes, remove_all};
 
 /// The default host uid/gid of a sandbox's root: inside systemd's range for containers
 /// (524288–1879048191), far from the ranges `useradd` hands out in /etc/subuid (100000 up).
 pub const DEFAULT_ID_BASE: u32 = 0x6000_0000;
+
+/// Where a jail's silkd listens: [`AGENT_NAME`] in the network namespace of its init.
+fn agent_addr(pid: u32, start_time: Option<u64>) -> AgentAddr {
+    AgentAddr::Netns { pid, start_time: start_time.unwrap_or(0), name: AGENT_NAME.to_string() }
+}
 
 /// Where the engine keeps its files and finds its helpers.
 #[derive(Debug, Clone)]
@@ -89,6 +97,13 @@ pub struct JailConfig {
     pub disk: DiskSizes,
     /// Whether to bound sandboxes' disks at all (off: no images, no subvolumes).
     pub bound_disks: bool,
+    /// Keep processes' memory through CRIU where it works (off: files only, always).
+    pub memory: bool,
+    /// The CRIU binary (`None`: looked for in /usr/local/sbin, /usr/sbin, /usr/local/bin).
+    pub criu: Option<PathBuf>,
+    /// The key memory images in snapshots are authenticated with; every node that should
+    /// restore another's images needs the same (`None`: one of this data directory's own).
+    pub memory_key: Option<[u8; 32]>,
 }
 
 impl JailConfig {
@@ -106,6 +121,9 @@ impl JailConfig {
             id_base: DEFAULT_ID_BASE,
             disk: DiskSizes::default(),
             bound_disks: true,
+            memory: true,
+            criu: None,
+            memory_key: None,
         }
     }
 }
@@ -118,6 +136,11 @@ pub struct JailEngine {
     /// The user namespace every sandbox enters (its maps written once, here).
     userns: OwnedFd,
     disks: disk::Disks,
+    /// CRIU, or why memory is not kept.
+    criu: std::result::Result<criu::Criu, String>,
+    memory_key: [u8; 32],
+    /// Names this engine's cgroups and staging directories apart from other engines'.
+    instance: String,
 }
 
 /// What `boxes/<id>/box.json` holds.
@@ -160,12 +183,21 @@ impl JailEngine {
                 .and_then(|()| std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)))
                 .map_err(EngineError::io(format!("mkdir {}", d.display())))?;
         }
-        let instance = blake3::hash(cfg.data_dir.as_os_str().as_encoded_bytes()).to_hex();
-        let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{}", &instance[..12]))?;
+        let hash = blake3::hash(cfg.data_dir.as_os_str().as_encoded_bytes()).to_hex();
+        let instance = hash[..12].to_string();
+        let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{instance}"))?;
         let ids = Ids { base: cfg.id_base };
         let userns = user_namespace(&cfg.launcher, ids)?;
         let disks = disk::Disks::open(&cfg.data_dir, cfg.disk, cfg.bound_disks);
-        let engine = JailEngine { cfg, cgroups, ids, userns, disks };
+        let criu = match cfg.memory {
+            true => criu::probe(cfg.criu.as_deref()),
+            false => Err("turned off in the configuration".into()),
+        };
+        if let Err(why) = &criu {
+            tracing::info!("sandboxes keep their files, not their memory: {why}");
+        }
+        let memory_key = memory::memory_key(&cfg.data_dir, cfg.memory_key)?;
+        let engine = JailEngine { cfg, cgroups, ids, userns, disks, criu, memory_key, instance };
         engine.remove_incomplete()?;
         engine.thaw_all();
         engine.stop_unconfined();
@@ -222,13 +254,14 @@ impl JailEngine {
         std::fs::rename(&tmp, dir.join("box.json")).map_err(EngineError::io("commit box.json"))
     }
 
-    /// Creates and starts a sandbox on `base`; `layer` seeds its upper directory (restore).
+    /// Creates and starts a sandbox on `base`; `layer` (a snapshot, and whether to bring its
+    /// memory back) seeds it (restore).
     fn create(
         &self,
         base: Base,
         id: &SandboxId,
         spec: &BoxSpec,
-        layer: Option<&Path>,
+        layer: Option<(&Path, Memory)>,
         bounded: bool,
     ) -> Result<BoxInfo> {
         if spec.lane != Lane::None {
@@ -255,7 +288,7 @@ impl JailEngine {
         base: Base,
         id: &SandboxId,
         spec: &BoxSpec,
-        layer: Option<&Path>,
+        layer: Option<(&Path, Memory)>,
         dir: &Path,
         bounded: bool,
     ) -> Result<BoxInfo> {
@@ -271,12 +304,16 @@ impl JailEngine {
         let root_id = Some(self.ids.base);
         std::os::unix::fs::chown(&upper, root_id, root_id)
             .map_err(EngineError::io("chown upper"))?;
-        if let Some(tar) = layer {
-            let file = std::fs::File::open(tar)
-                .map_err(EngineError::io(format!("open {}", tar.display())))?;
-            layer::apply(file, &upper, Whiteouts::Overlay, self.ids)?;
+        let mut memory = MemoryKept::default();
+        if let Some((tar, wanted)) = layer {
+            match self.apply_snapshot(tar, wanted, &upper, &base, id, spec)? {
+                Ok(restored) => return Ok(restored),
+                Err(why) => memory = MemoryKept::no(why),
+            }
         }
-        self.launch_box(base, id, spec, dir)
+        let mut info = self.launch_box(base, id, spec, dir)?;
+        info.memory = memory;
+        Ok(info)
     }
 
     /// Starts the jail of a box whose directories (upper, work, root) exist: a new one, or a
@@ -290,27 +327,9 @@ impl JailEngine {
     ) -> Result<BoxInfo> {
         let files = disk::files_dir(dir);
         let (upper, work, root) = (files.join("upper"), files.join("work"), dir.join("root"));
-        let mut lowers = vec![];
-        if let Some(golden) = &base.golden {
-            lowers.push(Lower { path: golden.layer.clone(), idmapped_at: None });
-        }
-        let template_at = dir.join("lower");
-        if !template_at.is_dir() {
-            // A box made before template layers were id-mapped.
-            std::fs::create_dir(&template_at).map_err(EngineError::io("mkdir lower"))?;
-        }
-        lowers.push(Lower { path: base.template.root.clone(), idmapped_at: Some(template_at) });
+        let lowers = self.lowers(&base, dir)?;
         let cgroups = self.cgroups.create(id, spec.limits())?;
 
-        let socket = dir.join("agent.sock");
-        if socket.as_os_str().len() >= 108 {
-            return Err(EngineError::Host(format!(
-                "socket path {} is too long for a unix socket",
-                socket.display()
-            )));
-        }
-        let _ = std::fs::remove_file(&socket); // a stopped jail's
-        let listener = UnixListener::bind(&socket).map_err(EngineError::io("bind agent socket"))?;
         let launch = LaunchSpec {
             hostname: id.to_string(),
             root,
@@ -329,23 +348,24 @@ impl JailEngine {
             serde_json::to_vec_pretty(&launch).map_err(|e| EngineError::Host(e.to_string()))?;
         std::fs::write(&launch_path, json).map_err(EngineError::io("write launch.json"))?;
 
-        let pid = self.launch(&launch_path, &listener)?;
-        drop(listener); // the jail holds its own copy
+        let pid = self.launch(&launch_path)?;
+        let started = start_time(pid);
         let info = BoxInfo {
             id: id.clone(),
             base,
             spec: spec.clone(),
-            agent: AgentAddr::Unix(socket.clone()),
+            agent: agent_addr(pid, started),
             pid: Some(pid),
             running: true,
             created_ms: now_ms(),
+            memory: MemoryKept::default(),
         };
         self.save(&Record {
             info: info.clone(),
-            start_time: start_time(pid),
+            start_time: started,
             id_base: Some(self.ids.base),
         })?;
-        if let Err(e) = probe::info(&socket, self.cfg.ready_timeout) {
+        if let Err(e) = probe::info(&info.agent, self.cfg.ready_timeout) {
             let log = log_tail(&dir.join("agent.log"));
             let _ = self.kill(id, Some(pid));
             return Err(EngineError::NotReady(format!("{e}; agent log: {}", log.trim())));
@@ -353,24 +373,33 @@ impl JailEngine {
         Ok(info)
     }
 
-    /// Runs `silk-jail` with the listening socket as fd 3 and the user namespace as fd 4;
-    /// returns the jail's host pid.
-    fn launch(&self, spec: &Path, listener: &UnixListener) -> Result<u32> {
-        let (listen, userns) = (listener.as_raw_fd(), self.userns.as_raw_fd());
+    /// The overlay's read-only layers of a box on `base`, top first.
+    fn lowers(&self, base: &Base, dir: &Path) -> Result<Vec<Lower>> {
+        let mut lowers = vec![];
+        if let Some(golden) = &base.golden {
+            lowers.push(Lower { path: golden.layer.clone(), idmapped_at: None });
+        }
+        let template_at = dir.join("lower");
+        if !template_at.is_dir() {
+            // A box made before template layers were id-mapped.
+            std::fs::create_dir(&template_at).map_err(EngineError::io("mkdir lower"))?;
+        }
+        lowers.push(Lower { path: base.template.root.clone(), idmapped_at: Some(template_at) });
+        Ok(lowers)
+    }
+
+    /// Runs `silk-jail` with the user namespace as fd 4; returns the jail's host pid.
+    fn launch(&self, spec: &Path) -> Result<u32> {
+        let userns = self.userns.as_raw_fd();
         let mut cmd = std::process::Command::new(&self.cfg.launcher);
         cmd.arg(spec).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
         // SAFETY: fcntl/dup2 are async-signal-safe.
         unsafe {
             cmd.pre_exec(move || {
-                // Copies above both targets first (close-on-exec, so they go at exec), so
-                // neither source is overwritten by the other's dup2.
-                let listen = libc::fcntl(listen, libc::F_DUPFD_CLOEXEC, 10);
+                // A copy above the target first (close-on-exec, so it goes at exec), so the
+                // source is never the target itself.
                 let userns = libc::fcntl(userns, libc::F_DUPFD_CLOEXEC, 10);
-                if listen < 0
-                    || userns < 0
-                    || libc::dup2(listen, LISTEN_FD) < 0
-                    || libc::dup2(userns, USERNS_FD) < 0
-                {
+                if userns < 0 || libc::dup2(userns, USERNS_FD) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
                 Ok(())
@@ -420,7 +449,7 @@ impl Engine for JailEngine {
 
     fn capabilities(&self) -> Caps {
         Caps {
-            memory_snapshot: false,
+            memory_snapshot: self.criu.is_ok(),
             egress: false,
             disk_limit: self.disks.mechanism() != DiskMechanism::None,
             disk_mechanism: self.disks.mechanism(),
@@ -471,106 +500,41 @@ impl Engine for JailEngine {
         self.create(Base { template: template.clone(), golden: None }, id, spec, None, true)
     }
 
-    fn snapshot(&self, id: &SandboxId, mode: SnapshotMode, into: &Path) -> Result<Snapshot> {
-        let record = self.record(id)?;
-        // A jail whose silkd died (or that a host reboot ended) still has its files: capturing
-        // them is how it comes back. Only a live one needs freezing for a consistent capture.
-        let live = self.live_pid(&record).is_some();
-        // The ids its files are stored with (a box from before the user namespace: host ids).
-        let ids = Ids { base: record.id_base.unwrap_or(0) };
-        let partial = partial_path(into);
-        if live {
-            self.cgroups.freeze(id, true)?;
-        }
-        let captured = (|| {
-            let file =
-                std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
-            let mut out = std::io::BufWriter::new(file);
-            layer::capture(&disk::files_dir(&self.box_dir(id)).join("upper"), &mut out, ids)?;
-            let file =
-                out.into_inner().map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
-            file.sync_all().map_err(EngineError::io("sync snapshot"))?;
-            let bytes =
-                file.metadata().map(|m| m.len()).map_err(EngineError::io("stat snapshot"))?;
-            std::fs::rename(&partial, into).map_err(EngineError::io("commit snapshot"))?;
-            Ok(bytes)
-        })();
-        let after = match mode {
-            SnapshotMode::KeepRunning if !live => Ok(()),
-            SnapshotMode::KeepRunning => self.cgroups.freeze(id, false),
-            SnapshotMode::Stop if captured.is_ok() => {
-                // The snapshot is committed: the caller has the sandbox's files. A sandbox that
-                // fails to go away is left for `list` to report (and its owner to destroy).
-                if let Err(e) = self.destroy(id) {
-                    tracing::warn!(sandbox = %id, "destroy after a stop snapshot: {e}");
-                }
-                Ok(())
-            }
-            // A failed capture must leave the source as it was.
-            SnapshotMode::Stop if !live => Ok(()),
-            SnapshotMode::Stop => self.cgroups.freeze(id, false),
-        };
-        let bytes = match captured {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                let _ = std::fs::remove_file(&partial);
-                return Err(e);
-            }
-        };
-        after?;
-        Ok(Snapshot {
-            base: record.info.base,
-            spec: record.info.spec,
-            layer_tar: into.to_path_buf(),
-            bytes,
-            memory: false,
-        })
+    fn snapshot(
+        &self,
+        id: &SandboxId,
+        mode: SnapshotMode,
+        memory: Memory,
+        into: &Path,
+    ) -> Result<Snapshot> {
+        self.take_snapshot(id, mode, memory, into)
     }
 
     fn golden_from_snapshot(&self, snapshot: &Snapshot) -> Result<Golden> {
         self.merge_golden(snapshot)
     }
 
-    fn restore(&self, snapshot: &Snapshot, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
-        if snapshot.memory {
-            return Err(EngineError::Unsupported {
-                what: "restoring process memory",
-                engine: "jail",
-            });
-        }
-        self.create(snapshot.base.clone(), id, spec, Some(&snapshot.layer_tar), true)
+    fn restore(
+        &self,
+        snapshot: &Snapshot,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        memory: Memory,
+    ) -> Result<BoxInfo> {
+        let layer = Some((snapshot.layer_tar.as_path(), memory));
+        self.create(snapshot.base.clone(), id, spec, layer, true)
     }
 
-    fn stop(&self, id: &SandboxId) -> Result<()> {
-        let record = self.record(id)?;
-        // The rootfs mount lives in the jail's own mount namespace: it goes with the jail, and
-        // the upper directory stays.
-        self.kill(id, self.live_pid(&record))
+    fn stop(&self, id: &SandboxId, memory: Memory) -> Result<MemoryKept> {
+        self.stop_box(id, memory)
     }
 
     fn resume(&self, id: &SandboxId) -> Result<BoxInfo> {
-        let record = self.record(id)?;
-        if let Some(pid) = self.live_pid(&record) {
-            return Ok(BoxInfo { pid: Some(pid), running: true, ..record.info });
-        }
-        // A jail that died by itself can leave its cgroups behind.
-        self.cgroups.remove(id)?;
-        if record.id_base != Some(self.ids.base) {
-            // Made with another range (none: before sandboxes had a user namespace, host ids
-            // 0..65536): its files move into this one.
-            layer::shift_ids(
-                &disk::files_dir(&self.box_dir(id)).join("upper"),
-                record.id_base.unwrap_or(0),
-                self.ids,
-            )?;
-        }
-        let info = record.info;
-        let resumed = self.launch_box(info.base, id, &info.spec, &self.box_dir(id));
-        if resumed.is_err() {
-            // Its files stay: a failed resume leaves a stopped sandbox, never a lost one.
-            let _ = self.cgroups.remove(id);
-        }
-        resumed
+        self.resume_box(id)
+    }
+
+    fn memory_why_not(&self) -> Option<String> {
+        self.criu.as_ref().err().cloned()
     }
 
     fn destroy(&self, id: &SandboxId) -> Result<()> {

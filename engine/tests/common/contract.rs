@@ -39,7 +39,7 @@ pub fn clones_are_separate_machines(e: &dyn Engine, t: &Template) {
     ok(&a, "echo only-a > /root/mine");
     assert_ne!(sh(&b, "cat /root/mine").0, 0);
     assert_ne!(ok(&a, "cat /etc/machine-id"), ok(&b, "cat /etc/machine-id"));
-    assert!(matches!(e.agent(&a.id).unwrap(), AgentAddr::Unix(_)));
+    assert_eq!(e.agent(&a.id).unwrap(), a.agent);
     let ids: Vec<_> = e.list().unwrap().into_iter().filter(|i| i.running).map(|i| i.id).collect();
     assert_eq!(ids, vec![a.id.clone(), b.id.clone()]);
     e.destroy(&a.id).unwrap();
@@ -55,21 +55,22 @@ pub fn snapshot_and_restore_keep_the_filesystem(e: &dyn Engine, t: &Template, sc
         "mkdir -p /srv/data && echo v1 > /srv/data/f && rm /etc/hosts && chmod 600 /srv/data/f",
     );
     let into = scratch.join("keep.tar");
-    let snap = e.snapshot(&src.id, SnapshotMode::KeepRunning, &into).unwrap();
+    let snap = e.snapshot(&src.id, SnapshotMode::KeepRunning, Memory::Off, &into).unwrap();
     assert!(!snap.memory || e.capabilities().memory_snapshot);
     assert_eq!(snap.layer_tar, into);
     assert_eq!(std::fs::metadata(&into).unwrap().len(), snap.bytes);
     ok(&src, "echo v2 > /srv/data/f"); // still running and writable after the snapshot
 
-    let copy = e.restore(&snap, &id("c-copy"), &small()).unwrap();
+    let copy = e.restore(&snap, &id("c-copy"), &small(), Memory::Off).unwrap();
     assert_eq!(ok(&copy, "cat /srv/data/f"), "v1");
     assert_eq!(ok(&copy, "stat -c %a /srv/data/f"), "600");
     assert_ne!(sh(&copy, "test -e /etc/hosts").0, 0, "a deletion survives the snapshot");
     assert_eq!(ok(&copy, "hostname"), "c-copy");
 
-    let stopped = e.snapshot(&src.id, SnapshotMode::Stop, &scratch.join("stop.tar")).unwrap();
+    let stopped =
+        e.snapshot(&src.id, SnapshotMode::Stop, Memory::Off, &scratch.join("stop.tar")).unwrap();
     assert!(e.list().unwrap().iter().all(|b| b.id != src.id), "Stop destroys the source");
-    let again = e.restore(&stopped, &id("c-again"), &small()).unwrap();
+    let again = e.restore(&stopped, &id("c-again"), &small(), Memory::Off).unwrap();
     assert_eq!(ok(&again, "cat /srv/data/f"), "v2");
     for b in [copy.id, again.id] {
         e.destroy(&b).unwrap();
@@ -82,13 +83,15 @@ pub fn stopped_sandboxes_resume_on_their_files(e: &dyn Engine, t: &Template, scr
     let g = e.prepare(t, &Warmup::default()).unwrap();
     let a = e.clone_golden(&g, &id("c-park"), &small()).unwrap();
     ok(&a, "mkdir -p /srv/p && echo parked > /srv/p/f && rm /etc/hosts");
-    e.stop(&a.id).unwrap();
-    e.stop(&a.id).unwrap(); // idempotent
+    e.stop(&a.id, Memory::Off).unwrap();
+    e.stop(&a.id, Memory::Off).unwrap(); // idempotent
     let listed = e.list().unwrap();
     let row = listed.iter().find(|b| b.id == a.id).expect("a stopped sandbox is still listed");
     assert!(!row.running);
 
-    let snap = e.snapshot(&a.id, SnapshotMode::KeepRunning, &scratch.join("park.tar")).unwrap();
+    let snap = e
+        .snapshot(&a.id, SnapshotMode::KeepRunning, Memory::Off, &scratch.join("park.tar"))
+        .unwrap();
     let back = e.resume(&a.id).unwrap();
     assert!(back.running);
     assert_eq!(ok(&back, "cat /srv/p/f"), "parked");
@@ -97,9 +100,9 @@ pub fn stopped_sandboxes_resume_on_their_files(e: &dyn Engine, t: &Template, scr
     let same = e.resume(&a.id).unwrap();
     assert_eq!(same.pid, back.pid, "resuming a running sandbox changes nothing");
 
-    let copy = e.restore(&snap, &id("c-park2"), &small()).unwrap();
+    let copy = e.restore(&snap, &id("c-park2"), &small(), Memory::Off).unwrap();
     assert_eq!(ok(&copy, "cat /srv/p/f"), "parked", "a stopped sandbox can be captured");
-    e.stop(&copy.id).unwrap();
+    e.stop(&copy.id, Memory::Off).unwrap();
     e.destroy(&copy.id).unwrap();
     assert!(matches!(e.resume(&copy.id), Err(EngineError::NotFound(_))));
     e.destroy(&a.id).unwrap();
@@ -125,7 +128,12 @@ pub fn errors_are_typed(e: &dyn Engine, t: &Template, scratch: &Path) {
         ));
     }
     assert!(matches!(
-        e.snapshot(&id("c-none"), SnapshotMode::KeepRunning, &scratch.join("none.tar")),
+        e.snapshot(
+            &id("c-none"),
+            SnapshotMode::KeepRunning,
+            Memory::Off,
+            &scratch.join("none.tar")
+        ),
         Err(EngineError::NotFound(_))
     ));
     assert!(!scratch.join("none.tar").exists(), "a failed snapshot leaves no file");
@@ -164,7 +172,9 @@ pub fn goldens_from_snapshots_keep_every_change(e: &dyn Engine, t: &Template, sc
         &src,
         "echo promoted > /etc/new && rm /etc/warm && rm -r /srv/old && mkdir /srv/old && echo b > /srv/old/b && rm /etc/hosts",
     );
-    let snap = e.snapshot(&src.id, SnapshotMode::KeepRunning, &scratch.join("p.tar")).unwrap();
+    let snap = e
+        .snapshot(&src.id, SnapshotMode::KeepRunning, Memory::Off, &scratch.join("p.tar"))
+        .unwrap();
     let promoted = e.golden_from_snapshot(&snap).unwrap();
     assert_ne!(promoted.digest, g.digest);
     assert_eq!(e.golden_from_snapshot(&snap).unwrap(), promoted, "same snapshot, same golden");

@@ -182,7 +182,7 @@ pub fn status(e: &NodeError) -> StatusCode {
         Unauthorized => StatusCode::UNAUTHORIZED,
         NotFound | TemplateNotFound | PeerNotFound | NoRoute => StatusCode::NOT_FOUND,
         MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-        Conflict | BaseUnavailable => StatusCode::CONFLICT,
+        Conflict | BaseUnavailable | MemorySnapshotFailed => StatusCode::CONFLICT,
         NodeFull | QuotaExceeded | RateLimited => StatusCode::TOO_MANY_REQUESTS,
         Draining | Moving | AgentUnavailable | SandboxNotReady | StoreUnavailable => {
             StatusCode::SERVICE_UNAVAILABLE

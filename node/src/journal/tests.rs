@@ -338,6 +338,7 @@ async fn digests_keep_their_journal_encoding() {
         layer_tar: "/s.tar".into(),
         bytes: 3,
         memory: false,
+        memory_why_not: None,
     };
     let record = ClaimRecord {
         id: "sb-1".into(),

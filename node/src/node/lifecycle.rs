@@ -20,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
-use silk_engine::{Base, BoxInfo, BoxSpec, Golden, SandboxId, Snapshot, SnapshotMode};
+use silk_engine::{Base, BoxInfo, BoxSpec, Golden, Memory, SandboxId, Snapshot, SnapshotMode};
 use silk_store::{ObjectStore, SnapshotName, SnapshotStore, StoreError};
 use tokio::net::UnixStream;
 use tokio::task::JoinSet;
@@ -260,8 +260,10 @@ impl Node {
             Phase::Running | Phase::Stopped => {
                 let (engine, id) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
                 let tar = self.scratch_tar(what);
-                let snap =
-                    blocking(move || engine.snapshot(&id, SnapshotMode::KeepRunning, &tar)).await?;
+                let snap = blocking(move || {
+                    engine.snapshot(&id, SnapshotMode::KeepRunning, Memory::Auto, &tar)
+                })
+                .await?;
                 Ok((snap, true))
             }
             Phase::Captured(snap) => Ok(((**snap).clone(), false)),
@@ -292,7 +294,7 @@ impl Node {
         let mut rec = live.record.clone();
         live.activity.hangup.notify_waiters();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
-        blocking(move || engine.stop(&sid)).await?;
+        blocking(move || engine.stop(&sid, Memory::Auto)).await?;
         self.crash_point("hibernate:stopped").await;
         rec.enter(Phase::Stopped, now_ms()).map_err(conflict)?;
         self.put_record(&rec).await?;
@@ -313,13 +315,15 @@ impl Node {
             layer_tar: tar.clone(),
             bytes: 0,
             memory: false,
+            memory_why_not: None,
         };
         rec.intent = Some(Intent::Hibernate(Box::new(planned)));
         self.put_record(&rec).await?;
         self.crash_point("capture:intent").await;
         live.activity.hangup.notify_waiters();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
-        let captured = blocking(move || engine.snapshot(&sid, SnapshotMode::Stop, &tar)).await;
+        let captured =
+            blocking(move || engine.snapshot(&sid, SnapshotMode::Stop, Memory::Auto, &tar)).await;
         rec.intent = None;
         let snap = match captured {
             Ok(snap) => snap,
@@ -423,12 +427,12 @@ impl Node {
     /// client sees a slower call, and processes restart as on any wake.
     pub async fn agent_stream(&self, id: &str) -> Result<(Live, UnixStream), NodeError> {
         let live = self.wake(id).await?;
-        if let Ok(stream) = UnixStream::connect(&live.agent).await {
+        if let Ok(stream) = super::connect_agent(&live.agent) {
             return Ok((live, stream));
         }
         let _busy = self.busy(id).await;
         let live = self.wake_locked(self.current(id)?).await?;
-        let refused = match UnixStream::connect(&live.agent).await {
+        let refused = match super::connect_agent(&live.agent) {
             Ok(stream) => return Ok((live, stream)), // another call brought it back
             Err(e) => e,
         };
@@ -444,7 +448,7 @@ impl Node {
         self.hibernate_locked(live).await?;
         let live = self.wake_locked(self.current(id)?).await?;
         self.metrics.restarted.fetch_add(1, Ordering::Relaxed);
-        let stream = UnixStream::connect(&live.agent).await.map_err(|e| {
+        let stream = super::connect_agent(&live.agent).map_err(|e| {
             NodeError::new(Code::AgentUnavailable, format!("connect to silkd after a restart: {e}"))
         })?;
         Ok((live, stream))
@@ -530,7 +534,7 @@ impl Node {
         let (engine, sid, spec, s) =
             (self.engine.clone(), rec.id.parse::<SandboxId>()?, box_spec(&rec), snap.cloned());
         let info = blocking(move || match s {
-            Some(s) => engine.restore(&s, &sid, &spec),
+            Some(s) => engine.restore(&s, &sid, &spec, Memory::Auto),
             None => engine.resume(&sid),
         })
         .await?;
@@ -545,7 +549,7 @@ impl Node {
                 self.teardown(info.id);
             } else if let Err(s) = blocking({
                 let (engine, id) = (self.engine.clone(), info.id.clone());
-                move || engine.stop(&id)
+                move || engine.stop(&id, Memory::Off).map(drop)
             })
             .await
             {
@@ -555,7 +559,7 @@ impl Node {
         }
         let woken = Live {
             record: rec,
-            agent: super::agent_path(&info),
+            agent: info.agent.clone(),
             base: Some(info.base),
             activity: live.activity.clone(),
         };

@@ -5,7 +5,7 @@
 //! verbs import it, it imports only the tables, so no verb needs `server` and `server` is the
 //! only module that knows every verb.
 
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 use silk_proto::{ErrorKind, Frame, ProtoError, WireError};
@@ -55,6 +55,10 @@ pub struct Agent {
     pub(crate) started: Instant,
     /// Connections open now, for `Info`; kept by the accept loop.
     pub(crate) connections: AtomicU32,
+    /// Numbers connections, so a `Quiesce` can tell its own from the rest.
+    pub(crate) next_connection: AtomicU64,
+    /// `Quiesce`: the number of the connection that asked; every other one closes.
+    pub(crate) quiesce: tokio::sync::watch::Sender<u64>,
 }
 
 impl Agent {
@@ -67,6 +71,8 @@ impl Agent {
             options,
             started: Instant::now(),
             connections: AtomicU32::new(0),
+            next_connection: AtomicU64::new(1),
+            quiesce: tokio::sync::watch::Sender::new(0),
         }
     }
 }

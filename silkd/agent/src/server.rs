@@ -111,13 +111,34 @@ where
     W: AsyncWrite + Unpin + Send + 'static,
 {
     tokio::spawn(async move {
+        let me = agent.next_connection.fetch_add(1, Ordering::Relaxed);
+        let mut quiesce = agent.quiesce.subscribe();
         agent.connections.fetch_add(1, Ordering::Relaxed);
-        serve(&agent, FrameReader::new(r), FrameWriter::new(w)).await;
+        tokio::select! {
+            () = serve(&agent, me, FrameReader::new(r), FrameWriter::new(w)) => {}
+            // Another connection asked for quiet: this one ends wherever it is (its socket and
+            // any foreground process go as on a hang-up).
+            _ = quiesce.wait_for(|asker| *asker != 0 && *asker != me) => {}
+        }
         agent.connections.fetch_sub(1, Ordering::Relaxed);
     });
 }
 
-async fn serve<R, W>(agent: &Agent, mut rd: FrameReader<R>, mut wr: FrameWriter<W>)
+/// `Quiesce`: closes every other connection, waits (a moment at most) until they are gone,
+/// answers `Done`; the caller then closes this one.
+async fn quiesce<W: AsyncWrite + Unpin>(agent: &Agent, me: u64, wr: &mut FrameWriter<W>) {
+    agent.quiesce.send_replace(me);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while agent.connections.load(Ordering::Relaxed) > 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    // Connections made from now on (after a checkpoint that kept the sandbox running, or in
+    // its restored copies) are served again.
+    agent.quiesce.send_replace(0);
+    let _ = wr.send(&Frame::Done).await;
+}
+
+async fn serve<R, W>(agent: &Agent, me: u64, mut rd: FrameReader<R>, mut wr: FrameWriter<W>)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -138,6 +159,9 @@ where
                 continue;
             }
         };
+        if frame == Frame::Quiesce {
+            return quiesce(agent, me, &mut wr).await;
+        }
         let name = frame.name();
         match call(agent, frame, &mut rd, &mut wr).await {
             Ok(()) => {}
@@ -226,6 +250,7 @@ where
         Frame::Watch(req) => watch::watch(agent, req, rd, wr).await,
         Frame::Git(req) => git::git(agent, req, rd, wr).await,
         Frame::PortForward { port } => forward::forward(port, rd, wr).await,
+        Frame::Quiesce => Ok(()), // answered by `serve`
         reply @ (Frame::Stdout(_)
         | Frame::Stderr(_)
         | Frame::Exit(_)

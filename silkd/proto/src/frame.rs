@@ -162,6 +162,12 @@ pub enum Frame {
     Events(Vec<WatchEvent>),
     /// `Git`: the structured result of operations that have one.
     GitReply(GitReply),
+
+    // ---- appended after protocol 1 (an older agent answers it `BadRequest`) ----
+    /// The node, before a process checkpoint: every other connection is closed (their
+    /// foreground processes end as on any hang-up), then `Done`, then this connection closes
+    /// too, so the sandbox holds no socket of the host's when it is dumped.
+    Quiesce,
 }
 
 /// How a process ended. `code` follows the shell convention: 128 + signal when killed.
@@ -563,6 +569,7 @@ impl Frame {
             Frame::Replaced { .. } => "Replaced",
             Frame::Events(_) => "Events",
             Frame::GitReply(_) => "GitReply",
+            Frame::Quiesce => "Quiesce",
         }
     }
 
@@ -619,5 +626,6 @@ impl Frame {
         "Replaced",
         "Events",
         "GitReply",
+        "Quiesce",
     ];
 }

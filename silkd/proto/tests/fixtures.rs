@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use silk_proto::*;
 
 /// Pinned so that adding a variant is a deliberate act here too.
-const VARIANTS: usize = 51;
+const VARIANTS: usize = 52;
 
 fn stat() -> FileStat {
     FileStat {
@@ -156,6 +156,7 @@ fn samples() -> Vec<Frame> {
             }],
             truncated: false,
         })),
+        Frame::Quiesce,
     ]
 }
 

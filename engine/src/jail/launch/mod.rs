@@ -7,7 +7,7 @@
 //!
 //! | step | stops |
 //! |---|---|
-//! | join the sandbox's cgroups, `unshare` mount, pid, uts, ipc, net, cgroup namespaces (owned by the host's user namespace) | seeing or signalling host processes, host network, host hostname; cpu/memory/pid exhaustion |
+//! | join the sandbox's cgroups, new mount, pid, uts, ipc, net, cgroup namespaces (owned by the sandboxes' user namespace, which CRIU needs; the launcher stays host root) | seeing or signalling host processes, host network, host hostname; cpu/memory/pid exhaustion |
 //! | `fork`: the child is PID 1 of the new pid namespace and the rest runs in it | |
 //! | id-mapped, read-only, `nosuid,nodev` views of the template and of host binds | template files looking unowned; writes to templates |
 //! | overlay root `nosuid,nodev` (golden + template below, the sandbox's upper directory on top) | setuid and device files of the sandbox acting on the host |
@@ -25,7 +25,7 @@
 //! failed (an error message), prints the child's host pid, and exits. The jail is not our child
 //! afterwards: it outlives the node process, which re-adopts it on restart.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -33,13 +33,16 @@ use serde::{Deserialize, Serialize};
 
 use super::seccomp;
 
+pub mod restore;
 mod sys;
 use sys::*;
 
-/// The fd number silkd's listening socket has in the launcher and in the jail.
+/// The fd number silkd's listening socket has in the jail.
 pub const LISTEN_FD: i32 = 3;
 /// The fd number of the user namespace the jail enters (the engine's; see `JailEngine::new`).
 pub const USERNS_FD: i32 = 4;
+/// The abstract unix socket name silkd listens on, in the jail's network namespace.
+pub const AGENT_NAME: &str = "silkd";
 
 /// Everything the launcher needs, written by the engine as JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -158,20 +161,42 @@ struct Plan {
     filter: Vec<libc::sock_filter>,
 }
 
-fn plan(spec: &LaunchSpec) -> Plan {
-    let lowers = spec
-        .lowers
+/// The device nodes of a jail's `/dev`: (name, major, minor).
+const DEV_NODES: &[(&str, u32, u32)] = &[
+    ("null", 1, 3),
+    ("zero", 1, 5),
+    ("full", 1, 7),
+    ("random", 1, 8),
+    ("urandom", 1, 9),
+    ("tty", 5, 0),
+];
+
+/// The symlinks of a jail's `/dev`: (target, name).
+const DEV_LINKS: &[(&str, &str)] = &[
+    ("pts/ptmx", "ptmx"),
+    ("/proc/self/fd", "fd"),
+    ("/proc/self/fd/0", "stdin"),
+    ("/proc/self/fd/1", "stdout"),
+    ("/proc/self/fd/2", "stderr"),
+];
+
+/// The overlay root's mount options. Overlay features captures do not understand (redirects,
+/// metacopy) stay off, whatever this kernel's defaults.
+fn overlay_options(lowers: &[Lower], upper: &Path, work: &Path) -> String {
+    let lowers = lowers
         .iter()
         .map(|l| l.idmapped_at.as_ref().unwrap_or(&l.path).display().to_string())
         .collect::<Vec<_>>()
         .join(":");
-    // Overlay features captures do not understand (redirects, metacopy) stay off, whatever
-    // this kernel's defaults.
-    let overlay = format!(
+    format!(
         "lowerdir={lowers},upperdir={},workdir={},redirect_dir=off,metacopy=off,index=off",
-        spec.upper.display(),
-        spec.work.display()
-    );
+        upper.display(),
+        work.display()
+    )
+}
+
+fn plan(spec: &LaunchSpec) -> Plan {
+    let overlay = overlay_options(&spec.lowers, &spec.upper, &spec.work);
     let nosuid_nodev = libc::MS_NOSUID | libc::MS_NODEV;
     let owner = format!("uid={0},gid={0}", spec.root_id);
     let fs = |at: &str, fstype: &str, flags: libc::c_ulong, data: &str| FsMount {
@@ -192,27 +217,8 @@ fn plan(spec: &LaunchSpec) -> Plan {
         fs("tmp", "tmpfs", nosuid_nodev, &format!("mode=1777,{owner}")),
         fs("run", "tmpfs", nosuid_nodev, &format!("mode=755,{owner}")),
     ];
-    let dev_nodes = [
-        ("null", 1, 3),
-        ("zero", 1, 5),
-        ("full", 1, 7),
-        ("random", 1, 8),
-        ("urandom", 1, 9),
-        ("tty", 5, 0),
-    ]
-    .iter()
-    .map(|(n, ma, mi)| (cs(n), *ma, *mi))
-    .collect();
-    let dev_links = [
-        ("pts/ptmx", "ptmx"),
-        ("/proc/self/fd", "fd"),
-        ("/proc/self/fd/0", "stdin"),
-        ("/proc/self/fd/1", "stdout"),
-        ("/proc/self/fd/2", "stderr"),
-    ]
-    .iter()
-    .map(|(target, name)| (cs(target), cs(name)))
-    .collect();
+    let dev_nodes = DEV_NODES.iter().map(|(n, ma, mi)| (cs(n), *ma, *mi)).collect();
+    let dev_links = DEV_LINKS.iter().map(|(target, name)| (cs(target), cs(name))).collect();
     let mut id = [0u8; 16];
     // SAFETY: getrandom fills the buffer it is given.
     unsafe { libc::getrandom(id.as_mut_ptr().cast(), id.len(), 0) };
@@ -268,17 +274,10 @@ pub fn run(spec: &LaunchSpec) -> Result<u32, String> {
         std::fs::write(procs.to_str().unwrap_or_default(), &me)
             .map_err(|e| format!("join cgroup {procs:?}: {e}"))?;
     }
-    let flags = libc::CLONE_NEWNS
-        | libc::CLONE_NEWPID
-        | libc::CLONE_NEWUTS
-        | libc::CLONE_NEWIPC
-        | libc::CLONE_NEWNET
-        | libc::CLONE_NEWCGROUP;
     // SAFETY: plain syscalls on a single-threaded process.
     unsafe {
-        if libc::unshare(flags) != 0 {
-            return Err(format!("unshare: {}", std::io::Error::last_os_error()));
-        }
+        enter_new_namespaces()?;
+        listen_inside()?;
         let mut pipe = [0; 2];
         if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
             return Err(format!("pipe: {}", std::io::Error::last_os_error()));
@@ -312,6 +311,134 @@ pub fn run(spec: &LaunchSpec) -> Result<u32, String> {
                 Ok(pid as u32)
             }
         }
+    }
+}
+
+/// The namespaces a jail gets that the sandboxes' user namespace owns (the pid namespace is
+/// the launcher's own: a new one has no `/proc/PID/ns/pid_for_children` to join before its
+/// first process exists, and CRIU does not ask who owns it).
+const NAMESPACES: &[(&CStr, i32)] = &[
+    (c"mnt", libc::CLONE_NEWNS),
+    (c"uts", libc::CLONE_NEWUTS),
+    (c"ipc", libc::CLONE_NEWIPC),
+    (c"net", libc::CLONE_NEWNET),
+    (c"cgroup", libc::CLONE_NEWCGROUP),
+];
+
+/// Makes the jail's namespaces *owned by the sandboxes' user namespace* (but pid) and moves
+/// this process (still host root) into them. A helper joins the user namespace and unshares them there; the
+/// launcher joins them with `setns`, which host root may do (a capability in a user namespace
+/// holds in all its descendants). Ownership by the jail's own user namespace is what process
+/// checkpointing (CRIU) needs to dump and recreate the jail; what the sandbox's root may do
+/// with it is still bounded by its capability set (no `CAP_SYS_ADMIN`, `CAP_NET_ADMIN`) and
+/// the seccomp filter (no mount, unshare or setns at all). Mounts the launcher makes in them are
+/// host root's, made after the copy, so the copied host mounts are locked and detached with the
+/// old root.
+///
+/// # Safety
+/// Forks: call only from a single-threaded process.
+unsafe fn enter_new_namespaces() -> Result<(), String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    let flags = NAMESPACES.iter().fold(0, |f, (_, flag)| f | flag);
+    unsafe {
+        // `ready` carries the helper's errno (or nothing: done); `hold` keeps it alive while
+        // the launcher joins its namespaces.
+        let (mut ready, mut hold) = ([0; 2], [0; 2]);
+        if libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) != 0
+            || libc::pipe2(hold.as_mut_ptr(), libc::O_CLOEXEC) != 0
+        {
+            return Err(os("pipe"));
+        }
+        let helper = libc::fork();
+        if helper < 0 {
+            return Err(os("fork"));
+        }
+        if helper == 0 {
+            libc::close(ready[0]);
+            libc::close(hold[1]);
+            if libc::setns(USERNS_FD, libc::CLONE_NEWUSER) != 0 || libc::unshare(flags) != 0 {
+                let errno = *libc::__errno_location();
+                libc::write(ready[1], (&errno as *const i32).cast(), 4);
+                libc::_exit(1);
+            }
+            libc::close(ready[1]);
+            let mut byte = 0u8;
+            libc::read(hold[0], (&mut byte as *mut u8).cast(), 1);
+            libc::_exit(0);
+        }
+        libc::close(ready[1]);
+        libc::close(hold[0]);
+        let mut errno = 0i32;
+        let n = libc::read(ready[0], (&mut errno as *mut i32).cast(), 4);
+        libc::close(ready[0]);
+        let joined = if n != 0 {
+            Err(format!(
+                "make the jail's namespaces: {}",
+                std::io::Error::from_raw_os_error(if n == 4 { errno } else { libc::EIO })
+            ))
+        } else {
+            // All opened before any is joined: the mount namespace changes what /proc is.
+            let mut fds = vec![];
+            for (name, flag) in NAMESPACES {
+                let path = format!("/proc/{helper}/ns/{}", name.to_string_lossy());
+                let fd = libc::open(cs(&path).as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    break;
+                }
+                fds.push((fd, *flag, path));
+            }
+            let joined = if fds.len() < NAMESPACES.len() {
+                Err(os("open the jail's namespaces"))
+            } else {
+                fds.iter().try_for_each(|(fd, flag, path)| {
+                    if libc::setns(*fd, *flag) != 0 {
+                        return Err(os(&format!("join {path}")));
+                    }
+                    Ok(())
+                })
+            };
+            for (fd, ..) in fds {
+                libc::close(fd);
+            }
+            joined
+        };
+        libc::close(hold[1]);
+        libc::waitpid(helper, std::ptr::null_mut(), 0);
+        joined?;
+        if libc::unshare(libc::CLONE_NEWPID) != 0 {
+            return Err(os("unshare the pid namespace"));
+        }
+        Ok(())
+    }
+}
+
+/// silkd's listening socket, made here in the jail's network namespace (abstract, so no file
+/// of the host's is open in the jail) and left at [`LISTEN_FD`] for the child.
+///
+/// # Safety
+/// Plain syscalls; [`LISTEN_FD`] must be free.
+unsafe fn listen_inside() -> Result<(), String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    unsafe {
+        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(os("agent socket"));
+        }
+        let mut addr: libc::sockaddr_un = std::mem::zeroed();
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (i, b) in AGENT_NAME.bytes().enumerate() {
+            addr.sun_path[i + 1] = b as libc::c_char;
+        }
+        let len = std::mem::size_of::<libc::sa_family_t>() + 1 + AGENT_NAME.len();
+        if libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len as libc::socklen_t) != 0
+            || libc::listen(fd, 128) != 0
+        {
+            return Err(os("bind the agent socket"));
+        }
+        if fd != LISTEN_FD && (libc::dup2(fd, LISTEN_FD) < 0 || libc::close(fd) != 0) {
+            return Err(os("place the agent socket"));
+        }
+        Ok(())
     }
 }
 
@@ -360,9 +487,11 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
         // Modes below are meant exactly; silkd gets a conventional umask back before exec.
         libc::umask(0);
         check!("setsid", libc::setsid());
+        // No O_NOFOLLOW: the box directory is root's alone (no link can be planted there), and
+        // CRIU reopens this file by its flags through /proc/PID/fd, a link.
         let log = libc::open(
             p.log.as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            libc::O_WRONLY | libc::O_CREAT | libc::O_APPEND | libc::O_CLOEXEC,
             0o600,
         );
         check!("open log", log);

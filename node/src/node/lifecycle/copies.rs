@@ -243,7 +243,7 @@ impl Node {
                 // Size and lane only: limits are this node's for them, whatever the snapshot
                 // says (a downloaded one comes from the shared store).
                 let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
-                blocking(move || engine.restore(&snap, &id, &spec)).await
+                blocking(move || engine.restore(&snap, &id, &spec, Memory::Auto)).await
             });
         }
         let (mut made, mut failure) = (vec![], None);

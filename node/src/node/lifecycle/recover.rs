@@ -82,7 +82,9 @@ impl Node {
             },
             Phase::Archived(_) => None,
         };
-        let agent = found.map(crate::node::agent_path).unwrap_or_default();
+        // Not running here: nowhere yet (a wake tells where).
+        let agent =
+            found.map_or(silk_engine::AgentAddr::Unix(Default::default()), |b| b.agent.clone());
         let activity = crate::node::Activity::new();
         Some((Live { record: rec, agent, base, activity }, changed))
     }

@@ -285,7 +285,7 @@ impl Node {
                 box_spec(&record),
                 snap.clone(),
             );
-            let restored = blocking(move || engine.restore(&s, &sid, &spec)).await;
+            let restored = blocking(move || engine.restore(&s, &sid, &spec, Memory::Auto)).await;
             let _ = std::fs::remove_file(&snap.layer_tar);
             let info = restored?;
             self.crash_point("adopt:restored").await;

@@ -60,7 +60,8 @@ impl StoredSnapshot {
     /// The engine's snapshot of these files on this node: `base` resolved here, the tar at
     /// `layer_tar`, a spec of size and lane only (the node's own limits for them), no memory.
     pub(super) fn local(&self, base: Base, layer_tar: PathBuf, bytes: u64) -> Snapshot {
-        Snapshot { base, spec: BoxSpec::new(self.size, self.lane), layer_tar, bytes, memory: false }
+        let spec = BoxSpec::new(self.size, self.lane);
+        Snapshot { base, spec, layer_tar, bytes, memory: false, memory_why_not: None }
     }
 }
 
@@ -96,6 +97,7 @@ mod tests {
             layer_tar: "/etc/shadow".into(),
             bytes: 1,
             memory: true,
+            memory_why_not: None,
         }
     }
 

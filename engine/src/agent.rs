@@ -1,0 +1,109 @@
+//! Connecting to a sandbox's silkd, wherever its engine put it.
+//!
+//! The jail engine's silkd listens on an abstract unix socket in the jail's own network
+//! namespace ([`AgentAddr::Netns`]): nothing of the host's is open inside the jail, which is
+//! what lets CRIU dump it whole, and no host process but root (which may enter the namespace)
+//! can reach it. A client makes its socket *in* that namespace (socket(2) binds a socket to the
+//! caller's network namespace for life), then connects to the name from anywhere.
+
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+
+use crate::AgentAddr;
+
+/// Connects to the silkd at `addr`, non-blocking (an instant answer either way: a unix
+/// socket's connect succeeds or fails without waiting, `WouldBlock` when its backlog is full).
+pub fn connect(addr: &AgentAddr) -> std::io::Result<UnixStream> {
+    match addr {
+        AgentAddr::Unix(path) => {
+            let stream = UnixStream::connect(path)?;
+            stream.set_nonblocking(true)?;
+            Ok(stream)
+        }
+        AgentAddr::Netns { pid, start_time, name } => {
+            let ns = open_netns(*pid, *start_time)?;
+            let socket = socket_in(&ns)?;
+            connect_abstract(&socket, name)?;
+            Ok(UnixStream::from(socket))
+        }
+        AgentAddr::Vsock { .. } => Err(std::io::Error::new(
+            std::io::ErrorKind::Unsupported,
+            "vsock agents need a VM engine",
+        )),
+    }
+}
+
+/// The network namespace of the jail whose init is `pid`, checked against the start time the
+/// engine recorded, so a pid reused by another process is never entered.
+fn open_netns(pid: u32, start_time: u64) -> std::io::Result<OwnedFd> {
+    let gone = || std::io::Error::new(std::io::ErrorKind::NotFound, "the sandbox's silkd is gone");
+    let path = CString::new(format!("/proc/{pid}/ns/net")).expect("no NUL");
+    // SAFETY: plain open of a path we own.
+    let fd = unsafe { libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC) };
+    if fd < 0 {
+        return Err(gone());
+    }
+    // SAFETY: `fd` was just opened and is ours.
+    let ns = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Checked after the open: had the pid been reused before it, the start time differs now.
+    if crate::jail::start_time(pid) != Some(start_time) {
+        return Err(gone());
+    }
+    Ok(ns)
+}
+
+/// A unix stream socket of the network namespace `ns`: this thread enters it, makes the socket
+/// and goes back.
+fn socket_in(ns: &OwnedFd) -> std::io::Result<OwnedFd> {
+    let own = std::fs::File::open("/proc/thread-self/ns/net")?;
+    // SAFETY: setns and socket on descriptors we hold; see below for the way back.
+    unsafe {
+        if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let fd = libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK,
+            0,
+        );
+        let made = std::io::Error::last_os_error();
+        if libc::setns(own.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+            // A thread left in a sandbox's network namespace would make every later socket of
+            // this thread there: nothing is safe to do but stop.
+            eprintln!("silk-engine: cannot return to the host network namespace: {made}");
+            std::process::abort();
+        }
+        if fd < 0 {
+            return Err(made);
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+fn connect_abstract(socket: &OwnedFd, name: &str) -> std::io::Result<()> {
+    // SAFETY: a zeroed sockaddr_un is valid; the name fits (checked).
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    let name = name.as_bytes();
+    if name.len() + 1 > addr.sun_path.len() {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "name too long"));
+    }
+    // Abstract: a leading NUL, then the name (not NUL-terminated; the length says where it ends).
+    for (i, b) in name.iter().enumerate() {
+        addr.sun_path[i + 1] = *b as libc::c_char;
+    }
+    let len = std::mem::size_of::<libc::sa_family_t>() + 1 + name.len();
+    // SAFETY: connect on our socket with a properly sized address.
+    let rc = unsafe {
+        libc::connect(
+            socket.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            len as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}

@@ -1,0 +1,441 @@
+//! Keeping a jail's processes across stop/start and in snapshots (docs/engine.md, "Memory").
+//!
+//! - **Hibernate** (`stop`) asks silkd to close its connections, then CRIU dumps the jail into
+//!   `boxes/<id>/memory` and ends it; **wake** (`resume`) restores from there on the same files.
+//! - **Snapshots** carry the images inside the layer tar, as its first entry, named
+//!   `../silkmesh-memory` — a name no capture of a sandbox's files can produce (no path has a
+//!   `..` component) and that `layer::apply` refuses — holding a flat tar of CRIU's image files
+//!   followed by a keyed blake3 MAC of it. Snapshots travel through the shared store, which the
+//!   engine does not trust: images whose MAC does not verify under this engine's key are never
+//!   given to CRIU (running as root, it would do what they say). The files restore anyway.
+//!
+//! Every failure to keep memory leaves the files as they are and says why; the caller decides
+//! (`Memory::Required`) whether that fails the operation.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::JailEngine;
+use super::criu::Dump;
+use crate::{EngineError, Result, SandboxId, probe};
+
+/// The name of a snapshot's memory entry (see the module docs).
+const ENTRY: &[u8] = b"../silkmesh-memory";
+const MAC_LEN: usize = 32;
+/// The largest memory entry read back (a sandbox's memory is bounded far below it).
+const MAX_ENTRY: u64 = 64 << 30;
+
+/// The key that authenticates memory images: given by the node (derived from its fleet's API
+/// token, so every node of a fleet shares it), else one of this data directory's own.
+pub(super) fn memory_key(data_dir: &Path, given: Option<[u8; 32]>) -> Result<[u8; 32]> {
+    if let Some(key) = given {
+        return Ok(key);
+    }
+    let path = data_dir.join("memory.key");
+    if let Ok(bytes) = std::fs::read(&path)
+        && let Ok(key) = <[u8; 32]>::try_from(bytes.as_slice())
+    {
+        return Ok(key);
+    }
+    let mut key = [0u8; 32];
+    // SAFETY: getrandom fills the buffer it is given.
+    if unsafe { libc::getrandom(key.as_mut_ptr().cast(), key.len(), 0) } != 32 {
+        return Err(EngineError::Host("getrandom failed".into()));
+    }
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(EngineError::io("write memory.key"))?;
+    file.write_all(&key).map_err(EngineError::io("write memory.key"))?;
+    Ok(key)
+}
+
+impl JailEngine {
+    /// Why this engine cannot keep memory, if it cannot.
+    pub(super) fn criu(&self) -> std::result::Result<&super::criu::Criu, String> {
+        self.criu.as_ref().map_err(Clone::clone)
+    }
+
+    /// Dumps the running jail `id` (its init is `pid`) into `images` (made here; removed again
+    /// on failure). silkd closes its connections first. With `leave_running` the jail goes on
+    /// (frozen, if the caller froze it), else CRIU ends it. `Err` is why not: the jail is then
+    /// still running.
+    pub(super) fn dump_memory(
+        &self,
+        id: &SandboxId,
+        pid: u32,
+        images: &Path,
+        leave_running: bool,
+        freeze_after_quiesce: bool,
+    ) -> std::result::Result<Duration, String> {
+        let criu = self.criu()?;
+        let record = self.record(id).map_err(|e| e.to_string())?;
+        probe::quiesce(&record.info.agent, Duration::from_secs(5))
+            .map_err(|e| format!("silkd could not close its connections: {e}"))?;
+        if freeze_after_quiesce {
+            self.cgroups.freeze(id, true).map_err(|e| e.to_string())?;
+        }
+        let _ = std::fs::remove_dir_all(images);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(images)
+            .map_err(|e| format!("mkdir {}: {e}", images.display()))?;
+        let binds = record.info.base.template.binds.iter().map(|(_, inside)| inside.as_path());
+        let dump = Dump {
+            id,
+            pid,
+            images,
+            log: &self.box_dir(id).join("criu-dump.log"),
+            binds: binds.collect(),
+            freezer: &self.cgroups.freezer_dir(id),
+            leave_running,
+        };
+        let dumped = criu.dump(&dump);
+        if dumped.is_err() {
+            let _ = std::fs::remove_dir_all(images);
+        }
+        dumped
+    }
+
+    /// Writes the memory entry for the images in `dir` to `out`: a tar header, the images as a
+    /// flat tar, their MAC, padding.
+    pub(super) fn write_memory_entry(&self, dir: &Path, out: &mut impl Write) -> Result<u64> {
+        let mut files = vec![];
+        for entry in std::fs::read_dir(dir).map_err(EngineError::io("read memory images"))? {
+            let entry = entry.map_err(EngineError::io("read memory images"))?;
+            let meta = entry.metadata().map_err(EngineError::io("stat a memory image"))?;
+            if !meta.is_file() {
+                return Err(EngineError::Host(format!("{:?} in memory images", entry.path())));
+            }
+            files.push((entry.file_name().to_string_lossy().into_owned(), meta.len()));
+        }
+        files.sort();
+        let inner: u64 =
+            files.iter().map(|(_, len)| 512 + len.div_ceil(512) * 512).sum::<u64>() + 1024;
+        let size = inner + MAC_LEN as u64;
+        let mut header = tar::Header::new_old();
+        header.as_old_mut().name[..ENTRY.len()].copy_from_slice(ENTRY);
+        header.set_size(size);
+        header.set_mode(0o600);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_cksum();
+        out.write_all(header.as_bytes()).map_err(EngineError::io("write memory entry"))?;
+        let mut mac = Mac { out, hasher: blake3::Hasher::new_keyed(&self.memory_key), written: 0 };
+        let mut images = tar::Builder::new(&mut mac);
+        for (name, len) in &files {
+            let file =
+                std::fs::File::open(dir.join(name)).map_err(EngineError::io("open image"))?;
+            let mut h = tar::Header::new_gnu();
+            h.set_size(*len);
+            h.set_mode(0o600);
+            h.set_entry_type(tar::EntryType::Regular);
+            images
+                .append_data(&mut h, name, file.take(*len))
+                .map_err(EngineError::io("pack memory images"))?;
+        }
+        images.into_inner().map_err(EngineError::io("pack memory images"))?;
+        let (written, tag) = (mac.written, mac.hasher.finalize());
+        if written != inner {
+            return Err(EngineError::Host("memory images changed while packed".into()));
+        }
+        out.write_all(tag.as_bytes()).map_err(EngineError::io("write memory entry"))?;
+        let pad = (512 - size % 512) % 512;
+        out.write_all(&vec![0u8; pad as usize]).map_err(EngineError::io("write memory entry"))?;
+        Ok(512 + size + pad)
+    }
+
+    /// Reads a snapshot's memory entry, if it starts with one, unpacking its images into
+    /// `into` (a new directory) once their MAC verified. Returns the layer tar that follows
+    /// (the whole file when there is no entry) and what became of the images: `Ok(true)`
+    /// unpacked, `Ok(false)` none in this snapshot, `Err` why they cannot be used.
+    pub(super) fn open_snapshot(
+        &self,
+        tar: &Path,
+        into: &Path,
+    ) -> Result<(Box<dyn Read>, std::result::Result<bool, String>)> {
+        let mut file =
+            std::fs::File::open(tar).map_err(EngineError::io(format!("open {}", tar.display())))?;
+        let mut head = [0u8; 512];
+        let n = read_full(&mut file, &mut head).map_err(EngineError::io("read snapshot"))?;
+        let header = tar::Header::from_byte_slice(&head);
+        let name = &header.as_old().name;
+        let ours = n == 512 && name.starts_with(ENTRY) && name[ENTRY.len()] == 0;
+        if !ours {
+            let layer = std::io::Cursor::new(head[..n].to_vec()).chain(file);
+            return Ok((Box::new(layer), Ok(false)));
+        }
+        let size = header.size().unwrap_or(u64::MAX);
+        if !(MAC_LEN as u64..=MAX_ENTRY).contains(&size) {
+            return Err(EngineError::BadRequest("snapshot: bad memory entry".into()));
+        }
+        let inner = size - MAC_LEN as u64;
+        let unpacked = self.unpack_images(&mut file, inner, into);
+        // Whatever became of the images, the layer starts after the entry and its padding.
+        let rest = (512 - size % 512) % 512;
+        let (mut tag, mut skip) = ([0u8; MAC_LEN], vec![0u8; rest as usize]);
+        let tail_read = read_full(&mut file, &mut tag)
+            .and_then(|_| read_full(&mut file, &mut skip))
+            .map_err(EngineError::io("read snapshot"))?;
+        let _ = tail_read;
+        let verdict = match unpacked {
+            Ok(mac) if blake3::Hash::from(tag) == mac => Ok(true),
+            Ok(_) => Err("its memory image was not made by this fleet (MAC mismatch)".to_string()),
+            Err(e) => Err(e),
+        };
+        if verdict.is_err() {
+            let _ = std::fs::remove_dir_all(into);
+        }
+        Ok((Box::new(file), verdict))
+    }
+
+    /// Unpacks exactly `len` bytes of image tar from `input` into `into`, hashing them; the
+    /// bytes are consumed even when unpacking fails. Only flat names of regular files pass.
+    fn unpack_images(
+        &self,
+        input: &mut impl Read,
+        len: u64,
+        into: &Path,
+    ) -> std::result::Result<blake3::Hash, String> {
+        let mut hashed =
+            Hashed { input: input.take(len), hasher: blake3::Hasher::new_keyed(&self.memory_key) };
+        let unpacked = (|| {
+            let _ = std::fs::remove_dir_all(into);
+            std::fs::DirBuilder::new().mode(0o700).create(into).map_err(|e| e.to_string())?;
+            let mut archive = tar::Archive::new(&mut hashed);
+            for entry in archive.entries().map_err(|e| e.to_string())? {
+                let mut entry = entry.map_err(|e| e.to_string())?;
+                let path = entry.path().map_err(|e| e.to_string())?.into_owned();
+                let name = path.to_str().unwrap_or_default().to_string();
+                let flat = !name.is_empty()
+                    && !name.starts_with('.')
+                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+                if !flat || entry.header().entry_type() != tar::EntryType::Regular {
+                    return Err(format!("bad memory image entry {name:?}"));
+                }
+                let mut file = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(0o600)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(into.join(&name))
+                    .map_err(|e| e.to_string())?;
+                std::io::copy(&mut entry, &mut file).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })();
+        // The rest of the entry is read (and hashed) whatever happened above.
+        std::io::copy(&mut hashed, &mut std::io::sink()).map_err(|e| e.to_string())?;
+        if hashed.input.limit() != 0 {
+            return Err("snapshot: truncated memory entry".into());
+        }
+        unpacked.map(|()| hashed.hasher.finalize())
+    }
+}
+
+/// A writer that MACs and counts what passes.
+struct Mac<'a, W: Write> {
+    out: &'a mut W,
+    hasher: blake3::Hasher,
+    written: u64,
+}
+
+impl<W: Write> Write for Mac<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.out.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.written += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.out.flush()
+    }
+}
+
+/// A reader that MACs what passes.
+struct Hashed<R: Read> {
+    input: std::io::Take<R>,
+    hasher: blake3::Hasher,
+}
+
+impl<R: Read> Read for Hashed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+/// Reads until `buf` is full or the input ends; how much was read.
+fn read_full(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match input.read(&mut buf[n..])? {
+            0 => break,
+            k => n += k,
+        }
+    }
+    Ok(n)
+}
+
+/// A staging directory for a restore's external mounts: under `/run`, traversable by any uid
+/// (see `launch::restore`), one per sandbox.
+pub(super) fn staging_dir(instance: &str, id: &SandboxId) -> Result<PathBuf> {
+    let parent = PathBuf::from("/run/silkmesh-criu");
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o711)
+        .create(&parent)
+        .map_err(EngineError::io("mkdir /run/silkmesh-criu"))?;
+    let dir = parent.join(format!("{instance}-{id}"));
+    let _ = std::fs::remove_dir(&dir);
+    std::fs::DirBuilder::new()
+        .mode(0o711)
+        .create(&dir)
+        .map_err(EngineError::io(format!("mkdir {}", dir.display())))?;
+    Ok(dir)
+}
+
+impl JailEngine {
+    /// Starts the box `id` (its directories made, its files in place) from the images in
+    /// `boxes/<id>/memory`, removed once used; under another id than the dumped one, as a copy
+    /// with its own hostname and machine id. `Err` is why not; nothing of the attempt is left
+    /// running.
+    pub(super) fn restore_memory(
+        &self,
+        base: crate::Base,
+        id: &SandboxId,
+        spec: &crate::BoxSpec,
+    ) -> std::result::Result<crate::BoxInfo, String> {
+        let criu = self.criu()?;
+        let dir = self.box_dir(id);
+        let images = dir.join("memory");
+        let json = std::fs::read(images.join("memory.json"))
+            .map_err(|e| format!("read memory.json: {e}"))?;
+        let meta = super::criu::DumpMeta::parse(&json)?;
+        if meta.binds != base.template.binds.len() {
+            return Err("the template's host binds changed since the dump".into());
+        }
+        let hostname = (meta.id != *id).then(|| id.to_string());
+        // CRIU reads some images from inside the restored user namespace, as the sandbox's
+        // root: they become its (nothing of the sandbox's can reach this directory).
+        let root = Some(self.ids.base);
+        for entry in std::fs::read_dir(&images).map_err(|e| e.to_string())?.flatten() {
+            std::os::unix::fs::lchown(entry.path(), root, root).map_err(|e| e.to_string())?;
+        }
+        std::os::unix::fs::chown(&images, root, root).map_err(|e| e.to_string())?;
+        let cgroups = self.cgroups.create(id, spec.limits()).map_err(|e| e.to_string())?;
+        let restored = (|| {
+            let staging = staging_dir(&self.instance, id).map_err(|e| e.to_string())?;
+            let files = super::disk::files_dir(&dir);
+            let (criu_log, pidfile) = (dir.join("criu-restore.log"), dir.join("restore.pid"));
+            let _ = std::fs::remove_file(&pidfile);
+            let restore = super::launch::restore::RestoreSpec {
+                criu: criu.bin.clone(),
+                images: images.clone(),
+                criu_log: criu_log.clone(),
+                pidfile: pidfile.clone(),
+                root: dir.join("root"),
+                lowers: self.lowers(&base, &dir).map_err(|e| e.to_string())?,
+                upper: files.join("upper"),
+                work: files.join("work"),
+                binds: base.template.binds.iter().map(|(host, _)| host.clone()).collect(),
+                silkd: self.cfg.silkd.clone(),
+                staging: staging.clone(),
+                root_id: self.ids.base,
+                cgroups,
+                log_key: meta.log_key,
+                hostname,
+            };
+            let path = dir.join("restore.json");
+            let json = serde_json::to_vec_pretty(&restore).map_err(|e| e.to_string())?;
+            std::fs::write(&path, json).map_err(|e| format!("write restore.json: {e}"))?;
+            let ran = self.run_restore(&path, &dir.join("agent.log"));
+            let _ = std::fs::remove_dir(&staging);
+            ran.map_err(|stderr| super::criu::failure(&criu_log, &stderr))?;
+            std::fs::read_to_string(&pidfile)
+                .ok()
+                .and_then(|p| p.trim().parse::<u32>().ok())
+                .ok_or_else(|| "criu wrote no pid".to_string())
+        })();
+        let pid = match restored {
+            Ok(pid) => pid,
+            Err(e) => {
+                let _ = self.cgroups.remove(id);
+                return Err(e);
+            }
+        };
+        let started = super::start_time(pid);
+        let info = crate::BoxInfo {
+            id: id.clone(),
+            base,
+            spec: spec.clone(),
+            agent: super::agent_addr(pid, started),
+            pid: Some(pid),
+            running: true,
+            created_ms: super::host::now_ms(),
+            memory: crate::MemoryKept::yes(),
+        };
+        let saved = self.save(&super::Record {
+            info: info.clone(),
+            start_time: started,
+            id_base: Some(self.ids.base),
+        });
+        let ready = saved.map_err(|e| e.to_string()).and_then(|()| {
+            probe::info(&info.agent, self.cfg.ready_timeout).map_err(|e| e.to_string())
+        });
+        if let Err(e) = ready {
+            let _ = self.kill(id, Some(pid));
+            return Err(format!("the restored silkd does not answer: {e}"));
+        }
+        let _ = std::fs::remove_dir_all(&images);
+        Ok(info)
+    }
+
+    /// Runs `silk-jail --restore` with the user namespace (for id-mapped views) and silkd's log
+    /// as the descriptors it expects; `Err` is its stderr.
+    fn run_restore(&self, spec: &Path, log: &Path) -> std::result::Result<(), String> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::process::CommandExt;
+        let log = std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(log)
+            .map_err(|e| format!("open agent.log: {e}"))?;
+        // CRIU reopens it from inside the restored user namespace (through /proc/self/fd,
+        // which checks the file's permissions again): the sandbox's root must own it.
+        std::os::unix::fs::fchown(&log, Some(self.ids.base), Some(self.ids.base))
+            .map_err(|e| format!("chown agent.log: {e}"))?;
+        let (userns, log) = (self.userns.as_raw_fd(), log.as_raw_fd());
+        let mut cmd = std::process::Command::new(&self.cfg.launcher);
+        cmd.arg("--restore").arg(spec);
+        // SAFETY: fcntl/dup2 are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                let userns = libc::fcntl(userns, libc::F_DUPFD_CLOEXEC, 10);
+                let log = libc::fcntl(log, libc::F_DUPFD_CLOEXEC, 10);
+                if userns < 0
+                    || log < 0
+                    || libc::dup2(userns, super::launch::USERNS_FD) < 0
+                    || libc::dup2(log, super::launch::restore::LOG_FD) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let out = cmd.output().map_err(|e| format!("run the launcher: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
+    }
+}

@@ -1,0 +1,216 @@
+//! The jail engine's snapshot, stop, resume and restore: files always, memory where CRIU can
+//! (see `memory`).
+
+use std::path::Path;
+
+use super::host::partial_path;
+use super::{JailEngine, disk};
+use crate::layer::{self, Ids, Whiteouts};
+use crate::{
+    Base, BoxInfo, BoxSpec, Engine, EngineError, Memory, MemoryKept, Result, SandboxId, Snapshot,
+    SnapshotMode,
+};
+
+impl JailEngine {
+    pub(super) fn take_snapshot(
+        &self,
+        id: &SandboxId,
+        mode: SnapshotMode,
+        memory: Memory,
+        into: &Path,
+    ) -> Result<Snapshot> {
+        let record = self.record(id)?;
+        // A jail whose silkd died (or that a host reboot ended) still has its files: capturing
+        // them is how it comes back. Only a live one needs freezing for a consistent capture.
+        let live = self.live_pid(&record);
+        // The ids its files are stored with (a box from before the user namespace: host ids).
+        let ids = Ids { base: record.id_base.unwrap_or(0) };
+        let dir = self.box_dir(id);
+        // The memory images that go into the snapshot: a stopped box's from its hibernation, a
+        // running one's dumped now (into a directory of the snapshot's own).
+        let hibernated = dir.join("memory");
+        let fresh = dir.join("memory-snapshot");
+        let mut kept = MemoryKept::no("not asked for");
+        let mut images = None;
+        let mut frozen = false;
+        if memory != Memory::Off {
+            match live {
+                Some(pid) => {
+                    // Frozen from the dump to the end of the file capture, so both show one
+                    // moment. A stop snapshot ends the jail in the dump.
+                    let leave = mode == SnapshotMode::KeepRunning;
+                    match self.dump_memory(id, pid, &fresh, leave, true) {
+                        Ok(took) => {
+                            tracing::debug!(sandbox = %id, "memory dumped in {took:?}");
+                            (kept, images) = (MemoryKept::yes(), Some(fresh.clone()));
+                        }
+                        Err(why) => kept = MemoryKept::no(why),
+                    }
+                    frozen = true;
+                }
+                None if hibernated.join("memory.json").is_file() => {
+                    (kept, images) = (MemoryKept::yes(), Some(hibernated.clone()));
+                }
+                None => kept = MemoryKept::no("its processes were not running"),
+            }
+            if memory == Memory::Required && !kept.kept {
+                if frozen {
+                    self.cgroups.freeze(id, false)?;
+                }
+                let why = kept.why_not.unwrap_or_default();
+                return Err(EngineError::MemoryFailed(why));
+            }
+        }
+        if live.is_some() && !frozen {
+            self.cgroups.freeze(id, true)?;
+        }
+        let partial = partial_path(into);
+        let captured = (|| {
+            let file =
+                std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
+            let mut out = std::io::BufWriter::new(file);
+            if let Some(images) = &images {
+                self.write_memory_entry(images, &mut out)?;
+            }
+            layer::capture(&disk::files_dir(&dir).join("upper"), &mut out, ids)?;
+            let file =
+                out.into_inner().map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
+            file.sync_all().map_err(EngineError::io("sync snapshot"))?;
+            let bytes =
+                file.metadata().map(|m| m.len()).map_err(EngineError::io("stat snapshot"))?;
+            std::fs::rename(&partial, into).map_err(EngineError::io("commit snapshot"))?;
+            Ok(bytes)
+        })();
+        let _ = std::fs::remove_dir_all(&fresh);
+        let after = match mode {
+            SnapshotMode::KeepRunning if live.is_none() => Ok(()),
+            SnapshotMode::KeepRunning => self.cgroups.freeze(id, false),
+            SnapshotMode::Stop if captured.is_ok() => {
+                // The snapshot is committed: the caller has the sandbox's files. A sandbox that
+                // fails to go away is left for `list` to report (and its owner to destroy).
+                if let Err(e) = self.destroy(id) {
+                    tracing::warn!(sandbox = %id, "destroy after a stop snapshot: {e}");
+                }
+                Ok(())
+            }
+            // A failed capture must leave the source as it was — but a stop snapshot whose
+            // dump ended the jail has only its files left: it stays, stopped, and a resume
+            // starts it from them.
+            SnapshotMode::Stop if live.is_none() => Ok(()),
+            SnapshotMode::Stop => self.cgroups.freeze(id, false),
+        };
+        let bytes = match captured {
+            Ok(bytes) => bytes,
+            Err(e) => {
+                let _ = std::fs::remove_file(&partial);
+                return Err(e);
+            }
+        };
+        after?;
+        Ok(Snapshot {
+            base: record.info.base,
+            spec: record.info.spec,
+            layer_tar: into.to_path_buf(),
+            bytes,
+            memory: kept.kept,
+            memory_why_not: kept.why_not,
+        })
+    }
+
+    /// Stops a sandbox, its files in place and (unless `memory` is off, or CRIU cannot) its
+    /// processes dumped beside them for `resume`.
+    pub(super) fn stop_box(&self, id: &SandboxId, memory: Memory) -> Result<MemoryKept> {
+        let record = self.record(id)?;
+        let Some(pid) = self.live_pid(&record) else {
+            // The rootfs mount lives in the jail's own mount namespace: it went with the jail.
+            self.kill(id, None)?;
+            return Ok(MemoryKept::no("its processes were not running"));
+        };
+        let dir = self.box_dir(id);
+        let kept = match memory {
+            Memory::Off => MemoryKept::no("not asked for"),
+            _ => match self.dump_memory(id, pid, &dir.join("memory.partial"), false, false) {
+                Ok(_) => {
+                    std::fs::rename(dir.join("memory.partial"), dir.join("memory"))
+                        .map_err(EngineError::io("commit memory images"))?;
+                    MemoryKept::yes()
+                }
+                // The jail runs on as it was.
+                Err(why) if memory == Memory::Required => {
+                    return Err(EngineError::MemoryFailed(why));
+                }
+                Err(why) => MemoryKept::no(why),
+            },
+        };
+        self.kill(id, (!kept.kept).then_some(pid))?;
+        Ok(kept)
+    }
+
+    /// Starts a stopped sandbox again: from its memory images if it has them (its processes go
+    /// on), else (or if they fail) from its files.
+    pub(super) fn resume_box(&self, id: &SandboxId) -> Result<BoxInfo> {
+        let record = self.record(id)?;
+        if let Some(pid) = self.live_pid(&record) {
+            return Ok(BoxInfo { pid: Some(pid), running: true, ..record.info });
+        }
+        // A jail that died by itself can leave its cgroups behind.
+        self.cgroups.remove(id)?;
+        let dir = self.box_dir(id);
+        let upper = disk::files_dir(&dir).join("upper");
+        if record.id_base != Some(self.ids.base) {
+            // Made with another range (none: before sandboxes had a user namespace, host ids
+            // 0..65536): its files move into this one, and memory from then cannot come back.
+            let _ = std::fs::remove_dir_all(dir.join("memory"));
+            layer::shift_ids(&upper, record.id_base.unwrap_or(0), self.ids)?;
+        }
+        let info = record.info;
+        let mut memory = MemoryKept::default();
+        if dir.join("memory").is_dir() {
+            match self.restore_memory(info.base.clone(), id, &info.spec) {
+                Ok(restored) => return Ok(restored),
+                Err(why) => {
+                    tracing::warn!(sandbox = %id, "woken from its files: {why}");
+                    let _ = std::fs::remove_dir_all(dir.join("memory"));
+                    memory = MemoryKept::no(why);
+                }
+            }
+        }
+        let resumed = self.launch_box(info.base, id, &info.spec, &dir);
+        if resumed.is_err() {
+            // Its files stay: a failed resume leaves a stopped sandbox, never a lost one.
+            let _ = self.cgroups.remove(id);
+        }
+        resumed.map(|info| BoxInfo { memory, ..info })
+    }
+
+    /// Applies a snapshot's files to a new box's `upper` directory and, when it carries memory
+    /// that is `wanted`, starts the box from it: `Ok(Ok(info))`. `Ok(Err(why))`: the files are
+    /// in place, start them.
+    pub(super) fn apply_snapshot(
+        &self,
+        tar: &Path,
+        wanted: Memory,
+        upper: &Path,
+        base: &Base,
+        id: &SandboxId,
+        spec: &BoxSpec,
+    ) -> Result<std::result::Result<BoxInfo, String>> {
+        let images = self.box_dir(id).join("memory");
+        let (files, carried) = self.open_snapshot(tar, &images)?;
+        layer::apply(files, upper, Whiteouts::Overlay, self.ids)?;
+        let why = match (wanted, carried) {
+            (Memory::Off, _) => "not asked for".to_string(),
+            (_, Ok(false)) => "the snapshot holds no memory".to_string(),
+            (_, Err(why)) => why,
+            (_, Ok(true)) => match self.restore_memory(base.clone(), id, spec) {
+                Ok(info) => return Ok(Ok(info)),
+                Err(why) => why,
+            },
+        };
+        let _ = std::fs::remove_dir_all(&images);
+        if wanted == Memory::Required {
+            return Err(EngineError::MemoryFailed(why));
+        }
+        Ok(Err(why))
+    }
+}
