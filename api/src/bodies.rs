@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{Code, Lane, OnExpire, SandboxState, Size, Tier};
+use crate::{Code, Lane, Memory, OnExpire, SandboxState, Size, Tier};
 
 #[cfg(feature = "schema")]
 use utoipa::ToSchema;
@@ -76,6 +76,20 @@ pub struct CheckpointRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[cfg_attr(feature = "schema", schema(max_length = 128))]
     pub name: Option<String>,
+    /// Keep the processes' memory in the checkpoint (the sandbox is frozen meanwhile, and its
+    /// connections to silkd are closed).
+    #[serde(default)]
+    pub memory: Memory,
+}
+
+/// `POST /v1/sandboxes/{id}/hibernate` and `/archive`; the body may be left out.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StopRequest {
+    /// Keep the processes' memory, so a wake continues them.
+    #[serde(default)]
+    pub memory: Memory,
 }
 
 /// `POST /v1/checkpoints/{id}/claim` (branch); the body may be left out.
@@ -89,6 +103,9 @@ pub struct BranchRequest {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub on_expire: OnExpire,
+    /// Continue the checkpoint's processes (when it holds their memory).
+    #[serde(default)]
+    pub memory: Memory,
 }
 
 /// `POST /v1/sandboxes/{id}/fork`.
@@ -101,6 +118,9 @@ pub struct ForkRequest {
     /// The children's lease; the parent's length when left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
+    /// Each child continues the parent's processes from one memory image.
+    #[serde(default)]
+    pub memory: Memory,
 }
 
 /// `POST /v1/sandboxes/{id}/promote`.
@@ -120,6 +140,9 @@ pub struct MoveRequest {
     /// The peer to move to; the least loaded live peer when left out.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub to: Option<String>,
+    /// Carry the processes' memory: they continue on the target.
+    #[serde(default)]
+    pub memory: Memory,
 }
 
 /// One pool's configuration (`GET`/`PUT /v1/pools`, and `[[pools]]` in the node's config).
@@ -186,9 +209,12 @@ pub struct Sandbox {
     /// Lineage: the checkpoint this sandbox was branched from, or the sandbox it was forked from.
     pub from_checkpoint: Option<String>,
     pub forked_from: Option<String>,
-    /// Whether wake, branch and fork keep running processes (`false` on the jail engine: files
-    /// are exact, processes restart).
+    /// Whether its processes' memory was kept by the last operation that stopped or started it
+    /// (hibernate, wake, branch, fork, move, archive); before any, whether the node can.
     pub memory_snapshot: bool,
+    /// Why not, when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_note: Option<String>,
     /// The sandbox's token: only in the answer that made it (claim, branch, fork).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub token: Option<String>,
@@ -263,9 +289,12 @@ pub struct Checkpoint {
     /// Bytes this checkpoint sent to the store (the rest was there): only when it was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub uploaded_bytes: Option<u64>,
-    /// Whether a branch keeps running processes: only when it was made.
+    /// Whether it holds the processes' memory (a branch continues them): only when it was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_snapshot: Option<bool>,
+    /// Why not, when it does not: only when it was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_note: Option<String>,
 }
 
 /// `GET /v1/checkpoints`, `GET /v1/sandboxes/{id}/checkpoints`.

@@ -29,6 +29,7 @@ pub fn schemas() -> serde_json::Value {
         RenewRequest,
         ExecRequest,
         CheckpointRequest,
+        StopRequest,
         BranchRequest,
         ForkRequest,
         PromoteRequest,

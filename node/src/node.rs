@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use silk_engine::{
-    AgentAddr, Base, BoxInfo, BoxSpec, Engine, EngineError, Golden, SandboxId, Template,
-    TemplateDef, TemplateSource, Warmup,
+    AgentAddr, Base, BoxInfo, BoxSpec, Engine, EngineError, Golden, MemoryKept, SandboxId,
+    Template, TemplateDef, TemplateSource, Warmup,
 };
 use silk_store::SnapshotStore;
 use tokio::net::UnixStream;
@@ -137,6 +137,8 @@ pub struct Activity {
     pub last_ms: std::sync::atomic::AtomicU64,
     /// Wakes relay tasks so they end when the sandbox stops (hibernate, archive, release).
     pub hangup: Notify,
+    /// What its last hibernate or start did with its processes' memory (`None`: neither yet).
+    memory: std::sync::Mutex<Option<MemoryKept>>,
 }
 
 impl Activity {
@@ -144,6 +146,14 @@ impl Activity {
         let a = Activity::default();
         a.last_ms.store(now_ms(), Ordering::Relaxed);
         Arc::new(a)
+    }
+
+    pub fn memory(&self) -> Option<MemoryKept> {
+        self.memory.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub(crate) fn set_memory(&self, kept: MemoryKept) {
+        *self.memory.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
     }
 }
 
@@ -454,6 +464,11 @@ impl Node {
 
     pub fn capabilities(&self) -> silk_engine::Caps {
         self.engine.capabilities()
+    }
+
+    /// Why the engine keeps no process memory (`None` when it does).
+    pub fn engine_memory_why_not(&self) -> Option<String> {
+        self.engine.memory_why_not()
     }
 
     pub fn is_root(&self, bearer: Option<&str>) -> bool {

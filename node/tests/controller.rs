@@ -5,6 +5,8 @@
 
 mod fake;
 
+const AUTO: silk_engine::Memory = silk_engine::Memory::Auto;
+
 use fake::*;
 use sandboxd::claims::Tier;
 use sandboxd::state::SandboxState;
@@ -76,19 +78,19 @@ fn hibernate_wake_archive_and_wake_keep_the_sandboxs_files() {
     let (id, box_id) = (c.record.id.clone(), sid(&c.record.id));
     h.engine.write_file(&box_id, "work/notes", b"kept").unwrap();
 
-    let rec = rt.block_on(node.hibernate(&id)).unwrap();
+    let rec = rt.block_on(node.hibernate(&id, AUTO)).unwrap();
     assert_eq!(rec.state(), SandboxState::Hibernated);
     assert!(!h.engine.running(&box_id), "a hibernated sandbox runs nothing");
     // Hibernating again is no change; waking brings it back on its files.
-    assert_eq!(rt.block_on(node.hibernate(&id)).unwrap().state(), SandboxState::Hibernated);
+    assert_eq!(rt.block_on(node.hibernate(&id, AUTO)).unwrap().state(), SandboxState::Hibernated);
     let live = rt.block_on(node.wake(&id)).unwrap();
     assert_eq!(live.record.state(), SandboxState::Claimed);
     assert_eq!(h.engine.read_file(&box_id, "work/notes").as_deref(), Some(&b"kept"[..]));
 
-    let rec = rt.block_on(node.archive(&id)).unwrap();
+    let rec = rt.block_on(node.archive(&id, AUTO)).unwrap();
     assert_eq!(rec.state(), SandboxState::Archived);
     assert!(h.engine.list().unwrap().is_empty(), "an archived sandbox holds no box");
-    let refused = rt.block_on(node.hibernate(&id)).unwrap_err();
+    let refused = rt.block_on(node.hibernate(&id, AUTO)).unwrap_err();
     assert_eq!(refused.code, "conflict");
     let live = rt.block_on(node.wake(&id)).unwrap();
     assert_eq!(live.record.state(), SandboxState::Claimed);
@@ -107,19 +109,19 @@ fn checkpoints_branch_and_forks_copy_files_and_promote_makes_a_template() {
     let c = rt.block_on(node.claim(spec(600))).unwrap();
     let id = c.record.id.clone();
     h.engine.write_file(&sid(&id), "v", b"1").unwrap();
-    let ck = rt.block_on(node.checkpoint(&id, Some("one".into()))).unwrap();
+    let ck = rt.block_on(node.checkpoint(&id, Some("one".into()), AUTO)).unwrap();
     h.engine.write_file(&sid(&id), "v", b"2").unwrap();
 
-    let branch = rt.block_on(node.branch(&ck.id, spec(600))).unwrap();
+    let branch = rt.block_on(node.branch(&ck.id, spec(600), AUTO)).unwrap();
     assert_eq!(h.engine.read_file(&sid(&branch.record.id), "v").as_deref(), Some(&b"1"[..]));
     assert_eq!(branch.record.from_checkpoint.as_deref(), Some(ck.id.as_str()));
-    let forks = rt.block_on(node.fork(&id, 2, None)).unwrap();
+    let forks = rt.block_on(node.fork(&id, 2, None, AUTO)).unwrap();
     assert_eq!(forks.len(), 2);
     for f in &forks {
         assert_eq!(h.engine.read_file(&sid(&f.record.id), "v").as_deref(), Some(&b"2"[..]));
         assert_eq!(f.record.forked_from.as_deref(), Some(id.as_str()));
     }
-    let bad = rt.block_on(node.fork(&id, 0, None)).unwrap_err();
+    let bad = rt.block_on(node.fork(&id, 0, None, AUTO)).unwrap_err();
     assert_eq!(bad.code, "bad_request");
 
     rt.block_on(node.promote(&id, "mine", true)).unwrap();
@@ -141,8 +143,8 @@ fn a_restart_finds_every_acknowledged_claim_and_removes_every_other_box() {
     let sleeping = rt.block_on(node.claim(spec(600))).unwrap();
     let archived = rt.block_on(node.claim(spec(600))).unwrap();
     h.engine.write_file(&sid(&archived.record.id), "f", b"x").unwrap();
-    rt.block_on(node.hibernate(&sleeping.record.id)).unwrap();
-    rt.block_on(node.archive(&archived.record.id)).unwrap();
+    rt.block_on(node.hibernate(&sleeping.record.id, AUTO)).unwrap();
+    rt.block_on(node.archive(&archived.record.id, AUTO)).unwrap();
     eventually("the pool has a warm sandbox", || node.warm_for(&host_pool()) == 1);
     // A box nobody acknowledged (a claim the crash interrupted).
     let stray = sid("sb-stray");
@@ -198,13 +200,13 @@ fn every_table_returns_to_its_size_after_ten_thousand_claims_and_releases() {
         for i in 0..10_000 {
             let c = node.claim(spec(600)).await.unwrap();
             if i % 100 == 0 {
-                node.hibernate(&c.record.id).await.unwrap();
+                node.hibernate(&c.record.id, AUTO).await.unwrap();
                 node.wake(&c.record.id).await.unwrap();
             }
             node.release(&c.record.id).await.unwrap();
             // Calls for ids that do not exist leave nothing behind either.
             assert_eq!(node.wake("sb-unknown").await.unwrap_err().code, "not_found");
-            assert_eq!(node.hibernate(&c.record.id).await.unwrap_err().code, "not_found");
+            assert_eq!(node.hibernate(&c.record.id, AUTO).await.unwrap_err().code, "not_found");
         }
     });
     assert_eq!(node.table_sizes(), before);
@@ -248,25 +250,37 @@ fn every_lifecycle_call_refuses_what_it_cannot_do_and_changes_nothing() {
     let a = rt.block_on(node.claim(spec(600))).unwrap();
     let b = rt.block_on(node.claim(spec(600))).unwrap();
     let (a, b) = (a.record.id, b.record.id);
-    rt.block_on(node.archive(&b)).unwrap();
+    rt.block_on(node.archive(&b, AUTO)).unwrap();
     let code = |r: Result<(), sandboxd::error::NodeError>| r.err().map(|e| e.code.as_str());
     let cases: Vec<(&str, Option<&str>, Option<&str>)> = vec![
         // An archived sandbox: woken first for anything that needs its files here.
-        ("fork an archive", code(rt.block_on(node.fork(&b, 1, None)).map(drop)), Some("conflict")),
-        ("hibernate an archive", code(rt.block_on(node.hibernate(&b)).map(drop)), Some("conflict")),
+        (
+            "fork an archive",
+            code(rt.block_on(node.fork(&b, 1, None, AUTO)).map(drop)),
+            Some("conflict"),
+        ),
+        (
+            "hibernate an archive",
+            code(rt.block_on(node.hibernate(&b, AUTO)).map(drop)),
+            Some("conflict"),
+        ),
         // Archiving an archive is no change, as hibernating a hibernated one is.
-        ("archive an archive", code(rt.block_on(node.archive(&b)).map(drop)), None),
+        ("archive an archive", code(rt.block_on(node.archive(&b, AUTO)).map(drop)), None),
         (
             "checkpoint an archive",
-            code(rt.block_on(node.checkpoint(&b, None)).map(drop)),
+            code(rt.block_on(node.checkpoint(&b, None, AUTO)).map(drop)),
             Some("conflict"),
         ),
         // Bad arguments.
-        ("fork 0", code(rt.block_on(node.fork(&a, 0, None)).map(drop)), Some("bad_request")),
-        ("fork 17", code(rt.block_on(node.fork(&a, 17, None)).map(drop)), Some("bad_request")),
+        ("fork 0", code(rt.block_on(node.fork(&a, 0, None, AUTO)).map(drop)), Some("bad_request")),
+        (
+            "fork 17",
+            code(rt.block_on(node.fork(&a, 17, None, AUTO)).map(drop)),
+            Some("bad_request"),
+        ),
         (
             "an empty checkpoint name",
-            code(rt.block_on(node.checkpoint(&a, Some(String::new()))).map(drop)),
+            code(rt.block_on(node.checkpoint(&a, Some(String::new()), AUTO)).map(drop)),
             Some("bad_request"),
         ),
         (
@@ -282,13 +296,14 @@ fn every_lifecycle_call_refuses_what_it_cannot_do_and_changes_nothing() {
         (
             "branch an unknown checkpoint",
             code(
-                rt.block_on(node.branch("ck_00000000000000000000000000000000", spec(60))).map(drop),
+                rt.block_on(node.branch("ck_00000000000000000000000000000000", spec(60), AUTO))
+                    .map(drop),
             ),
             Some("not_found"),
         ),
         (
             "branch a bad id",
-            code(rt.block_on(node.branch("nope", spec(60))).map(drop)),
+            code(rt.block_on(node.branch("nope", spec(60), AUTO)).map(drop)),
             Some("not_found"),
         ),
         ("delete the host template", code(node.delete_template("host")), Some("conflict")),
@@ -299,16 +314,20 @@ fn every_lifecycle_call_refuses_what_it_cannot_do_and_changes_nothing() {
         ),
         (
             "move without a mesh",
-            code(rt.block_on(node.move_sandbox(&a, None)).map(drop)),
+            code(rt.block_on(node.move_sandbox(&a, None, AUTO)).map(drop)),
             Some("conflict"),
         ),
         // Unknown sandboxes, for every call.
         ("release unknown", code(rt.block_on(node.release("sb-x"))), Some("not_found")),
         ("renew unknown", code(rt.block_on(node.renew("sb-x", 60)).map(drop)), Some("not_found")),
-        ("archive unknown", code(rt.block_on(node.archive("sb-x")).map(drop)), Some("not_found")),
+        (
+            "archive unknown",
+            code(rt.block_on(node.archive("sb-x", AUTO)).map(drop)),
+            Some("not_found"),
+        ),
         (
             "fork unknown",
-            code(rt.block_on(node.fork("sb-x", 1, None)).map(drop)),
+            code(rt.block_on(node.fork("sb-x", 1, None, AUTO)).map(drop)),
             Some("not_found"),
         ),
         (

@@ -7,6 +7,8 @@
 
 mod fake;
 
+const AUTO: silk_engine::Memory = silk_engine::Memory::Auto;
+
 use std::sync::Arc;
 
 use fake::*;
@@ -20,7 +22,7 @@ fn hibernate(
     id: String,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
-        let _ = node.hibernate(&id).await;
+        let _ = node.hibernate(&id, AUTO).await;
     })
 }
 
@@ -29,7 +31,7 @@ fn archive(
     id: String,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
-        let _ = node.archive(&id).await;
+        let _ = node.archive(&id, AUTO).await;
     })
 }
 
@@ -38,7 +40,7 @@ fn checkpoint(
     id: String,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
     Box::pin(async move {
-        let _ = node.checkpoint(&id, Some("mid-crash".into())).await;
+        let _ = node.checkpoint(&id, Some("mid-crash".into()), AUTO).await;
     })
 }
 
@@ -65,7 +67,7 @@ fn crash(
     let id = c.record.id.clone();
     h.engine.write_file(&sid(&id), "notes", b"kept").unwrap();
     if archived_first {
-        rt.block_on(node.archive(&id)).unwrap();
+        rt.block_on(node.archive(&id, AUTO)).unwrap();
     }
     node.crash_at(point);
     rt.spawn(op(node.clone(), id.clone()));
@@ -112,7 +114,7 @@ fn a_crash_mid_checkpoint_leaves_the_source_running_and_a_whole_checkpoint_or_no
         let (_h, node, rt) = crash(point, false, checkpoint, SandboxState::Claimed);
         for ck in rt.block_on(node.checkpoints(None, None)).unwrap() {
             // Whatever is listed branches whole.
-            let branch = rt.block_on(node.branch(&ck.id, spec(60))).unwrap();
+            let branch = rt.block_on(node.branch(&ck.id, spec(60), AUTO)).unwrap();
             assert_eq!(branch.record.from_checkpoint.as_deref(), Some(ck.id.as_str()));
         }
     }

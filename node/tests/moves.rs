@@ -149,7 +149,9 @@ fn a_move_moves_the_files_id_and_token_and_the_mover_forgets_it() {
     let a = p.open_a();
     let (id, token) = p.claim_with_notes(&a);
     let (n, i) = (a.1.clone(), id.clone());
-    let (moved, to) = a.0.block_on(async move { n.move_sandbox(&i, Some("b")).await }).unwrap();
+    let (moved, to) =
+        a.0.block_on(async move { n.move_sandbox(&i, Some("b"), silk_engine::Memory::Auto).await })
+            .unwrap();
     assert_eq!((moved.id.as_str(), to.name.as_str()), (id.as_str(), "b"));
     assert!(a.1.get(&id).is_none(), "the mover still holds it");
     assert!(settled_once(&p, &a, &b, &id, &token, "no crash"), "not on b");
@@ -167,7 +169,7 @@ fn a_mover_stopped_at_any_crash_point_leaves_the_sandbox_on_exactly_one_node() {
         a.1.crash_at(point);
         let (n, i) = (a.1.clone(), id.clone());
         a.0.spawn(async move {
-            let _ = n.move_sandbox(&i, Some("b")).await;
+            let _ = n.move_sandbox(&i, Some("b"), silk_engine::Memory::Auto).await;
         });
         eventually(&format!("the move reaches {point}"), || a.1.stopped_at_crash_point());
         drop(a);
@@ -185,7 +187,8 @@ fn a_target_that_dies_mid_adoption_leaves_the_sandbox_with_the_mover() {
     let (id, token) = p.claim_with_notes(&a);
     b.crash_at("adopt:restored");
     let (n, i) = (a.1.clone(), id.clone());
-    let moving = a.0.spawn(async move { n.move_sandbox(&i, Some("b")).await });
+    let moving =
+        a.0.spawn(async move { n.move_sandbox(&i, Some("b"), silk_engine::Memory::Auto).await });
     eventually("the adoption reaches adopt:restored", || b.stopped_at_crash_point());
     // The target dies: the mover's call loses its answer.
     p.fleet.set(None);
@@ -205,7 +208,7 @@ fn an_adopt_is_refused_unless_the_archive_was_made_for_that_sandbox_token_and_te
     let a = p.open_a();
     let b = p.open_b();
     let (id, token) = p.claim_with_notes(&a);
-    let record = a.0.block_on(a.1.archive(&id)).unwrap();
+    let record = a.0.block_on(a.1.archive(&id, silk_engine::Memory::Auto)).unwrap();
     let archive = record.phase.archive().unwrap().to_string();
     // A cluster member hands b the archive with a token of its own, or in another tenant's
     // (or root's) name: b would serve the sandbox's files to whoever holds that.

@@ -7,10 +7,12 @@ pub(super) async fn hibernate(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
+    body: axum::body::Bytes,
 ) -> Result<axum::Json<silk_api::Sandbox>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
+    let memory = optional_json::<silk_api::StopRequest>(&body)?.memory;
     let n = node.clone();
-    let record = detached(async move { n.hibernate(&id).await }).await?;
+    let record = detached(async move { n.hibernate(&id, memory).await }).await?;
     Ok(axum::Json(row(&node, &record)))
 }
 
@@ -29,10 +31,12 @@ pub(super) async fn archive(
     State(node): Shared,
     headers: HeaderMap,
     Path(id): Path<String>,
+    body: axum::body::Bytes,
 ) -> Result<axum::Json<silk_api::Sandbox>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
+    let memory = optional_json::<silk_api::StopRequest>(&body)?.memory;
     let n = node.clone();
-    let record = detached(async move { n.archive(&id).await }).await?;
+    let record = detached(async move { n.archive(&id, memory).await }).await?;
     Ok(axum::Json(row(&node, &record)))
 }
 
@@ -47,9 +51,9 @@ pub(super) async fn checkpoint(
     body: axum::body::Bytes,
 ) -> Result<Response, NodeError> {
     node.authorized(&id, bearer(&headers))?;
-    let name = optional_json::<silk_api::CheckpointRequest>(&body)?.name;
+    let req = optional_json::<silk_api::CheckpointRequest>(&body)?;
     let n = node.clone();
-    let ck = detached(async move { n.checkpoint(&id, name).await }).await?;
+    let ck = detached(async move { n.checkpoint(&id, req.name, req.memory).await }).await?;
     Ok((StatusCode::CREATED, axum::Json(ck.checkpoint)).into_response())
 }
 
@@ -97,6 +101,7 @@ pub(super) async fn branch(
     let ck = node.authorized_checkpoint(&id, bearer(&headers)).await?;
     let tenant = ck.tenant.clone();
     let b = optional_json::<silk_api::BranchRequest>(&body)?;
+    let memory = b.memory;
     let request = ClaimRequest {
         template: Some(ck.checkpoint.template),
         ttl_seconds: b.ttl_seconds,
@@ -109,7 +114,7 @@ pub(super) async fn branch(
     // A branch belongs to the checkpoint's tenant, and counts against its quota.
     spec.tenant = tenant;
     let n = node.clone();
-    let claimed = detached(async move { n.branch(&id, spec).await }).await?;
+    let claimed = detached(async move { n.branch(&id, spec, memory).await }).await?;
     let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
     let row = axum::Json(claimed_row(&node, &claimed));
     Ok((StatusCode::CREATED, axum::Extension(noted), row).into_response())
@@ -127,7 +132,7 @@ pub(super) async fn fork(
         t => Some(checked_ttl(t, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?),
     };
     let n = node.clone();
-    let children = detached(async move { n.fork(&id, req.count, ttl).await }).await?;
+    let children = detached(async move { n.fork(&id, req.count, ttl, req.memory).await }).await?;
     let ids: Vec<&str> = children.iter().map(|c| c.record.id.as_str()).collect();
     let noted = audited::Noted { target: None, detail: Some(format!("made {}", ids.join(" "))) };
     let sandboxes = children.iter().map(|c| claimed_row(&node, c)).collect();
@@ -208,10 +213,10 @@ pub(super) async fn move_sandbox(
     body: axum::body::Bytes,
 ) -> Result<axum::Json<silk_api::Sandbox>, NodeError> {
     node.authorized(&id, bearer(&headers))?;
-    let to = optional_json::<silk_api::MoveRequest>(&body)?.to;
+    let req = optional_json::<silk_api::MoveRequest>(&body)?;
     let n = node.clone();
     let (record, target) =
-        detached(async move { n.move_sandbox(&id, to.as_deref()).await }).await?;
+        detached(async move { n.move_sandbox(&id, req.to.as_deref(), req.memory).await }).await?;
     Ok(axum::Json(silk_api::Sandbox {
         owner: target.api.split_once("://").map_or(&*target.api, |(_, a)| a).to_string(),
         node: Some(target.name),

@@ -205,6 +205,7 @@ impl axum::response::IntoResponse for NodeError {
 }
 
 fn row(node: &Node, r: &ClaimRecord) -> silk_api::Sandbox {
+    let memory = node.get(&r.id).and_then(|l| l.activity.memory());
     silk_api::Sandbox {
         id: r.id.clone(),
         template: r.template.clone(),
@@ -222,9 +223,11 @@ fn row(node: &Node, r: &ClaimRecord) -> silk_api::Sandbox {
         state_since_ms: r.state_since_ms,
         from_checkpoint: r.from_checkpoint.clone(),
         forked_from: r.forked_from.clone(),
-        // The jail engine keeps files, not process memory: processes restart on wake, branch
-        // and fork.
-        memory_snapshot: node.capabilities().memory_snapshot,
+        memory_snapshot: memory.as_ref().map_or(node.capabilities().memory_snapshot, |m| m.kept),
+        memory_note: match memory {
+            Some(m) => m.why_not,
+            None => node.engine_memory_why_not(),
+        },
         token: None,
         claim_micros: None,
         node: None,

@@ -20,7 +20,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
-use silk_engine::{Base, BoxInfo, BoxSpec, Golden, Memory, SandboxId, Snapshot, SnapshotMode};
+use silk_engine::{
+    Base, BoxInfo, BoxSpec, Golden, Memory, MemoryKept, SandboxId, Snapshot, SnapshotMode,
+};
 use silk_store::{ObjectStore, SnapshotName, SnapshotStore, StoreError};
 use tokio::net::UnixStream;
 use tokio::task::JoinSet;
@@ -255,15 +257,22 @@ impl Node {
     /// The sandbox's files as a snapshot the caller may read, and whether it is a scratch file
     /// to delete afterwards: a running or stopped box is captured (as it is), a hibernated
     /// sandbox kept as a tar has it already.
-    async fn current_files(&self, live: &Live, what: &str) -> Result<(Snapshot, bool), NodeError> {
+    async fn current_files(
+        &self,
+        live: &Live,
+        what: &str,
+        memory: Memory,
+    ) -> Result<(Snapshot, bool), NodeError> {
         match &live.record.phase {
             Phase::Running | Phase::Stopped => {
                 let (engine, id) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
                 let tar = self.scratch_tar(what);
-                let snap = blocking(move || {
-                    engine.snapshot(&id, SnapshotMode::KeepRunning, Memory::Auto, &tar)
-                })
-                .await?;
+                if live.record.phase == Phase::Running && memory != Memory::Off {
+                    // Its silkd closes every connection before a memory dump.
+                    live.activity.hangup.notify_waiters();
+                }
+                let mode = SnapshotMode::KeepRunning;
+                let snap = blocking(move || engine.snapshot(&id, mode, memory, &tar)).await?;
                 Ok((snap, true))
             }
             Phase::Captured(snap) => Ok(((**snap).clone(), false)),
@@ -275,13 +284,14 @@ impl Node {
 
     // ---- hibernate and wake ----
 
-    /// Stops the sandbox and keeps its files in place. Idempotent.
-    pub async fn hibernate(&self, id: &str) -> Result<ClaimRecord, NodeError> {
+    /// Stops the sandbox and keeps its files in place (and its memory, as `memory` says).
+    /// Idempotent.
+    pub async fn hibernate(&self, id: &str, memory: Memory) -> Result<ClaimRecord, NodeError> {
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
         match live.record.state() {
             SandboxState::Hibernated => Ok(live.record),
-            SandboxState::Claimed => self.hibernate_locked(live).await,
+            SandboxState::Claimed => self.hibernate_locked(live, memory).await,
             other => Err(conflict(format!("a sandbox that is {other:?} cannot be hibernated"))),
         }
     }
@@ -290,11 +300,16 @@ impl Node {
     /// waking cost a jail's stop and start whatever the sandbox holds. Nothing is journalled
     /// before: a crash between the stop and the journal leaves a claimed sandbox whose box
     /// stopped, which the next access starts again (`agent_stream`).
-    pub(super) async fn hibernate_locked(&self, live: Live) -> Result<ClaimRecord, NodeError> {
+    pub(super) async fn hibernate_locked(
+        &self,
+        live: Live,
+        memory: Memory,
+    ) -> Result<ClaimRecord, NodeError> {
         let mut rec = live.record.clone();
         live.activity.hangup.notify_waiters();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
-        blocking(move || engine.stop(&sid, Memory::Auto)).await?;
+        let kept = blocking(move || engine.stop(&sid, memory)).await?;
+        live.activity.set_memory(kept);
         self.crash_point("hibernate:stopped").await;
         rec.enter(Phase::Stopped, now_ms()).map_err(conflict)?;
         self.put_record(&rec).await?;
@@ -305,7 +320,7 @@ impl Node {
     /// Captures a claimed or hibernated sandbox's files into a tar of its own and removes its
     /// box: what archive and move send to the store. The intent (with the tar's path) is
     /// journalled first; see the module docs for a crash at each step.
-    async fn capture_stopped(&self, live: Live) -> Result<ClaimRecord, NodeError> {
+    async fn capture_stopped(&self, live: Live, memory: Memory) -> Result<ClaimRecord, NodeError> {
         let mut rec = live.record.clone();
         let base = live.base.clone().ok_or_else(|| NodeError::internal("unknown sandbox base"))?;
         let tar = snapshots_dir(&self.cfg).join(format!("{}.tar", rec.id));
@@ -317,13 +332,14 @@ impl Node {
             memory: false,
             memory_why_not: None,
         };
+        let activity = live.activity.clone();
         rec.intent = Some(Intent::Hibernate(Box::new(planned)));
         self.put_record(&rec).await?;
         self.crash_point("capture:intent").await;
         live.activity.hangup.notify_waiters();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
         let captured =
-            blocking(move || engine.snapshot(&sid, SnapshotMode::Stop, Memory::Auto, &tar)).await;
+            blocking(move || engine.snapshot(&sid, SnapshotMode::Stop, memory, &tar)).await;
         rec.intent = None;
         let snap = match captured {
             Ok(snap) => snap,
@@ -334,6 +350,7 @@ impl Node {
             }
         };
         self.crash_point("capture:captured").await;
+        activity.set_memory(MemoryKept { kept: snap.memory, why_not: snap.memory_why_not.clone() });
         let captured = Phase::Captured(Box::new(snap));
         if rec.phase == Phase::Running {
             rec.enter(captured, now_ms()).map_err(conflict)?;
@@ -445,7 +462,7 @@ impl Node {
             ));
         }
         tracing::warn!(sandbox = id, "its silkd is gone; restarting the sandbox from its files");
-        self.hibernate_locked(live).await?;
+        self.hibernate_locked(live, Memory::Off).await?;
         let live = self.wake_locked(self.current(id)?).await?;
         self.metrics.restarted.fetch_add(1, Ordering::Relaxed);
         let stream = super::connect_agent(&live.agent).map_err(|e| {
@@ -564,6 +581,7 @@ impl Node {
             activity: live.activity.clone(),
         };
         woken.activity.last_ms.store(now, Ordering::Relaxed);
+        woken.activity.set_memory(info.memory.clone());
         self.lock().slots.insert_claim(woken.record.id.clone(), woken.clone());
         self.metrics.woken.fetch_add(1, Ordering::Relaxed);
         Ok(woken)

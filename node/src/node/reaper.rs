@@ -61,8 +61,14 @@ impl Node {
             let Some(work) = self.due(&live, now_ms()) else { continue };
             let done = match work {
                 Due::Release => self.release_locked(&id).await.map(|()| "released"),
-                Due::Archive => self.archive_locked(live).await.map(|_| "archived"),
-                Due::Hibernate => self.hibernate_locked(live).await.map(|_| "hibernated (idle)"),
+                // Both keep the processes' memory where they can, as a user's hibernate does.
+                Due::Archive => {
+                    self.archive_locked(live, silk_engine::Memory::Auto).await.map(|_| "archived")
+                }
+                Due::Hibernate => self
+                    .hibernate_locked(live, silk_engine::Memory::Auto)
+                    .await
+                    .map(|_| "hibernated (idle)"),
             };
             match done {
                 Ok(what) => {

@@ -8,15 +8,16 @@ impl Node {
 
     /// Moves the sandbox's files into the store and frees the host. They are captured into a
     /// tar first; when the upload fails a sandbox that ran is woken again and the error returned.
-    pub async fn archive(&self, id: &str) -> Result<ClaimRecord, NodeError> {
+    pub async fn archive(&self, id: &str, memory: Memory) -> Result<ClaimRecord, NodeError> {
         let _busy = self.busy(id).await;
-        self.archive_locked(self.current(id)?).await
+        self.archive_locked(self.current(id)?, memory).await
     }
 
     /// [`archive`](Self::archive) with the sandbox's lifecycle lock held.
     pub(in crate::node) async fn archive_locked(
         &self,
         live: Live,
+        memory: Memory,
     ) -> Result<ClaimRecord, NodeError> {
         let id = live.record.id.clone();
         let id = id.as_str();
@@ -25,7 +26,7 @@ impl Node {
             Phase::Running => true,
             Phase::Stopped | Phase::Captured(_) => false,
         };
-        let (mut rec, snap) = self.stop_here(live).await?;
+        let (mut rec, snap) = self.stop_here(live, memory).await?;
         let archive = new_archive_name(id);
         let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
         rec.intent = Some(Intent::Archive(archive.clone()));
@@ -58,10 +59,11 @@ impl Node {
     pub(in crate::node) async fn stop_here(
         &self,
         live: Live,
+        memory: Memory,
     ) -> Result<(ClaimRecord, Snapshot), NodeError> {
         let id = live.record.id.clone();
         if live.record.phase.snapshot().is_none() {
-            self.capture_stopped(live).await?;
+            self.capture_stopped(live, memory).await?;
         }
         let rec = self.current(&id)?.record;
         let snap = rec

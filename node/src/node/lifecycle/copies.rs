@@ -10,6 +10,7 @@ impl Node {
         &self,
         id: &str,
         name: Option<String>,
+        memory: Memory,
     ) -> Result<CheckpointInfo, NodeError> {
         if name.as_ref().is_some_and(|n| n.is_empty() || n.len() > 128) {
             return Err(NodeError::bad_request("a checkpoint name is 1-128 bytes"));
@@ -20,7 +21,7 @@ impl Node {
         if let Some(t) = &live.record.tenant {
             self.checkpoint_room(t).await?;
         }
-        let (snap, scratch) = self.current_files(&live, "checkpoint").await?;
+        let (snap, scratch) = self.current_files(&live, "checkpoint", memory).await?;
         self.crash_point("checkpoint:captured").await;
         let hex = random_hex(16);
         let store_name = SnapshotName::checkpoint(&hex).map_err(NodeError::from)?;
@@ -43,7 +44,8 @@ impl Node {
             created_ms: now_ms(),
             bytes: report.size,
             uploaded_bytes: Some(report.uploaded_bytes),
-            memory_snapshot: Some(self.engine.capabilities().memory_snapshot),
+            memory_snapshot: Some(snap.memory),
+            memory_note: snap.memory_why_not.clone(),
         };
         let token_hash = live.record.token_hash.clone();
         Ok(CheckpointInfo { checkpoint, token_hash, tenant: live.record.tenant.clone() })
@@ -135,6 +137,7 @@ impl Node {
             bytes: m.size,
             uploaded_bytes: None,
             memory_snapshot: None,
+            memory_note: None,
         };
         let tenant = m.meta.get("tenant").cloned();
         Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant })
@@ -162,7 +165,12 @@ impl Node {
     }
 
     /// A new sandbox from a checkpoint (any checkpoint in the store).
-    pub async fn branch(&self, id: &str, spec: ClaimSpec) -> Result<Claimed, NodeError> {
+    pub async fn branch(
+        &self,
+        id: &str,
+        spec: ClaimSpec,
+        memory: Memory,
+    ) -> Result<Claimed, NodeError> {
         let t0 = std::time::Instant::now();
         let name = checkpoint_name(id)?;
         self.disk_reserve()?;
@@ -172,7 +180,7 @@ impl Node {
         };
         let (snap, _) = self.download(&name).await?;
         let spec = ClaimSpec { size: snap.spec.size, lane: snap.spec.lane, ..spec };
-        let made = self.restore_new(&snap, 1).await;
+        let made = self.restore_new(&snap, 1, memory).await;
         let _ = std::fs::remove_file(&snap.layer_tar);
         let info = made?.pop().expect("one sandbox");
         let token = new_token();
@@ -191,6 +199,7 @@ impl Node {
         id: &str,
         count: usize,
         ttl_seconds: Option<u64>,
+        memory: Memory,
     ) -> Result<Vec<Claimed>, NodeError> {
         if !(1..=MAX_FORK).contains(&count) {
             return Err(NodeError::bad_request(format!("count must be 1-{MAX_FORK}")));
@@ -203,8 +212,8 @@ impl Node {
             let mut st = self.lock();
             self.admit(&mut st, count, live.record.tenant.as_deref())?
         };
-        let (snap, scratch) = self.current_files(&live, "fork").await?;
-        let made = self.restore_new(&snap, count).await;
+        let (snap, scratch) = self.current_files(&live, "fork", memory).await?;
+        let made = self.restore_new(&snap, count, memory).await;
         if scratch {
             let _ = std::fs::remove_file(&snap.layer_tar);
         }
@@ -234,7 +243,12 @@ impl Node {
     }
 
     /// `count` new sandboxes (fresh ids) from one snapshot, all or none.
-    async fn restore_new(&self, snap: &Snapshot, count: usize) -> Result<Vec<BoxInfo>, NodeError> {
+    async fn restore_new(
+        &self,
+        snap: &Snapshot,
+        count: usize,
+        memory: Memory,
+    ) -> Result<Vec<BoxInfo>, NodeError> {
         let mut set = JoinSet::new();
         for _ in 0..count {
             let (engine, snap) = (self.engine.clone(), snap.clone());
@@ -243,7 +257,7 @@ impl Node {
                 // Size and lane only: limits are this node's for them, whatever the snapshot
                 // says (a downloaded one comes from the shared store).
                 let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
-                blocking(move || engine.restore(&snap, &id, &spec, Memory::Auto)).await
+                blocking(move || engine.restore(&snap, &id, &spec, memory)).await
             });
         }
         let (mut made, mut failure) = (vec![], None);
@@ -303,7 +317,8 @@ impl Node {
         if !may_replace(&self.lock()) {
             return Err(conflict(format!("template {name:?} was promoted by another owner")));
         }
-        let (snap, scratch) = self.current_files(&live, "promote").await?;
+        // A template is files: its clones start fresh.
+        let (snap, scratch) = self.current_files(&live, "promote", Memory::Off).await?;
         let engine = self.engine.clone();
         let s = snap.clone();
         let made = blocking(move || engine.golden_from_snapshot(&s)).await;

@@ -169,6 +169,7 @@ impl Node {
         self: &std::sync::Arc<Self>,
         id: &str,
         to: Option<&str>,
+        memory: Memory,
     ) -> Result<(ClaimRecord, PeerNode), NodeError> {
         let fleet = self.fleet().ok_or_else(|| {
             conflict("this node is not in a mesh: there is nowhere to move to".into())
@@ -183,7 +184,7 @@ impl Node {
                 return Err(conflict("a sandbox that is Archived must be woken first".into()));
             }
         };
-        let (mut rec, snap) = self.stop_here(live).await?;
+        let (mut rec, snap) = self.stop_here(live, memory).await?;
         let archive = new_archive_name(id);
         let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
         rec.intent = Some(Intent::Move { archive: archive.clone(), target: target.name.clone() });
