@@ -5,7 +5,7 @@
 //! verbs import it, it imports only the tables, so no verb needs `server` and `server` is the
 //! only module that knows every verb.
 
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::time::{Duration, Instant};
 
 use silk_proto::{ErrorKind, Frame, ProtoError, WireError};
@@ -59,6 +59,8 @@ pub struct Agent {
     pub(crate) next_connection: AtomicU64,
     /// `Quiesce`: the number of the connection that asked; every other one closes.
     pub(crate) quiesce: tokio::sync::watch::Sender<u64>,
+    /// PID 1 made itself dumpable for a checkpoint (see `server::quiesce`).
+    pub(crate) dumpable: AtomicBool,
 }
 
 impl Agent {
@@ -73,6 +75,7 @@ impl Agent {
             connections: AtomicU32::new(0),
             next_connection: AtomicU64::new(1),
             quiesce: tokio::sync::watch::Sender::new(0),
+            dumpable: AtomicBool::new(false),
         }
     }
 }

@@ -87,6 +87,11 @@ async fn accept(listener: &Listener, agent: &Arc<Agent>) -> std::io::Result<()> 
     match listener {
         Listener::Unix(l, _) => {
             let (stream, _) = l.accept().await?;
+            if agent.dumpable.swap(false, Ordering::Relaxed) {
+                // Non-dumpable again after a dump (see `quiesce`), before serving anyone.
+                // SAFETY: plain prctl.
+                unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+            }
             let (r, w) = stream.into_split();
             spawn_connection(agent.clone(), r, w);
         }
@@ -128,6 +133,15 @@ where
 /// answers `Done`; the caller then closes this one.
 async fn quiesce<W: AsyncWrite + Unpin>(agent: &Agent, me: u64, wr: &mut FrameWriter<W>) {
     agent.quiesce.send_replace(me);
+    if std::process::id() == 1 {
+        // CRIU's check that the jail's namespaces belong to its user namespace reads this
+        // process's /proc entries from inside that namespace, which a non-dumpable process
+        // whose memory was made outside it (one CRIU restored) refuses. Dumpable until the next
+        // connection (see `accept`); the sandbox is frozen for the dump meanwhile.
+        // SAFETY: plain prctl.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+        agent.dumpable.store(true, Ordering::Relaxed);
+    }
     let deadline = Instant::now() + Duration::from_secs(2);
     while agent.connections.load(Ordering::Relaxed) > 1 && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(1)).await;

@@ -1,0 +1,217 @@
+//! Process memory on the jail engine (CRIU, installed by scripts/test): hibernated sandboxes
+//! wake with their processes where they were, snapshots carry them into copies, and what
+//! cannot be kept leaves the files as they are and says why.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use silk_engine::*;
+
+/// A counter in the background: its count lives in the shell's memory and goes to /tmp (a
+/// tmpfs) every 50 ms, with its pid beside it.
+const COUNTER: &str = "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; \
+                       sleep 0.05; done' >/dev/null 2>&1 & sleep 0.3";
+
+fn count(b: &BoxInfo) -> u64 {
+    ok(b, "cat /tmp/count").parse().expect("a count")
+}
+
+fn memory_engine() -> Harness {
+    let h = Harness::new();
+    assert!(
+        h.engine.capabilities().memory_snapshot,
+        "CRIU is not usable here ({:?}); scripts/install-criu installs it",
+        h.engine.memory_why_not()
+    );
+    h
+}
+
+/// The counter runs on from `before`, in the same process.
+fn continues(b: &BoxInfo, before: u64, pid: &str) {
+    let after = count(b);
+    assert!(after >= before, "the count went back from {before} to {after}: the process restarted");
+    assert_eq!(ok(b, "cat /tmp/pid"), pid, "another process counts");
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(count(b) > after, "the counter stopped");
+}
+
+#[test]
+fn hibernated_processes_wake_where_they_were() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("m-a"), &small()).unwrap();
+    ok(&a, COUNTER);
+    ok(&a, "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1");
+    let (pid, before) = (ok(&a, "cat /tmp/pid"), count(&a));
+
+    let kept = h.engine.stop(&a.id, Memory::Auto).unwrap();
+    assert!(kept.kept, "{kept:?}");
+    let woken = h.engine.resume(&a.id).unwrap();
+    assert!(woken.memory.kept, "{:?}", woken.memory);
+    continues(&woken, before, &pid);
+    let served = "python3 -c \"import urllib.request as u; \
+                  print(u.urlopen('http://127.0.0.1:8000/', timeout=5).status)\"";
+    assert_eq!(ok(&woken, served), "200", "the http server inside answers after the wake");
+    assert_eq!(ok(&woken, "hostname; cat /etc/hostname"), "m-a\nm-a");
+
+    // A restarted node (a new engine on the same data) wakes it the same way.
+    let before = count(&woken);
+    assert!(h.engine.stop(&a.id, Memory::Required).unwrap().kept);
+    let reopened = h.reopen();
+    let woken = reopened.resume(&a.id).unwrap();
+    assert!(woken.memory.kept, "{:?}", woken.memory);
+    continues(&woken, before, &pid);
+
+    // Off: files only, as without CRIU.
+    assert!(!h.engine.stop(&a.id, Memory::Off).unwrap().kept);
+    let restarted = h.engine.resume(&a.id).unwrap();
+    assert!(!restarted.memory.kept);
+    assert_ne!(sh(&restarted, "cat /tmp/count").0, 0, "a fresh /tmp");
+}
+
+#[test]
+fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let src = h.engine.clone_golden(&g, &id("m-src"), &small()).unwrap();
+    ok(&src, "echo on-disk > /root/file");
+    ok(&src, COUNTER);
+    let (pid, before) = (ok(&src, "cat /tmp/pid"), count(&src));
+    let tar = h.data.path().join("m.tar");
+    let snap = h.engine.snapshot(&src.id, SnapshotMode::KeepRunning, Memory::Auto, &tar).unwrap();
+    assert!(snap.memory, "{:?}", snap.memory_why_not);
+    let at_snapshot = count(&src);
+    // The source runs on.
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(count(&src) > at_snapshot);
+
+    let source_machine = ok(&src, "cat /etc/machine-id");
+    let mut machines = vec![source_machine];
+    for name in ["m-f1", "m-f2", "m-f3"] {
+        let copy = h.engine.restore(&snap, &id(name), &small(), Memory::Auto).unwrap();
+        assert!(copy.memory.kept, "{:?}", copy.memory);
+        continues(&copy, before, &pid);
+        assert_eq!(ok(&copy, "hostname; cat /etc/hostname"), format!("{name}\n{name}"));
+        assert_eq!(ok(&copy, "cat /root/file"), "on-disk");
+        ok(&copy, &format!("echo {name} > /tmp/mine"));
+        machines.push(ok(&copy, "cat /etc/machine-id"));
+    }
+    machines.sort();
+    machines.dedup();
+    assert_eq!(machines.len(), 4, "every copy has its own machine id");
+    for name in ["m-f1", "m-f2", "m-f3"] {
+        let copy = h.engine.list().unwrap().into_iter().find(|b| b.id.as_str() == name).unwrap();
+        assert_eq!(ok(&copy, "cat /tmp/mine"), name, "copies diverge");
+    }
+}
+
+#[test]
+fn a_stop_snapshot_carries_memory_from_a_running_or_a_hibernated_sandbox() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("m-arch"), &small()).unwrap();
+    ok(&a, COUNTER);
+    let (pid, before) = (ok(&a, "cat /tmp/pid"), count(&a));
+    let tar = h.data.path().join("arch.tar");
+    let snap = h.engine.snapshot(&a.id, SnapshotMode::Stop, Memory::Auto, &tar).unwrap();
+    assert!(snap.memory, "{:?}", snap.memory_why_not);
+    let back = h.engine.restore(&snap, &a.id, &small(), Memory::Required).unwrap();
+    continues(&back, before, &pid);
+
+    // Hibernated in place first, then captured (archive or move of a hibernated sandbox).
+    let before = count(&back);
+    let kept = h.engine.stop(&a.id, Memory::Auto).unwrap();
+    assert!(kept.kept, "{kept:?}");
+    let snap = h.engine.snapshot(&a.id, SnapshotMode::Stop, Memory::Auto, &tar).unwrap();
+    assert!(snap.memory, "{:?}", snap.memory_why_not);
+    let back = h.engine.restore(&snap, &a.id, &small(), Memory::Auto).unwrap();
+    continues(&back, before, &pid);
+}
+
+#[test]
+fn what_cannot_be_dumped_keeps_the_files_and_says_why() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("m-fail"), &small()).unwrap();
+    ok(&a, "echo kept > /root/marker");
+    ok(&a, COUNTER);
+    // An open file that was deleted, bigger than CRIU will carry (its ghost limit).
+    ok(
+        &a,
+        "dd if=/dev/zero of=/tmp/big bs=1M count=80 2>/dev/null; \
+         sh -c 'exec 3</tmp/big; rm /tmp/big; sleep 1000' >/dev/null 2>&1 & sleep 0.3",
+    );
+    let before = count(&a);
+
+    let refused = h.engine.stop(&a.id, Memory::Required).unwrap_err();
+    assert!(matches!(refused, EngineError::MemoryFailed(_)), "{refused}");
+    // Nothing changed: it runs on, its processes too.
+    let running = h.engine.list().unwrap().into_iter().find(|b| b.id == a.id).unwrap();
+    assert!(running.running);
+    assert!(count(&running) >= before);
+    let tar = h.data.path().join("f.tar");
+    let refused = h.engine.snapshot(&a.id, SnapshotMode::KeepRunning, Memory::Required, &tar);
+    assert!(matches!(refused, Err(EngineError::MemoryFailed(_))));
+    assert!(!tar.exists());
+
+    let kept = h.engine.stop(&a.id, Memory::Auto).unwrap();
+    assert!(!kept.kept);
+    assert!(kept.why_not.as_deref().is_some_and(|w| !w.is_empty()), "{kept:?}");
+    let woken = h.engine.resume(&a.id).unwrap();
+    assert_eq!(ok(&woken, "cat /root/marker"), "kept", "the files are all there");
+    assert_ne!(sh(&woken, "cat /tmp/count").0, 0, "its processes restarted");
+}
+
+#[test]
+fn memory_images_from_elsewhere_are_never_given_to_criu() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("m-x"), &small()).unwrap();
+    ok(&a, "echo files > /root/f");
+    ok(&a, COUNTER);
+    let tar = h.data.path().join("x.tar");
+    let snap = h.engine.snapshot(&a.id, SnapshotMode::KeepRunning, Memory::Auto, &tar).unwrap();
+    assert!(snap.memory);
+
+    // Another engine (another fleet's key) restores the files only, and says why.
+    let other = memory_engine();
+    let og = other.golden(&[]);
+    let theirs =
+        Snapshot { base: Base { template: og.template.clone(), golden: Some(og) }, ..snap.clone() };
+    let copy = other.engine.restore(&theirs, &id("m-y"), &small(), Memory::Auto).unwrap();
+    assert!(!copy.memory.kept);
+    assert!(
+        copy.memory.why_not.as_deref().unwrap_or_default().contains("MAC"),
+        "{:?}",
+        copy.memory
+    );
+    assert_eq!(ok(&copy, "cat /root/f"), "files");
+    let refused = other.engine.restore(&theirs, &id("m-z"), &small(), Memory::Required);
+    assert!(matches!(refused, Err(EngineError::MemoryFailed(_))));
+    assert!(other.engine.list().unwrap().iter().all(|b| b.id.as_str() != "m-z"));
+
+    // A tampered image (one byte of its pages) fails the same way here.
+    let mut bytes = std::fs::read(&tar).unwrap();
+    bytes[4096] ^= 0xff;
+    let tampered = h.data.path().join("t.tar");
+    std::fs::write(&tampered, bytes).unwrap();
+    let forged = Snapshot { layer_tar: tampered, ..snap };
+    let copy = h.engine.restore(&forged, &id("m-t"), &small(), Memory::Auto).unwrap();
+    assert!(!copy.memory.kept, "{:?}", copy.memory);
+}
+
+#[test]
+fn an_engine_without_criu_says_why() {
+    let data = tempfile::tempdir().unwrap();
+    let mut cfg = silk_engine::jail::JailConfig::new(
+        data.path(),
+        static_silkd(),
+        env!("CARGO_BIN_EXE_silk-jail"),
+    );
+    cfg.criu = Some("/nonexistent/criu".into());
+    let engine = silk_engine::jail::JailEngine::new(cfg).unwrap();
+    assert!(!engine.capabilities().memory_snapshot);
+    assert!(engine.memory_why_not().unwrap().contains("/nonexistent/criu"));
+}
