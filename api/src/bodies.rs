@@ -342,7 +342,8 @@ pub struct TemplateList {
 pub struct NodeInfo {
     pub version: String,
     pub engine: String,
-    /// What the engine can do (limits, disk mechanism, memory snapshots), as it reports it.
+    /// What the engine can do (limits, disk mechanism, memory snapshots), as it reports it;
+    /// `memory_note` says why process memory is not kept, when it is not.
     #[cfg_attr(feature = "schema", schema(value_type = Object))]
     pub capabilities: serde_json::Value,
     pub claims: u64,

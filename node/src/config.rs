@@ -26,6 +26,12 @@ pub struct Config {
     pub silkd: Option<PathBuf>,
     /// The `silk-jail` launcher; default: next to the `sandboxd` binary.
     pub launcher: Option<PathBuf>,
+    /// Keep sandboxes' process memory (hibernate, checkpoint, fork, move, archive) where CRIU
+    /// works; `false`: files only.
+    pub memory: bool,
+    /// The CRIU binary; default: `/usr/local/sbin/criu` (what `scripts/install-criu` installs),
+    /// else `/usr/sbin/criu`.
+    pub criu: Option<PathBuf>,
     /// The host uid and gid that is root inside every sandbox (65536 ids from there are the
     /// sandboxes'; see docs/engine.md).
     pub sandbox_id_base: u32,
@@ -212,6 +218,8 @@ impl Default for Config {
             engine: "jail".into(),
             silkd: None,
             launcher: None,
+            memory: true,
+            criu: None,
             sandbox_id_base: silk_engine::jail::DEFAULT_ID_BASE,
             max_claims: 1000,
             min_free_mib: 1024,

@@ -97,6 +97,15 @@ fn jail_config(cfg: &Config) -> anyhow::Result<JailConfig> {
         large: cfg.disk.large_mib.saturating_mul(1 << 20),
     };
     jail.bound_disks = cfg.disk.bounded;
+    jail.memory = cfg.memory;
+    jail.criu = cfg.criu.clone();
+    // Memory images travel through the shared store, and a node restores only those made
+    // under the key of its fleet: one derived from the root token, which every node of a
+    // fleet shares (without one, the engine's own key: images stay on their node).
+    jail.memory_key = cfg
+        .api_token
+        .as_ref()
+        .map(|t| blake3::derive_key("silkmesh memory images v1", t.as_bytes()));
     Ok(jail)
 }
 

@@ -52,7 +52,7 @@ pub use conn::ConnStats;
 pub use error::{Error, Result};
 pub use files::{PullReport, Transfer, WriteOptions};
 pub use forward::PortForward;
-pub use lifecycle::{Checkpoint, TemplateInfo, TemplateKind};
+pub use lifecycle::{Checkpoint, Memory, TemplateInfo, TemplateKind};
 pub use process::{Attach, Chunk, Exec, ExecBuilder, ExecStdin, Logs, Output};
 pub use pty::{Pty, PtyBuilder, PtyInput, PtyOutput};
 pub use sandbox::Sandbox;

@@ -1,6 +1,9 @@
 //! Lifecycle beyond one claim: hibernate and wake, checkpoint and branch, fork, promote,
-//! archive. All of them are calls on the node's API; see `docs/api.md` for what each keeps (the
-//! jail engine keeps files exactly and restarts processes: [`SandboxInfo::memory_snapshot`]).
+//! archive. All of them are calls on the node's API; see `docs/api.md` for what each keeps.
+//! Files are kept exactly; processes and their memory too where the node can (CRIU on the jail
+//! engine), as each call's [`Memory`] asks — [`SandboxInfo::memory_snapshot`] and
+//! `memory_note` say what happened. A call that keeps memory closes the sandbox's open
+//! connections (streams in progress end; sessions and spawned processes go on).
 
 use hyper::Method;
 use serde::Deserialize;
@@ -10,7 +13,7 @@ use crate::client::{Claimed, Client, SandboxInfo, path_segment};
 use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 
-pub use silk_api::{Checkpoint, TemplateKind};
+pub use silk_api::{Checkpoint, Memory, TemplateKind};
 
 /// A template as `GET /v1/templates` lists it.
 pub type TemplateInfo = silk_api::Template;
@@ -28,8 +31,13 @@ impl Sandbox {
     /// Snapshots and stops the sandbox, freeing the host (idempotent). The lease keeps running;
     /// the next call on the sandbox wakes it.
     pub async fn hibernate(&self) -> Result<SandboxInfo> {
+        self.hibernate_with(Memory::Auto).await
+    }
+
+    /// [`hibernate`](Self::hibernate), keeping the processes' memory as `memory` says.
+    pub async fn hibernate_with(&self, memory: Memory) -> Result<SandboxInfo> {
         self.clear_connections();
-        parse(self.lifecycle("hibernate", None).await?)
+        parse(self.lifecycle("hibernate", Some(&json!({ "memory": memory }))).await?)
     }
 
     /// Starts a hibernated or archived sandbox now (any data-plane call would too).
@@ -40,13 +48,27 @@ impl Sandbox {
     /// Moves the sandbox's files into the object store and frees the host; access or
     /// [`wake`](Self::wake) restores it with a fresh lease.
     pub async fn archive(&self) -> Result<SandboxInfo> {
-        self.clear_connections();
-        parse(self.lifecycle("archive", None).await?)
+        self.archive_with(Memory::Auto).await
     }
 
-    /// Captures the sandbox's files into the store while it keeps running.
+    /// [`archive`](Self::archive), keeping the processes' memory as `memory` says.
+    pub async fn archive_with(&self, memory: Memory) -> Result<SandboxInfo> {
+        self.clear_connections();
+        parse(self.lifecycle("archive", Some(&json!({ "memory": memory }))).await?)
+    }
+
+    /// Captures the sandbox's files (and its processes' memory, where the node can) into the
+    /// store while it keeps running.
     pub async fn checkpoint(&self, name: Option<&str>) -> Result<Checkpoint> {
-        let body = json!({ "name": name });
+        self.checkpoint_with(name, Memory::Auto).await
+    }
+
+    /// [`checkpoint`](Self::checkpoint), keeping the processes' memory as `memory` says.
+    pub async fn checkpoint_with(&self, name: Option<&str>, memory: Memory) -> Result<Checkpoint> {
+        if memory != Memory::Off {
+            self.clear_connections();
+        }
+        let body = json!({ "name": name, "memory": memory });
         parse(self.lifecycle("checkpoint", Some(&body)).await?)
     }
 
@@ -61,21 +83,34 @@ impl Sandbox {
     /// `count` (1–16) new sandboxes from the current files, all or none; each has its own id,
     /// token and lease.
     pub async fn fork(&self, count: usize) -> Result<Vec<Sandbox>> {
+        self.fork_with(count, Memory::Auto).await
+    }
+
+    /// [`fork`](Self::fork), each child continuing the parent's processes as `memory` says.
+    pub async fn fork_with(&self, count: usize, memory: Memory) -> Result<Vec<Sandbox>> {
         #[derive(Deserialize)]
         struct Forked {
             sandboxes: Vec<Claimed>,
         }
-        let forked: Forked =
-            parse(self.lifecycle("fork", Some(&json!({ "count": count }))).await?)?;
+        if memory != Memory::Off {
+            self.clear_connections();
+        }
+        let body = json!({ "count": count, "memory": memory });
+        let forked: Forked = parse(self.lifecycle("fork", Some(&body)).await?)?;
         Ok(forked.sandboxes.into_iter().map(|c| c.into_sandbox(self.client(), false)).collect())
     }
 
     /// Moves the sandbox to another node of the mesh (`to`, or the least loaded peer). It keeps
-    /// its id and token; this handle keeps working through any node. Processes restart on the
-    /// jail engine; files are exact.
+    /// its id and token; this handle keeps working through any node. Files are exact; its
+    /// processes continue there where both nodes keep memory (else they restart).
     pub async fn move_to(&self, to: Option<&str>) -> Result<SandboxInfo> {
+        self.move_with(to, Memory::Auto).await
+    }
+
+    /// [`move_to`](Self::move_to), carrying the processes' memory as `memory` says.
+    pub async fn move_with(&self, to: Option<&str>, memory: Memory) -> Result<SandboxInfo> {
         self.clear_connections();
-        let body = json!({ "to": to });
+        let body = json!({ "to": to, "memory": memory });
         parse(self.lifecycle("move", Some(&body)).await?)
     }
 
@@ -97,9 +132,20 @@ impl Client {
     /// A new sandbox from a checkpoint. `token`: the token of the sandbox it was taken from,
     /// or `None` for the client's root token.
     pub async fn branch(&self, checkpoint: &str, token: Option<&str>) -> Result<Sandbox> {
+        self.branch_with(checkpoint, token, Memory::Auto).await
+    }
+
+    /// [`branch`](Self::branch), continuing the checkpoint's processes as `memory` says.
+    pub async fn branch_with(
+        &self,
+        checkpoint: &str,
+        token: Option<&str>,
+        memory: Memory,
+    ) -> Result<Sandbox> {
         let token = token.or(self.root_token());
         let path = checkpoint_path(checkpoint, "/claim")?;
-        let c: Claimed = self.call(Method::POST, &path, token, Some(&json!({}))).await?;
+        let body = json!({ "memory": memory });
+        let c: Claimed = self.call(Method::POST, &path, token, Some(&body)).await?;
         Ok(c.into_sandbox(self, false))
     }
 

@@ -20,6 +20,16 @@ pub struct Advert {
 }
 
 impl Node {
+    /// The engine's capabilities as `/v1/info` shows them, with why memory is not kept when
+    /// it is not (`memory_note`).
+    fn capabilities_json(&self) -> serde_json::Value {
+        let mut caps = serde_json::to_value(self.engine.capabilities()).unwrap_or_default();
+        if let Some(why) = self.engine.memory_why_not() {
+            caps["memory_note"] = why.into();
+        }
+        caps
+    }
+
     /// The node's report (`/v1/info`); the HTTP layer adds its place in the mesh.
     pub fn info(&self) -> silk_api::NodeInfo {
         let st = self.lock();
@@ -43,7 +53,7 @@ impl Node {
         silk_api::NodeInfo {
             version: env!("CARGO_PKG_VERSION").to_string(),
             engine: self.engine.name().to_string(),
-            capabilities: serde_json::to_value(self.engine.capabilities()).unwrap_or_default(),
+            capabilities: self.capabilities_json(),
             claims: st.slots.len() as u64,
             max_claims: self.cfg.max_claims as u64,
             draining: self.draining.load(Ordering::Relaxed),

@@ -3,25 +3,39 @@
 
 use clap::Subcommand;
 use serde_json::json;
-use silkmesh::{Checkpoint, Client, Sandbox, SandboxInfo};
+use silkmesh::{Checkpoint, Client, Memory, Sandbox, SandboxInfo};
 
 use crate::{SandboxToken, Target, table};
 
 #[derive(Debug, Subcommand)]
 pub enum Lifecycle {
-    /// Snapshot and stop a sandbox, freeing the host; the next call on it wakes it.
-    Hibernate(Target),
+    /// Stop a sandbox, freeing the host, its files (and processes) kept; the next call on it
+    /// wakes it.
+    Hibernate {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        memory: MemoryArg,
+    },
     /// Start a hibernated or archived sandbox now.
     Wake(Target),
-    /// Move a sandbox's files to the object store and free the host.
-    Archive(Target),
-    /// Capture a sandbox's files into the store while it keeps running; prints the `ck_` id.
+    /// Move a sandbox's files (and processes) to the object store and free the host.
+    Archive {
+        #[command(flatten)]
+        target: Target,
+        #[command(flatten)]
+        memory: MemoryArg,
+    },
+    /// Capture a sandbox's files (and processes) into the store while it keeps running; prints
+    /// the `ck_` id.
     Checkpoint {
         #[command(flatten)]
         target: Target,
         /// A name to remember it by.
         #[arg(long)]
         name: Option<String>,
+        #[command(flatten)]
+        memory: MemoryArg,
     },
     /// List checkpoints: of one sandbox (with its token), or all of them (root token).
     Checkpoints {
@@ -37,6 +51,8 @@ pub enum Lifecycle {
         checkpoint: String,
         #[command(flatten)]
         token: SandboxToken,
+        #[command(flatten)]
+        memory: MemoryArg,
     },
     /// New sandboxes from a sandbox's current files, all or none; prints their ids and tokens.
     Fork {
@@ -45,6 +61,8 @@ pub enum Lifecycle {
         /// How many (1-16).
         #[arg(long, short = 'n', default_value_t = 1)]
         count: usize,
+        #[command(flatten)]
+        memory: MemoryArg,
     },
     /// Move a sandbox to another node of the mesh; it keeps its id and token.
     Mv {
@@ -53,6 +71,8 @@ pub enum Lifecycle {
         /// The node to move to (default: the least loaded peer).
         #[arg(long)]
         to: Option<String>,
+        #[command(flatten)]
+        memory: MemoryArg,
     },
     /// Publish a sandbox's files as a template that later claims clone from.
     Promote {
@@ -73,21 +93,41 @@ pub enum Lifecycle {
     RmTemplate { template: String },
 }
 
+/// `--memory auto|required|off`.
+#[derive(Debug, clap::Args)]
+pub struct MemoryArg {
+    /// Keep the processes' memory: `auto` (where the node can, else files only, saying why),
+    /// `required` (else fail, changing nothing) or `off` (files only: processes restart).
+    #[arg(long = "memory", default_value = "auto", value_parser = parse_memory)]
+    memory: Memory,
+}
+
+fn parse_memory(s: &str) -> Result<Memory, String> {
+    serde_json::from_value(json!(s)).map_err(|_| "one of auto, required, off".to_string())
+}
+
 pub async fn run(c: &Client, cmd: Lifecycle, json: bool) -> anyhow::Result<i32> {
     let open = |t: &Target| {
         let (c, id, token) = (c.clone(), t.id.clone(), t.token.sandbox_token.clone());
         async move { c.sandbox(&id, token.as_deref()).await }
     };
     match cmd {
-        Lifecycle::Hibernate(t) => state(&open(&t).await?.hibernate().await?, json),
+        Lifecycle::Hibernate { target, memory } => {
+            state(&open(&target).await?.hibernate_with(memory.memory).await?, json)
+        }
         Lifecycle::Wake(t) => state(&open(&t).await?.wake().await?, json),
-        Lifecycle::Archive(t) => state(&open(&t).await?.archive().await?, json),
-        Lifecycle::Checkpoint { target, name } => {
-            let ck = open(&target).await?.checkpoint(name.as_deref()).await?;
+        Lifecycle::Archive { target, memory } => {
+            state(&open(&target).await?.archive_with(memory.memory).await?, json)
+        }
+        Lifecycle::Checkpoint { target, name, memory } => {
+            let ck = open(&target).await?.checkpoint_with(name.as_deref(), memory.memory).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&ck)?);
             } else {
                 println!("{}", ck.id);
+                if let Some(why) = &ck.memory_note {
+                    eprintln!("files only (processes will restart in a branch): {why}");
+                }
             }
         }
         Lifecycle::Checkpoints { sandbox, token } => {
@@ -103,16 +143,17 @@ pub async fn run(c: &Client, cmd: Lifecycle, json: bool) -> anyhow::Result<i32> 
                 print_checkpoints(&list);
             }
         }
-        Lifecycle::Branch { checkpoint, token } => {
-            let s = c.branch(&checkpoint, token.sandbox_token.as_deref()).await?;
+        Lifecycle::Branch { checkpoint, token, memory } => {
+            let token = token.sandbox_token.as_deref();
+            let s = c.branch_with(&checkpoint, token, memory.memory).await?;
             new_sandboxes(&[s], json)?;
         }
-        Lifecycle::Fork { target, count } => {
-            let kids = open(&target).await?.fork(count).await?;
+        Lifecycle::Fork { target, count, memory } => {
+            let kids = open(&target).await?.fork_with(count, memory.memory).await?;
             new_sandboxes(&kids, json)?;
         }
-        Lifecycle::Mv { target, to } => {
-            let info = open(&target).await?.move_to(to.as_deref()).await?;
+        Lifecycle::Mv { target, to, memory } => {
+            let info = open(&target).await?.move_with(to.as_deref(), memory.memory).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&info)?);
             } else {
@@ -158,7 +199,13 @@ fn state(info: &SandboxInfo, json: bool) {
     if json {
         println!("{}", serde_json::to_string_pretty(info).unwrap_or_default());
     } else {
-        println!("{} {}", info.id, info.state);
+        // What became of its processes, when that is news.
+        let memory = match (&info.memory_note, info.memory_snapshot) {
+            (Some(why), _) => format!(" (files only: {why})"),
+            (None, true) => " (processes kept)".to_string(),
+            (None, false) => String::new(),
+        };
+        println!("{} {}{memory}", info.id, info.state);
     }
 }
 

@@ -306,6 +306,12 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
                 println!("claims:   {} of {}", info.claims, info.max_claims);
                 println!("draining: {}", if info.draining { "yes" } else { "no" });
                 println!("uptime:   {}", duration(Duration::from_millis(info.uptime_ms)));
+                let caps = &info.capabilities;
+                let memory = match caps["memory_snapshot"].as_bool() {
+                    Some(true) => "kept (hibernate, checkpoint, fork, move, archive)".to_string(),
+                    _ => format!("files only: {}", caps["memory_note"].as_str().unwrap_or("-")),
+                };
+                println!("memory:   {memory}");
                 let rows: Vec<Vec<String>> = info
                     .pools
                     .iter()
