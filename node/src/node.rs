@@ -204,12 +204,12 @@ pub async fn detached<T: Send + 'static>(
 
 impl Live {
     fn new(record: ClaimRecord, info: &BoxInfo) -> Live {
-        Live {
-            record,
-            agent: info.agent.clone(),
-            base: Some(info.base.clone()),
-            activity: Activity::new(),
+        let activity = Activity::new();
+        // A copy (branch, fork) says whether its processes came back; a fresh one has none.
+        if info.memory.kept || info.memory.why_not.is_some() {
+            activity.set_memory(info.memory.clone());
         }
+        Live { record, agent: info.agent.clone(), base: Some(info.base.clone()), activity }
     }
 }
 

@@ -355,7 +355,15 @@ impl JailEngine {
             let path = dir.join("restore.json");
             let json = serde_json::to_vec_pretty(&restore).map_err(|e| e.to_string())?;
             std::fs::write(&path, json).map_err(|e| format!("write restore.json: {e}"))?;
-            let ran = self.run_restore(&path, &dir.join("agent.log"));
+            let mut ran = self.run_restore(&path, &dir.join("agent.log"));
+            if ran.is_err() {
+                // Restores running side by side (a fork) now and then fail one of them while
+                // it reads its images (`Permission denied`); CRIU ended what it began, and
+                // a second try goes through.
+                let why = super::criu::failure(&criu_log, ran.as_ref().err().unwrap());
+                tracing::info!(sandbox = %id, "criu restore failed, trying again: {why}");
+                ran = self.run_restore(&path, &dir.join("agent.log"));
+            }
             let _ = std::fs::remove_dir(&staging);
             ran.map_err(|stderr| super::criu::failure(&criu_log, &stderr))?;
             std::fs::read_to_string(&pidfile)

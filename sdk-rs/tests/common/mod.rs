@@ -22,6 +22,12 @@ impl std::ops::Deref for Sandboxd {
     }
 }
 
+impl std::ops::DerefMut for Sandboxd {
+    fn deref_mut(&mut self) -> &mut silk_testkit::Node {
+        &mut self.0
+    }
+}
+
 impl Sandboxd {
     /// Starts a node whose config is `extra` TOML appended to the harness's own keys.
     pub fn start(extra: &str) -> Sandboxd {
