@@ -367,8 +367,13 @@ fn a_sandbox_moves_with_its_files_id_and_token_and_any_node_reaches_it() {
     );
     exec_via(&a, id, token, &plant);
 
-    let (status, v) =
-        a.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(r#"{"to": "b"}"#));
+    // Files only, so the target's launcher starts it (and meets the links).
+    let (status, v) = a.req(
+        "POST",
+        &format!("/v1/sandboxes/{id}/move"),
+        Some(token),
+        Some(r#"{"to": "b", "memory": "off"}"#),
+    );
     assert_eq!(status, 200, "{v}");
     assert_eq!(exec_via(&b, id, token, "cat /etc/hostname"), id);
     assert_eq!(std::fs::read_dir(host.path()).unwrap().count(), 0, "a host file was written");
@@ -517,4 +522,43 @@ fn a_store_outage_fails_a_move_before_the_switch_and_the_sandbox_stays() {
     );
     assert_eq!(exec_via(&a, id, token, HASH), before);
     assert!(!b.data().join("engine/boxes").join(id).exists());
+}
+
+/// A counter whose count lives in the shell's memory, written to /tmp (a tmpfs) with its pid.
+const COUNTER: &str = "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.3";
+
+/// The counter in `id` runs on from `before`, in process `pid`.
+fn counts_on(n: &Sandboxd, id: &str, token: &str, before: u64, pid: &str) {
+    let now: u64 = exec_via(n, id, token, "cat /tmp/count").parse().unwrap();
+    assert!(now >= before, "the count went back from {before} to {now}: its processes restarted");
+    assert_eq!(exec_via(n, id, token, "cat /tmp/pid"), pid);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let later: u64 = exec_via(n, id, token, "cat /tmp/count").parse().unwrap();
+    assert!(later > now, "the counter stopped");
+}
+
+#[test]
+fn processes_continue_on_the_node_a_sandbox_moves_to_or_wakes_on() {
+    let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, mut b) = pair(dir.path(), store.path(), (51, 52));
+    let c = a.claim(r#"{"ttl_seconds": 600}"#);
+    let (id, token) =
+        (c["id"].as_str().unwrap().to_string(), c["token"].as_str().unwrap().to_string());
+    let (id, token) = (id.as_str(), token.as_str());
+    exec_via(&a, id, token, COUNTER);
+    let pid = exec_via(&a, id, token, "cat /tmp/pid");
+    let before: u64 = exec_via(&a, id, token, "cat /tmp/count").parse().unwrap();
+
+    let (status, v) =
+        a.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(r#"{"to": "b"}"#));
+    assert_eq!((status, v["memory_snapshot"].as_bool()), (200, Some(true)), "{v}");
+    counts_on(&b, id, token, before, &pid);
+
+    // Archived on b, which then dies: a wakes it from the store, its processes too.
+    let before: u64 = exec_via(&b, id, token, "cat /tmp/count").parse().unwrap();
+    let (status, v) = b.req("POST", &format!("/v1/sandboxes/{id}/archive"), Some(token), Some(""));
+    assert_eq!((status, v["memory_snapshot"].as_bool()), (200, Some(true)), "{v}");
+    b.kill9();
+    eventually("a drops b", || peer_names(&a).is_empty());
+    counts_on(&a, id, token, before, &pid);
 }
