@@ -49,12 +49,19 @@ async fn processes_sessions_and_tmp_survive_every_lifecycle_step() {
     // Hibernate and wake: the same processes go on.
     let before = count(&s).await;
     let h = s.hibernate().await.unwrap();
-    assert_eq!((h.state, h.memory_snapshot, h.memory_note.as_deref()), (SandboxState::Hibernated, true, None));
+    assert_eq!(
+        (h.state, h.memory_snapshot, h.memory_note.as_deref()),
+        (SandboxState::Hibernated, true, None)
+    );
     let w = s.wake().await.unwrap();
     assert!(w.memory_snapshot, "{:?}", w.memory_note);
     continues(&s, before, &pid).await;
     let out = s.session_exec(&session.id, "pwd; echo $X").await.unwrap();
-    assert_eq!(String::from_utf8_lossy(&out.stdout), "/srv/work\n41\n", "the session kept its state");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "/srv/work\n41\n",
+        "the session kept its state"
+    );
     assert_eq!(sh(&s, "cat /tmp/t").await, "in-tmpfs");
     let served = "python3 -c \"import urllib.request as u; \
                   print(u.urlopen('http://127.0.0.1:8000/', timeout=5).status)\"";
