@@ -181,8 +181,9 @@ fn kill_silkd(work: &std::path::Path, id: &str) -> anyhow::Result<()> {
     let pid = record["info"]["pid"].as_i64().context("the box's pid")? as i32;
     // SAFETY: plain syscall on the jail's init, which this bench's node started.
     unsafe { libc::kill(pid, libc::SIGKILL) };
+    let agent: silk_engine::AgentAddr = serde_json::from_value(record["info"]["agent"].clone())?;
     let deadline = Instant::now() + std::time::Duration::from_secs(5);
-    while std::os::unix::net::UnixStream::connect(dir.join("agent.sock")).is_ok() {
+    while silk_engine::agent::connect(&agent).is_ok() {
         ensure!(Instant::now() < deadline, "silkd {pid} still accepts after SIGKILL");
         std::thread::sleep(std::time::Duration::from_millis(1));
     }

@@ -293,10 +293,14 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
     let mut rows = vec![];
     for arm in &arms {
         let id = arm.last.clone().context("no sandbox")?;
-        let socket = arm.node.work.join("data/engine/boxes").join(&id).join("agent.sock");
+        let record = arm.node.work.join("data/engine/boxes").join(&id).join("box.json");
+        let record: serde_json::Value = serde_json::from_slice(&std::fs::read(record)?)?;
+        let agent: silk_engine::AgentAddr =
+            serde_json::from_value(record["info"]["agent"].clone())?;
         rt.block_on(async {
             let mut relayed = upgrade_with(arm.node.addr, &id, arm.tls).await?;
-            let mut direct = Connection::new(tokio::net::UnixStream::connect(&socket).await?);
+            let direct = tokio::net::UnixStream::from_std(silk_engine::agent::connect(&agent)?)?;
+            let mut direct = Connection::new(direct);
             let exec = Frame::Exec(ExecRequest {
                 command: Command { argv: vec!["/bin/true".into()], ..Default::default() },
                 ..Default::default()
