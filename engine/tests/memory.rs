@@ -43,7 +43,14 @@ fn hibernated_processes_wake_where_they_were() {
     let g = h.golden(&[]);
     let a = h.engine.clone_golden(&g, &id("m-a"), &small()).unwrap();
     ok(&a, COUNTER);
-    ok(&a, "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & sleep 1");
+    ok(&a, "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 &");
+    let served = "python3 -c \"import urllib.request as u; \
+                  print(u.urlopen('http://127.0.0.1:8000/', timeout=5).status)\"";
+    // Listening before the hibernate (python takes a while to start on a busy host).
+    ok(
+        &a,
+        &format!("for i in $(seq 100); do {served} 2>/dev/null && exit 0; sleep 0.1; done; exit 1"),
+    );
     let (pid, before) = (ok(&a, "cat /tmp/pid"), count(&a));
 
     let kept = h.engine.stop(&a.id, Memory::Auto).unwrap();
@@ -51,8 +58,6 @@ fn hibernated_processes_wake_where_they_were() {
     let woken = h.engine.resume(&a.id).unwrap();
     assert!(woken.memory.kept, "{:?}", woken.memory);
     continues(&woken, before, &pid);
-    let served = "python3 -c \"import urllib.request as u; \
-                  print(u.urlopen('http://127.0.0.1:8000/', timeout=5).status)\"";
     assert_eq!(ok(&woken, served), "200", "the http server inside answers after the wake");
     assert_eq!(ok(&woken, "hostname; cat /etc/hostname"), "m-a\nm-a");
 

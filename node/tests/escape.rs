@@ -11,6 +11,7 @@ use common::*;
 use serde_json::Value;
 
 const ONE_WARM: &str = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
+const OFF: &str = r#"{"memory": "off"}"#;
 
 struct Box {
     id: String,
@@ -98,21 +99,23 @@ fn symlinks_planted_at_every_path_the_host_writes_never_reach_the_host() {
     assert_own_hostname(&node, &b);
     targets.assert_untouched("restart after silkd died");
 
+    // Files only at every step, so the launcher starts each sandbox (and meets the links);
+    // the same steps keeping memory follow below.
     targets.plant(&node, &b);
-    assert_eq!(post(&node, &b, "hibernate", "").0, 200);
+    assert_eq!(post(&node, &b, "hibernate", OFF).0, 200);
     assert_eq!(post(&node, &b, "wake", "").0, 200);
     assert_own_hostname(&node, &b);
     targets.assert_untouched("hibernate + wake");
 
     targets.plant(&node, &b);
-    let (status, v) = post(&node, &b, "fork", r#"{"count": 2}"#);
+    let (status, v) = post(&node, &b, "fork", r#"{"count": 2, "memory": "off"}"#);
     assert_eq!(status, 201, "{v}");
     for child in v["sandboxes"].as_array().unwrap() {
         assert_own_hostname(&node, &boxed(child));
     }
     targets.assert_untouched("fork");
 
-    let (status, ck) = post(&node, &b, "checkpoint", "");
+    let (status, ck) = post(&node, &b, "checkpoint", OFF);
     assert_eq!(status, 201, "{ck}");
     let path = format!("/v1/checkpoints/{}/claim", ck["id"].as_str().unwrap());
     let (status, v) = node.req("POST", &path, Some(ROOT), Some(""));
@@ -120,7 +123,7 @@ fn symlinks_planted_at_every_path_the_host_writes_never_reach_the_host() {
     assert_own_hostname(&node, &boxed(&v));
     targets.assert_untouched("branch");
 
-    let (status, v) = post(&node, &b, "archive", "");
+    let (status, v) = post(&node, &b, "archive", OFF);
     assert_eq!(status, 200, "{v}");
     assert_own_hostname(&node, &b);
     targets.assert_untouched("archive + wake");
@@ -131,6 +134,23 @@ fn symlinks_planted_at_every_path_the_host_writes_never_reach_the_host() {
     let c = claim(&node, r#"{"template": "planted"}"#);
     assert_own_hostname(&node, &c);
     targets.assert_untouched("promote + claim");
+
+    // Keeping memory: a copy's identity is set from the host through the sandbox's root (its
+    // hostname in its uts namespace, its /etc/hostname and /etc/machine-id files, resolved
+    // inside it, no link followed): the links stay links, the host files untouched.
+    targets.plant(&node, &b);
+    let (status, v) = post(&node, &b, "fork", r#"{"count": 1, "memory": "required"}"#);
+    assert_eq!(status, 201, "{v}");
+    let child = boxed(&v["sandboxes"][0]);
+    assert_eq!(sh(&node, &child, "hostname"), child.id);
+    targets.assert_untouched("fork keeping memory");
+    let (status, ck) = post(&node, &b, "checkpoint", r#"{"memory": "required"}"#);
+    assert_eq!(status, 201, "{ck}");
+    let path = format!("/v1/checkpoints/{}/claim", ck["id"].as_str().unwrap());
+    let (status, v) = node.req("POST", &path, Some(ROOT), Some(r#"{"memory": "required"}"#));
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(sh(&node, &boxed(&v), "hostname"), v["id"].as_str().unwrap());
+    targets.assert_untouched("branch keeping memory");
 }
 
 #[test]

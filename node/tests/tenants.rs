@@ -68,8 +68,9 @@ fn two_tenants_share_a_mesh_and_neither_reaches_the_other() {
     let k2 = create(a, "team-2", 3, 1);
     // Known on every node within the refresh bound.
     for n in [b, c] {
-        eventually("the tenant is known", || {
+        eventually("the tenants are known", || {
             n.req("GET", "/v1/tenants/team-1", Some(&k1), None).0 == 200
+                && n.req("GET", "/v1/tenants/team-2", Some(&k2), None).0 == 200
         });
     }
     // A tenant key is not root: node routes and other tenants' records stay closed.

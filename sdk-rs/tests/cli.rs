@@ -213,8 +213,14 @@ fn lifecycle_verbs() {
         String::from_utf8(out.stdout).unwrap()
     };
     ok(&["exec", &id, "--", "sh", "-c", "echo kept > /root/f"]);
-    assert_eq!(ok(&["hibernate", &id]).trim(), format!("{id} hibernated"));
-    assert_eq!(ok(&["wake", &id]).trim(), format!("{id} claimed"));
+    assert_eq!(ok(&["hibernate", &id]).trim(), format!("{id} hibernated (processes kept)"));
+    assert_eq!(ok(&["wake", &id]).trim(), format!("{id} claimed (processes kept)"));
+    let off = ok(&["hibernate", &id, "--memory", "off"]);
+    assert!(off.starts_with(&format!("{id} hibernated (files only: ")), "{off}");
+    let bad = sbx(&node).args(["hibernate", &id, "--memory", "sometimes"]).output().unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("one of auto, required, off"));
+    ok(&["wake", &id]);
     let ck = ok(&["checkpoint", &id, "--name", "cli"]).trim().to_string();
     assert!(ck.starts_with("ck_"), "{ck}");
     assert!(ok(&["checkpoints"]).contains(&ck));
@@ -225,7 +231,7 @@ fn lifecycle_verbs() {
     assert_eq!(forked["sandboxes"].as_array().unwrap().len(), 2);
     assert!(ok(&["promote", &id, "cli-made"]).starts_with("cli-made "));
     assert!(ok(&["templates"]).contains("promoted"));
-    assert_eq!(ok(&["archive", &id]).trim(), format!("{id} archived"));
+    assert_eq!(ok(&["archive", &id]).trim(), format!("{id} archived (processes kept)"));
     assert_eq!(ok(&["exec", &id, "--", "cat", "/root/f"]), "kept\n", "exec wakes it");
     ok(&["rm-checkpoint", &ck]);
     ok(&["rm-template", "cli-made"]);

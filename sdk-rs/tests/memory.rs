@@ -43,7 +43,13 @@ async fn processes_sessions_and_tmp_survive_every_lifecycle_step() {
     s.spawn(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1"]).await.unwrap();
     let session = s.session_create(Default::default()).await.unwrap();
     s.session_exec(&session.id, "mkdir -p /srv/work && cd /srv/work && X=41").await.unwrap();
-    sh(&s, "echo in-tmpfs > /tmp/t; sleep 1").await;
+    sh(&s, "echo in-tmpfs > /tmp/t").await;
+    let served = "python3 -c \"import urllib.request as u; \
+                  print(u.urlopen('http://127.0.0.1:8000/', timeout=5).status)\"";
+    // Listening before the hibernate (python takes a while to start on a busy host).
+    let wait =
+        format!("for i in $(seq 100); do {served} 2>/dev/null && exit 0; sleep 0.1; done; exit 1");
+    sh(&s, &wait).await;
     let pid = sh(&s, "cat /tmp/pid").await;
 
     // Hibernate and wake: the same processes go on.
@@ -63,8 +69,6 @@ async fn processes_sessions_and_tmp_survive_every_lifecycle_step() {
         "the session kept its state"
     );
     assert_eq!(sh(&s, "cat /tmp/t").await, "in-tmpfs");
-    let served = "python3 -c \"import urllib.request as u; \
-                  print(u.urlopen('http://127.0.0.1:8000/', timeout=5).status)\"";
     assert_eq!(sh(&s, served).await, "200", "the server inside answers after the wake");
     let ring = s.logs(echo).await.unwrap();
     let said: Vec<u8> = ring

@@ -322,13 +322,16 @@ impl JailEngine {
             return Err("the template's host binds changed since the dump".into());
         }
         let hostname = (meta.id != *id).then(|| id.to_string());
-        // CRIU reads some images from inside the restored user namespace, as the sandbox's
-        // root: they become its (nothing of the sandbox's can reach this directory).
-        let root = Some(self.ids.base);
+        // CRIU reads some images from inside the restored user namespace: as host root before
+        // its id map is written, as the sandbox's root after (a race inside CRIU). Readable by
+        // both, then; nothing but root reaches this directory (the box's is root's, 0700).
+        use std::os::unix::fs::PermissionsExt;
         for entry in std::fs::read_dir(&images).map_err(|e| e.to_string())?.flatten() {
-            std::os::unix::fs::lchown(entry.path(), root, root).map_err(|e| e.to_string())?;
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o644))
+                .map_err(|e| e.to_string())?;
         }
-        std::os::unix::fs::chown(&images, root, root).map_err(|e| e.to_string())?;
+        std::fs::set_permissions(&images, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| e.to_string())?;
         let cgroups = self.cgroups.create(id, spec.limits()).map_err(|e| e.to_string())?;
         let restored = (|| {
             let staging = staging_dir(&self.instance, id).map_err(|e| e.to_string())?;
@@ -355,15 +358,7 @@ impl JailEngine {
             let path = dir.join("restore.json");
             let json = serde_json::to_vec_pretty(&restore).map_err(|e| e.to_string())?;
             std::fs::write(&path, json).map_err(|e| format!("write restore.json: {e}"))?;
-            let mut ran = self.run_restore(&path, &dir.join("agent.log"));
-            if ran.is_err() {
-                // Restores running side by side (a fork) now and then fail one of them while
-                // it reads its images (`Permission denied`); CRIU ended what it began, and
-                // a second try goes through.
-                let why = super::criu::failure(&criu_log, ran.as_ref().err().unwrap());
-                tracing::info!(sandbox = %id, "criu restore failed, trying again: {why}");
-                ran = self.run_restore(&path, &dir.join("agent.log"));
-            }
+            let ran = self.run_restore(&path, &dir.join("agent.log"));
             let _ = std::fs::remove_dir(&staging);
             ran.map_err(|stderr| super::criu::failure(&criu_log, &stderr))?;
             std::fs::read_to_string(&pidfile)
