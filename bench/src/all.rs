@@ -39,6 +39,7 @@ const SECTIONS: &[(&str, &[&str], &[&str])] = &[
     ("fleet", &[], &["--claims", "2", "--burst", "2", "--warm", "2"]),
     ("sdk", &[], &["--iters", "50"]),
     ("lifecycle", &[], &["--iters", "1", "--tree-mib", "4"]),
+    ("memory", &[], &["--iters", "1", "--mib", "16"]),
     ("mesh", &[], &["--claims", "3", "--execs", "10", "--kills", "1"]),
     ("cluster", &[], &["--iters", "1", "--tree-mib", "4"]),
     ("store", &[], &["--size-mib", "64"]),

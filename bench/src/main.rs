@@ -3,7 +3,8 @@
 //!
 //! Sections: `agent` (silkd over a unix socket), `verbs` (find, watch, sessions), `engine` (jail
 //! starts), `journal`, `node` (warm claim over HTTP, the relay), `fleet` (claim tiers, burst,
-//! refill through the SDK), `sdk` (connection reuse), `lifecycle` (hibernate … archive), `store`. With no section, all of them (see
+//! refill through the SDK), `sdk` (connection reuse), `lifecycle` (hibernate … archive), `memory` (the same keeping
+//! processes, beside CRIU run directly), `store`. With no section, all of them (see
 //! `all`).
 
 mod agent;
@@ -14,6 +15,7 @@ mod engine;
 mod fleet;
 mod journal;
 mod lifecycle;
+mod memory;
 mod mesh;
 mod node;
 mod report;
@@ -51,6 +53,9 @@ enum Section {
     Fleet(fleet::FleetArgs),
     /// Hibernate, wake, checkpoint, branch, fork, archive with a 100 MiB tree (needs root).
     Lifecycle(lifecycle::LifecycleArgs),
+    /// Hibernate, wake, checkpoint, branch, fork keeping processes (CRIU) beside `criu dump` /
+    /// `criu restore` run directly (needs root and CRIU).
+    Memory(memory::MemoryArgs),
     /// Redirected vs local claims, forwarded exec, failure detection, gossip volume (needs root).
     Mesh(mesh::MeshArgs),
     /// Golden fetch vs build, move and wake-anywhere between two nodes (needs root).
@@ -78,6 +83,7 @@ fn main() -> anyhow::Result<()> {
         // Synchronous, like the engine itself.
         Section::Engine(e) => engine::run(e),
         Section::Lifecycle(a) => lifecycle::run(a),
+        Section::Memory(a) => memory::run(a),
         Section::Mesh(a) => mesh::run(a),
         Section::Cluster(a) => cluster::run(a),
         Section::Journal(j) => journal::run(j),

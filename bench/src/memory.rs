@@ -1,0 +1,232 @@
+//! The memory section: lifecycle operations that keep processes (CRIU) on a throwaway sandboxd,
+//! for a small sandbox (a shell counting in a loop and `python3 -m http.server`) and one whose
+//! process holds 256 MiB of touched anonymous memory, beside the same operations keeping files
+//! only, and beside CRIU run directly on an equal process tree on the host (the floor: what a
+//! dump and a restore of those processes cost with no jail, no node and no snapshot around them).
+//!
+//! | measurement | floor beside it |
+//! |---|---|
+//! | hibernate (memory), checkpoint (its freeze window included) | `criu dump` of an equal tree |
+//! | wake (memory), branch, fork ×4 (per child) | `criu restore` of that dump |
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, ensure};
+
+use crate::lifecycle::{exec, timed};
+use crate::node::{Http, NodeProc};
+use crate::report::{Samples, host_stamp, ms, table};
+
+#[derive(Debug, clap::Args)]
+pub struct MemoryArgs {
+    /// A statically linked silkd (default: $SILKD_STATIC).
+    #[arg(long, env = "SILKD_STATIC")]
+    silkd: PathBuf,
+    /// Rounds per kind of sandbox.
+    #[arg(long, default_value_t = 5)]
+    iters: usize,
+    /// The big sandbox's touched memory, in MiB.
+    #[arg(long, default_value_t = 256)]
+    mib: usize,
+    #[arg(long, default_value = "/var/tmp")]
+    dir: PathBuf,
+    /// The CRIU binary for the floor.
+    #[arg(long, default_value = "/usr/local/sbin/criu")]
+    criu: PathBuf,
+}
+
+/// The processes of each kind: (name, script started in the background, how to tell it ready).
+fn kinds(mib: usize) -> [(String, String, &'static str); 2] {
+    let counter = "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done'";
+    let server = "python3 -m http.server 8000 --bind 127.0.0.1";
+    let big = format!(
+        "python3 -c \"import time; b = bytearray({mib} << 20); \
+         [b.__setitem__(i, 1) for i in range(0, len(b), 4096)]; open('/tmp/ready', 'w'); \
+         time.sleep(86400)\""
+    );
+    [
+        (
+            "shell + python http.server".to_string(),
+            format!("{counter} >/dev/null 2>&1 & {server} >/dev/null 2>&1 & echo"),
+            "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/')\"",
+        ),
+        (
+            format!("python holding {mib} MiB"),
+            format!("{big} >/dev/null 2>&1 & echo"),
+            "test -e /tmp/ready",
+        ),
+    ]
+}
+
+pub fn run(args: MemoryArgs) -> anyhow::Result<()> {
+    let work = args.dir.join(format!("silkbench-memory-{}", std::process::id()));
+    std::fs::create_dir_all(&work)?;
+    let config = "[[pools]]\ntemplate = \"host\"\nwarm = 2\nwarm_max = 2\n";
+    let result =
+        NodeProc::start(&args.silkd, &work, config).and_then(|node| measure(&args, &node, &work));
+    silk_engine::jail::unmount_under(&work);
+    let _ = std::fs::remove_dir_all(&work);
+    result
+}
+
+const NAMES: [&str; 8] = [
+    "hibernate, memory",
+    "wake, memory",
+    "checkpoint, memory (sandbox frozen for the dump and the file capture)",
+    "branch the checkpoint, memory",
+    "fork ×4, memory (per child)",
+    "hibernate, files only",
+    "wake, files only (processes restart)",
+    "checkpoint, files only",
+];
+
+fn measure(args: &MemoryArgs, node: &NodeProc, work: &Path) -> anyhow::Result<()> {
+    println!("## memory (CRIU on the jail engine)\n\n{}", host_stamp());
+    let mut http = Http::connect(node.addr)?;
+    for (kind, script, ready) in kinds(args.mib) {
+        let mut samples: Vec<Samples> = NAMES.iter().map(|_| Samples::default()).collect();
+        let (mut dump_floor, mut restore_floor) = (Samples::default(), Samples::default());
+        for _ in 0..args.iters {
+            let (d, r) = criu_floor(&args.criu, work, &script, ready)?;
+            dump_floor.push(d);
+            restore_floor.push(r);
+            one_round(&mut http, &script, ready, &mut samples)?;
+        }
+        let mut rows = vec![
+            vec![
+                "`criu dump` of an equal tree (floor)".into(),
+                ms(dump_floor.pct(0.5)),
+                "1.00".into(),
+            ],
+            vec!["`criu restore` of it (floor)".into(), ms(restore_floor.pct(0.5)), "1.00".into()],
+        ];
+        for (i, (name, s)) in NAMES.iter().zip(&samples).enumerate() {
+            let floor = if matches!(i, 0 | 2 | 5 | 7) { &dump_floor } else { &restore_floor };
+            let ratio = s.pct(0.5).as_secs_f64() / floor.pct(0.5).as_secs_f64();
+            rows.push(vec![name.to_string(), ms(s.pct(0.5)), format!("{ratio:.2}")]);
+        }
+        table(
+            &format!("{kind} (n = {}, p50; ratios to the dump or restore floor)", args.iters),
+            &["operation", "p50", "ratio"],
+            &rows,
+        );
+    }
+    Ok(())
+}
+
+/// One sandbox through every operation; appends to `samples` in `NAMES` order.
+fn one_round(
+    http: &mut Http,
+    script: &str,
+    ready: &str,
+    samples: &mut [Samples],
+) -> anyhow::Result<()> {
+    let (_, s) = timed(http, "POST", "/v1/sandboxes", r#"{"size": "medium"}"#, 201)?;
+    let id = s["id"].as_str().context("id")?.to_string();
+    let path = |verb: &str| format!("/v1/sandboxes/{id}/{verb}");
+    exec(http, &id, script)?;
+    exec(
+        http,
+        &id,
+        &format!("for i in $(seq 300); do {ready} 2>/dev/null && exit 0; sleep 0.1; done; exit 1"),
+    )?;
+    let kept = |v: &serde_json::Value| v["memory_snapshot"].as_bool() == Some(true);
+    let auto = r#"{"memory": "required"}"#;
+
+    let (d, v) = timed(http, "POST", &path("hibernate"), auto, 200)?;
+    ensure!(kept(&v), "hibernate kept no memory: {v}");
+    samples[0].push(d);
+    let (d, v) = timed(http, "POST", &path("wake"), "", 200)?;
+    ensure!(kept(&v), "wake restored no memory: {v}");
+    samples[1].push(d);
+    let (d, ck) = timed(http, "POST", &path("checkpoint"), auto, 201)?;
+    samples[2].push(d);
+    let ck = ck["id"].as_str().context("checkpoint id")?.to_string();
+    let (d, b) = timed(http, "POST", &format!("/v1/checkpoints/{ck}/claim"), auto, 201)?;
+    samples[3].push(d);
+    let branch = b["id"].as_str().context("branch id")?.to_string();
+    exec(http, &branch, ready).context("the branch's processes")?;
+    timed(http, "DELETE", &format!("/v1/sandboxes/{branch}"), "", 204)?;
+    let body = r#"{"count": 4, "memory": "required"}"#;
+    let (d, kids) = timed(http, "POST", &path("fork"), body, 201)?;
+    samples[4].push(d / 4);
+    for k in kids["sandboxes"].as_array().context("fork answer")? {
+        let kid = k["id"].as_str().context("child id")?;
+        timed(http, "DELETE", &format!("/v1/sandboxes/{kid}"), "", 204)?;
+    }
+    let off = r#"{"memory": "off"}"#;
+    let (d, _) = timed(http, "POST", &path("hibernate"), off, 200)?;
+    samples[5].push(d);
+    let (d, _) = timed(http, "POST", &path("wake"), "", 200)?;
+    samples[6].push(d);
+    let (d, ck2) = timed(http, "POST", &path("checkpoint"), off, 201)?;
+    samples[7].push(d);
+    for c in [ck, ck2["id"].as_str().unwrap_or_default().to_string()] {
+        timed(http, "DELETE", &format!("/v1/checkpoints/{c}"), "", 204)?;
+    }
+    timed(http, "DELETE", &format!("/v1/sandboxes/{id}"), "", 204)?;
+    Ok(())
+}
+
+/// `criu dump` and `criu restore` of the same processes started on the host (a session of
+/// their own, stdio on /dev/null, in a scratch directory), timed; the restored tree is killed.
+fn criu_floor(
+    criu: &Path,
+    work: &Path,
+    script: &str,
+    ready: &str,
+) -> anyhow::Result<(Duration, Duration)> {
+    let dir = work.join("floor");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("images"))?;
+    // The scripts write under /tmp: give them a /tmp of their own inside the scratch directory.
+    let run =
+        format!("cd {0} && mkdir -p tmp && {1}", dir.display(), script.replace("/tmp/", "tmp/"));
+    let ready = ready.replace("/tmp/", &format!("{}/tmp/", dir.display()));
+    let child = Command::new("setsid")
+        .args(["sh", "-c", &format!("{run}; wait")])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let pid = child.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !Command::new("sh").args(["-c", &ready]).stderr(Stdio::null()).status()?.success() {
+        ensure!(Instant::now() < deadline, "the floor's processes did not get ready");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Every process of the tree (its session): the restore needs their pids free again.
+    let session =
+        String::from_utf8(Command::new("pgrep").args(["-s", &pid.to_string()]).output()?.stdout)?;
+    let pids: Vec<String> = session.split_whitespace().map(str::to_string).collect();
+    let images = dir.join("images");
+    let t = Instant::now();
+    let dumped = Command::new(criu)
+        .args(["dump", "--tcp-established", "-t", &pid.to_string(), "-D"])
+        .arg(&images)
+        .args(["-o", "dump.log"])
+        .status()?;
+    let dump = t.elapsed();
+    ensure!(dumped.success(), "criu dump failed (see {}/dump.log)", images.display());
+    let mut child = child;
+    let _ = child.wait();
+    // The others were reparented when their session leader died: wait until they are reaped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pids.iter().any(|p| Path::new("/proc").join(p).exists()) {
+        ensure!(Instant::now() < deadline, "the dumped processes linger");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let t = Instant::now();
+    let restored = Command::new(criu)
+        .args(["restore", "--tcp-established", "-d", "-D"])
+        .arg(&images)
+        .args(["-o", "restore.log"])
+        .status()?;
+    let restore = t.elapsed();
+    ensure!(restored.success(), "criu restore failed (see {}/restore.log)", images.display());
+    // SAFETY: plain syscall on the process group CRIU restored (our own tree's).
+    unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
+    Ok((dump, restore))
+}
