@@ -88,12 +88,15 @@ fn measure(args: &MemoryArgs, node: &NodeProc, work: &Path) -> anyhow::Result<()
     for (kind, script, ready) in kinds(args.mib) {
         let mut samples: Vec<Samples> = NAMES.iter().map(|_| Samples::default()).collect();
         let (mut dump_floor, mut restore_floor) = (Samples::default(), Samples::default());
+        let mut shared = vec![];
         for _ in 0..args.iters {
             let (d, r) = criu_floor(&args.criu, work, &script, ready)?;
             dump_floor.push(d);
             restore_floor.push(r);
-            one_round(&mut http, &script, ready, &mut samples)?;
+            one_round(&mut http, &script, ready, &mut samples, &mut shared)?;
         }
+        shared.sort_by(f64::total_cmp);
+        let dedup = shared[shared.len() / 2];
         let mut rows = vec![
             vec![
                 "`criu dump` of an equal tree (floor)".into(),
@@ -112,6 +115,11 @@ fn measure(args: &MemoryArgs, node: &NodeProc, work: &Path) -> anyhow::Result<()
             &["operation", "p50", "ratio"],
             &rows,
         );
+        println!(
+            "A second checkpoint of it right after the first: {:.1} % of its bytes (memory image \
+             and files) were already in the store (median).\n",
+            100.0 * dedup
+        );
     }
     Ok(())
 }
@@ -122,6 +130,7 @@ fn one_round(
     script: &str,
     ready: &str,
     samples: &mut [Samples],
+    shared: &mut Vec<f64>,
 ) -> anyhow::Result<()> {
     let (_, s) = timed(http, "POST", "/v1/sandboxes", r#"{"size": "medium"}"#, 201)?;
     let id = s["id"].as_str().context("id")?.to_string();
@@ -144,6 +153,17 @@ fn one_round(
     let (d, ck) = timed(http, "POST", &path("checkpoint"), auto, 201)?;
     samples[2].push(d);
     let ck = ck["id"].as_str().context("checkpoint id")?.to_string();
+    // A second image of the same processes a moment later: what the store already had of it.
+    let (_, again) = timed(http, "POST", &path("checkpoint"), auto, 201)?;
+    let (bytes, sent) = (again["bytes"].as_u64().unwrap_or(0), again["uploaded_bytes"].as_u64());
+    shared.push(1.0 - sent.unwrap_or(bytes) as f64 / bytes.max(1) as f64);
+    timed(
+        http,
+        "DELETE",
+        &format!("/v1/checkpoints/{}", again["id"].as_str().unwrap_or("")),
+        "",
+        204,
+    )?;
     let (d, b) = timed(http, "POST", &format!("/v1/checkpoints/{ck}/claim"), auto, 201)?;
     samples[3].push(d);
     let branch = b["id"].as_str().context("branch id")?.to_string();
