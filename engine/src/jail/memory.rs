@@ -178,10 +178,9 @@ impl JailEngine {
         // Whatever became of the images, the layer starts after the entry and its padding.
         let rest = (512 - size % 512) % 512;
         let (mut tag, mut skip) = ([0u8; MAC_LEN], vec![0u8; rest as usize]);
-        let tail_read = read_full(&mut file, &mut tag)
+        read_full(&mut file, &mut tag)
             .and_then(|_| read_full(&mut file, &mut skip))
             .map_err(EngineError::io("read snapshot"))?;
-        let _ = tail_read;
         let verdict = match unpacked {
             Ok(mac) if blake3::Hash::from(tag) == mac => Ok(true),
             Ok(_) => Err("its memory image was not made by this fleet (MAC mismatch)".to_string()),

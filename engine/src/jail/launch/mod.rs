@@ -25,7 +25,7 @@
 //! failed (an error message), prints the child's host pid, and exits. The jail is not our child
 //! afterwards: it outlives the node process, which re-adopts it on restart.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
@@ -33,8 +33,10 @@ use serde::{Deserialize, Serialize};
 
 use super::seccomp;
 
+mod namespaces;
 pub mod restore;
 mod sys;
+use namespaces::{enter_new_namespaces, listen_inside};
 use sys::*;
 
 /// The fd number silkd's listening socket has in the jail.
@@ -311,134 +313,6 @@ pub fn run(spec: &LaunchSpec) -> Result<u32, String> {
                 Ok(pid as u32)
             }
         }
-    }
-}
-
-/// The namespaces a jail gets that the sandboxes' user namespace owns (the pid namespace is
-/// the launcher's own: a new one has no `/proc/PID/ns/pid_for_children` to join before its
-/// first process exists, and CRIU does not ask who owns it).
-const NAMESPACES: &[(&CStr, i32)] = &[
-    (c"mnt", libc::CLONE_NEWNS),
-    (c"uts", libc::CLONE_NEWUTS),
-    (c"ipc", libc::CLONE_NEWIPC),
-    (c"net", libc::CLONE_NEWNET),
-    (c"cgroup", libc::CLONE_NEWCGROUP),
-];
-
-/// Makes the jail's namespaces *owned by the sandboxes' user namespace* (but pid) and moves
-/// this process (still host root) into them. A helper joins the user namespace and unshares them there; the
-/// launcher joins them with `setns`, which host root may do (a capability in a user namespace
-/// holds in all its descendants). Ownership by the jail's own user namespace is what process
-/// checkpointing (CRIU) needs to dump and recreate the jail; what the sandbox's root may do
-/// with it is still bounded by its capability set (no `CAP_SYS_ADMIN`, `CAP_NET_ADMIN`) and
-/// the seccomp filter (no mount, unshare or setns at all). Mounts the launcher makes in them are
-/// host root's, made after the copy, so the copied host mounts are locked and detached with the
-/// old root.
-///
-/// # Safety
-/// Forks: call only from a single-threaded process.
-unsafe fn enter_new_namespaces() -> Result<(), String> {
-    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    let flags = NAMESPACES.iter().fold(0, |f, (_, flag)| f | flag);
-    unsafe {
-        // `ready` carries the helper's errno (or nothing: done); `hold` keeps it alive while
-        // the launcher joins its namespaces.
-        let (mut ready, mut hold) = ([0; 2], [0; 2]);
-        if libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) != 0
-            || libc::pipe2(hold.as_mut_ptr(), libc::O_CLOEXEC) != 0
-        {
-            return Err(os("pipe"));
-        }
-        let helper = libc::fork();
-        if helper < 0 {
-            return Err(os("fork"));
-        }
-        if helper == 0 {
-            libc::close(ready[0]);
-            libc::close(hold[1]);
-            if libc::setns(USERNS_FD, libc::CLONE_NEWUSER) != 0 || libc::unshare(flags) != 0 {
-                let errno = *libc::__errno_location();
-                libc::write(ready[1], (&errno as *const i32).cast(), 4);
-                libc::_exit(1);
-            }
-            libc::close(ready[1]);
-            let mut byte = 0u8;
-            libc::read(hold[0], (&mut byte as *mut u8).cast(), 1);
-            libc::_exit(0);
-        }
-        libc::close(ready[1]);
-        libc::close(hold[0]);
-        let mut errno = 0i32;
-        let n = libc::read(ready[0], (&mut errno as *mut i32).cast(), 4);
-        libc::close(ready[0]);
-        let joined = if n != 0 {
-            Err(format!(
-                "make the jail's namespaces: {}",
-                std::io::Error::from_raw_os_error(if n == 4 { errno } else { libc::EIO })
-            ))
-        } else {
-            // All opened before any is joined: the mount namespace changes what /proc is.
-            let mut fds = vec![];
-            for (name, flag) in NAMESPACES {
-                let path = format!("/proc/{helper}/ns/{}", name.to_string_lossy());
-                let fd = libc::open(cs(&path).as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    break;
-                }
-                fds.push((fd, *flag, path));
-            }
-            let joined = if fds.len() < NAMESPACES.len() {
-                Err(os("open the jail's namespaces"))
-            } else {
-                fds.iter().try_for_each(|(fd, flag, path)| {
-                    if libc::setns(*fd, *flag) != 0 {
-                        return Err(os(&format!("join {path}")));
-                    }
-                    Ok(())
-                })
-            };
-            for (fd, ..) in fds {
-                libc::close(fd);
-            }
-            joined
-        };
-        libc::close(hold[1]);
-        libc::waitpid(helper, std::ptr::null_mut(), 0);
-        joined?;
-        if libc::unshare(libc::CLONE_NEWPID) != 0 {
-            return Err(os("unshare the pid namespace"));
-        }
-        Ok(())
-    }
-}
-
-/// silkd's listening socket, made here in the jail's network namespace (abstract, so no file
-/// of the host's is open in the jail) and left at [`LISTEN_FD`] for the child.
-///
-/// # Safety
-/// Plain syscalls; [`LISTEN_FD`] must be free.
-unsafe fn listen_inside() -> Result<(), String> {
-    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
-    unsafe {
-        let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(os("agent socket"));
-        }
-        let mut addr: libc::sockaddr_un = std::mem::zeroed();
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (i, b) in AGENT_NAME.bytes().enumerate() {
-            addr.sun_path[i + 1] = b as libc::c_char;
-        }
-        let len = std::mem::size_of::<libc::sa_family_t>() + 1 + AGENT_NAME.len();
-        if libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len as libc::socklen_t) != 0
-            || libc::listen(fd, 128) != 0
-        {
-            return Err(os("bind the agent socket"));
-        }
-        if fd != LISTEN_FD && (libc::dup2(fd, LISTEN_FD) < 0 || libc::close(fd) != 0) {
-            return Err(os("place the agent socket"));
-        }
-        Ok(())
     }
 }
 
