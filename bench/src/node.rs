@@ -336,6 +336,44 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
         &["arm", "p50", "p90", "max", "p50 ratio"],
         &rows,
     );
+    connect_cost(&arms[0], args.rtt_iters)
+}
+
+/// What opening a connection to a sandbox's silkd costs the node (`silk_engine::agent::connect`:
+/// its network namespace entered and left on the calling thread) beside a plain connect to a
+/// unix socket by path (the floor: how the node reached silkd before it listened inside).
+fn connect_cost(arm: &Arm<'_>, iters: usize) -> anyhow::Result<()> {
+    let id = arm.last.clone().context("no sandbox")?;
+    let record = arm.node.work.join("data/engine/boxes").join(&id).join("box.json");
+    let record: serde_json::Value = serde_json::from_slice(&std::fs::read(record)?)?;
+    let agent: silk_engine::AgentAddr = serde_json::from_value(record["info"]["agent"].clone())?;
+    let path = arm.node.work.join("floor.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&path)?;
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            drop(s)
+        }
+    });
+    let (mut floor, mut ours) = (Samples::default(), Samples::default());
+    for i in 0..iters + 50 {
+        let t = Instant::now();
+        drop(std::os::unix::net::UnixStream::connect(&path)?);
+        let f = t.elapsed();
+        let t = Instant::now();
+        drop(silk_engine::agent::connect(&agent)?);
+        if i >= 50 {
+            floor.push(f);
+            ours.push(t.elapsed());
+        }
+    }
+    table(
+        "connecting to silkd (alternating, n per arm as above)",
+        &["arm", "p50", "p90", "max", "p50 ratio"],
+        &[
+            row("connect to a unix socket by path (floor)", &floor, &floor),
+            row("connect into the jail's network namespace (`agent::connect`)", &ours, &floor),
+        ],
+    );
     Ok(())
 }
 
