@@ -295,6 +295,10 @@ pub struct Checkpoint {
     /// Why not, when it does not: only when it was made.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_note: Option<String>,
+    /// How long the sandbox was frozen for it (the dump and the file capture): only when it was
+    /// made, of a running sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze_ms: Option<u64>,
 }
 
 /// `GET /v1/checkpoints`, `GET /v1/sandboxes/{id}/checkpoints`.

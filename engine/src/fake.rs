@@ -302,6 +302,7 @@ impl Engine for FakeEngine {
             bytes,
             memory: false,
             memory_why_not: Some("the fake engine keeps no memory".into()),
+            freeze_ms: None,
         };
         if mode == SnapshotMode::Stop {
             st.boxes.remove(id);

@@ -262,6 +262,9 @@ pub struct Snapshot {
     /// Why it was not, when it was not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_why_not: Option<String>,
+    /// How long a running sandbox was frozen for it (`KeepRunning` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub freeze_ms: Option<u64>,
 }
 
 /// What an engine can do.

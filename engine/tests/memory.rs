@@ -87,6 +87,7 @@ fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
     let tar = h.data.path().join("m.tar");
     let snap = h.engine.snapshot(&src.id, SnapshotMode::KeepRunning, Memory::Auto, &tar).unwrap();
     assert!(snap.memory, "{:?}", snap.memory_why_not);
+    assert!(snap.freeze_ms.is_some(), "the freeze window is reported");
     let at_snapshot = count(&src);
     // The source runs on.
     std::thread::sleep(Duration::from_millis(200));

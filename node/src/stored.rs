@@ -296,6 +296,7 @@ impl TryFrom<StoredSnapshot> for Snapshot {
             bytes: s.bytes,
             memory: s.memory,
             memory_why_not: None,
+            freeze_ms: None,
         })
     }
 }

@@ -92,6 +92,7 @@ async fn processes_sessions_and_tmp_survive_every_lifecycle_step() {
     let before = count(&s).await;
     let ck = s.checkpoint(None).await.unwrap();
     assert_eq!(ck.memory_snapshot, Some(true), "{:?}", ck.memory_note);
+    assert!(ck.freeze_ms.is_some(), "a checkpoint of a running sandbox reports its freeze window");
     let b = c.branch(&ck.id, Some(s.token())).await.unwrap();
     assert!(b.info().memory_snapshot, "{:?}", b.info().memory_note);
     continues(&b, before, &pid).await;

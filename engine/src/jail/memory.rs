@@ -62,8 +62,9 @@ impl JailEngine {
     }
 
     /// Dumps the running jail `id` (its init is `pid`) into `images` (made here; removed again
-    /// on failure). silkd closes its connections first. With `leave_running` the jail goes on
-    /// (frozen, if the caller froze it), else CRIU ends it. `Err` is why not: the jail is then
+    /// on failure). silkd closes its connections first; with `frozen_at`, the jail is then
+    /// frozen (and stays so: the caller thaws it) and the moment noted there. With
+    /// `leave_running` the jail goes on, else CRIU ends it. `Err` is why not: the jail is then
     /// still running.
     pub(super) fn dump_memory(
         &self,
@@ -71,14 +72,15 @@ impl JailEngine {
         pid: u32,
         images: &Path,
         leave_running: bool,
-        freeze_after_quiesce: bool,
+        frozen_at: Option<&mut Option<std::time::Instant>>,
     ) -> std::result::Result<Duration, String> {
         let criu = self.criu()?;
         let record = self.record(id).map_err(|e| e.to_string())?;
         probe::quiesce(&record.info.agent, Duration::from_secs(5))
             .map_err(|e| format!("silkd could not close its connections: {e}"))?;
-        if freeze_after_quiesce {
+        if let Some(at) = frozen_at {
             self.cgroups.freeze(id, true).map_err(|e| e.to_string())?;
+            *at = Some(std::time::Instant::now());
         }
         let _ = std::fs::remove_dir_all(images);
         std::fs::DirBuilder::new()

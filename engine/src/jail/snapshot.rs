@@ -32,21 +32,21 @@ impl JailEngine {
         let fresh = dir.join("memory-snapshot");
         let mut kept = MemoryKept::no("not asked for");
         let mut images = None;
-        let mut frozen = false;
+        // From the freeze to the thaw: what the sandbox's processes lose to a checkpoint.
+        let mut frozen_at = None;
         if memory != Memory::Off {
             match live {
                 Some(pid) => {
                     // Frozen from the dump to the end of the file capture, so both show one
                     // moment. A stop snapshot ends the jail in the dump.
                     let leave = mode == SnapshotMode::KeepRunning;
-                    match self.dump_memory(id, pid, &fresh, leave, true) {
+                    match self.dump_memory(id, pid, &fresh, leave, Some(&mut frozen_at)) {
                         Ok(took) => {
                             tracing::debug!(sandbox = %id, "memory dumped in {took:?}");
                             (kept, images) = (MemoryKept::yes(), Some(fresh.clone()));
                         }
                         Err(why) => kept = MemoryKept::no(why),
                     }
-                    frozen = true;
                 }
                 None if hibernated.join("memory.json").is_file() => {
                     (kept, images) = (MemoryKept::yes(), Some(hibernated.clone()));
@@ -54,15 +54,16 @@ impl JailEngine {
                 None => kept = MemoryKept::no("its processes were not running"),
             }
             if memory == Memory::Required && !kept.kept {
-                if frozen {
+                if frozen_at.is_some() {
                     self.cgroups.freeze(id, false)?;
                 }
                 let why = kept.why_not.unwrap_or_default();
                 return Err(EngineError::MemoryFailed(why));
             }
         }
-        if live.is_some() && !frozen {
+        if live.is_some() && frozen_at.is_none() {
             self.cgroups.freeze(id, true)?;
+            frozen_at = Some(std::time::Instant::now());
         }
         let partial = partial_path(into);
         let captured = (|| {
@@ -107,6 +108,10 @@ impl JailEngine {
             }
         };
         after?;
+        let freeze_ms = match mode {
+            SnapshotMode::KeepRunning => frozen_at.map(|t| t.elapsed().as_millis() as u64),
+            SnapshotMode::Stop => None,
+        };
         Ok(Snapshot {
             base: record.info.base,
             spec: record.info.spec,
@@ -114,6 +119,7 @@ impl JailEngine {
             bytes,
             memory: kept.kept,
             memory_why_not: kept.why_not,
+            freeze_ms,
         })
     }
 
@@ -129,7 +135,7 @@ impl JailEngine {
         let dir = self.box_dir(id);
         let kept = match memory {
             Memory::Off => MemoryKept::no("not asked for"),
-            _ => match self.dump_memory(id, pid, &dir.join("memory.partial"), false, false) {
+            _ => match self.dump_memory(id, pid, &dir.join("memory.partial"), false, None) {
                 Ok(_) => {
                     std::fs::rename(dir.join("memory.partial"), dir.join("memory"))
                         .map_err(EngineError::io("commit memory images"))?;

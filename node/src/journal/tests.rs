@@ -339,6 +339,7 @@ async fn digests_keep_their_journal_encoding() {
         bytes: 3,
         memory: false,
         memory_why_not: None,
+        freeze_ms: None,
     };
     let record = ClaimRecord {
         id: "sb-1".into(),

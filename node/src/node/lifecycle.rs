@@ -331,6 +331,7 @@ impl Node {
             bytes: 0,
             memory: false,
             memory_why_not: None,
+            freeze_ms: None,
         };
         let activity = live.activity.clone();
         rec.intent = Some(Intent::Hibernate(Box::new(planned)));

@@ -46,6 +46,7 @@ impl Node {
             uploaded_bytes: Some(report.uploaded_bytes),
             memory_snapshot: Some(snap.memory),
             memory_note: snap.memory_why_not.clone(),
+            freeze_ms: snap.freeze_ms,
         };
         let token_hash = live.record.token_hash.clone();
         Ok(CheckpointInfo { checkpoint, token_hash, tenant: live.record.tenant.clone() })
@@ -138,6 +139,7 @@ impl Node {
             uploaded_bytes: None,
             memory_snapshot: None,
             memory_note: None,
+            freeze_ms: None,
         };
         let tenant = m.meta.get("tenant").cloned();
         Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant })

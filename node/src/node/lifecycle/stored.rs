@@ -61,7 +61,15 @@ impl StoredSnapshot {
     /// `layer_tar`, a spec of size and lane only (the node's own limits for them), no memory.
     pub(super) fn local(&self, base: Base, layer_tar: PathBuf, bytes: u64) -> Snapshot {
         let spec = BoxSpec::new(self.size, self.lane);
-        Snapshot { base, spec, layer_tar, bytes, memory: false, memory_why_not: None }
+        Snapshot {
+            base,
+            spec,
+            layer_tar,
+            bytes,
+            memory: false,
+            memory_why_not: None,
+            freeze_ms: None,
+        }
     }
 }
 
@@ -98,6 +106,7 @@ mod tests {
             bytes: 1,
             memory: true,
             memory_why_not: None,
+            freeze_ms: None,
         }
     }
 
