@@ -51,7 +51,9 @@ fn unknown_ids_cost_no_lookup_without_a_token_and_lookups_are_limited_per_client
     assert!(body.contains("rate_limited"), "{body}");
 
     // A sandbox the client may use is still found through the limited node once the owner is
-    // known; other clients are not limited by this one.
+    // known; other clients are not limited by this one. (b claims from its own pool: one that
+    // is still filling would send the claim to a.)
+    eventually("b has a warm sandbox", || b.info()["pools"][0]["warm"].as_u64() > Some(0));
     let claimed = b.claim("{}");
     let (id, token) = (claimed["id"].as_str().unwrap(), claimed["token"].as_str().unwrap());
     let (status, _) = b.req("GET", &format!("/v1/sandboxes/{id}"), Some(token), None);
