@@ -12,7 +12,7 @@
 //! Every failure to keep memory leaves the files as they are and says why; the caller decides
 //! (`Memory::Required`) whether that fails the operation.
 
-use std::io::{Read, Write};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -176,65 +176,56 @@ impl JailEngine {
             return Err(EngineError::BadRequest("snapshot: bad memory entry".into()));
         }
         let inner = size - MAC_LEN as u64;
-        let unpacked = self.unpack_images(&mut file, inner, into);
-        // Whatever became of the images, the layer starts after the entry and its padding.
-        let rest = (512 - size % 512) % 512;
-        let (mut tag, mut skip) = ([0u8; MAC_LEN], vec![0u8; rest as usize]);
-        read_full(&mut file, &mut tag)
-            .and_then(|_| read_full(&mut file, &mut skip))
-            .map_err(EngineError::io("read snapshot"))?;
-        let verdict = match unpacked {
-            Ok(mac) if blake3::Hash::from(tag) == mac => Ok(true),
-            Ok(_) => Err("its memory image was not made by this fleet (MAC mismatch)".to_string()),
-            Err(e) => Err(e),
+        // The MAC first, over the bytes as they are: nothing the store sent is unpacked (no
+        // name it chose used) before it is known to be this fleet's.
+        let mut mac = blake3::Hasher::new_keyed(&self.memory_key);
+        let mut tag = [0u8; MAC_LEN];
+        let read = std::io::copy(&mut (&mut file).take(inner), &mut mac)
+            .and_then(|_| read_full(&mut file, &mut tag));
+        if read.map_err(EngineError::io("read snapshot"))? != MAC_LEN {
+            return Err(EngineError::BadRequest("snapshot: truncated memory entry".into()));
+        }
+        let verdict = if mac.finalize() == blake3::Hash::from(tag) {
+            file.seek(SeekFrom::Start(512)).map_err(EngineError::io("read snapshot"))?;
+            self.unpack_images((&mut file).take(inner), into).map(|()| true)
+        } else {
+            Err("its memory image was not made by this fleet (MAC mismatch)".to_string())
         };
         if verdict.is_err() {
             let _ = std::fs::remove_dir_all(into);
         }
+        // Whatever became of the images, the layer starts after the entry and its padding.
+        let layer = 512 + size.div_ceil(512) * 512;
+        file.seek(SeekFrom::Start(layer)).map_err(EngineError::io("read snapshot"))?;
         Ok((Box::new(file), verdict))
     }
 
-    /// Unpacks exactly `len` bytes of image tar from `input` into `into`, hashing them; the
-    /// bytes are consumed even when unpacking fails. Only flat names of regular files pass.
-    fn unpack_images(
-        &self,
-        input: &mut impl Read,
-        len: u64,
-        into: &Path,
-    ) -> std::result::Result<blake3::Hash, String> {
-        let mut hashed =
-            Hashed { input: input.take(len), hasher: blake3::Hasher::new_keyed(&self.memory_key) };
-        let unpacked = (|| {
-            let _ = std::fs::remove_dir_all(into);
-            std::fs::DirBuilder::new().mode(0o700).create(into).map_err(|e| e.to_string())?;
-            let mut archive = tar::Archive::new(&mut hashed);
-            for entry in archive.entries().map_err(|e| e.to_string())? {
-                let mut entry = entry.map_err(|e| e.to_string())?;
-                let path = entry.path().map_err(|e| e.to_string())?.into_owned();
-                let name = path.to_str().unwrap_or_default().to_string();
-                let flat = !name.is_empty()
-                    && !name.starts_with('.')
-                    && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-                if !flat || entry.header().entry_type() != tar::EntryType::Regular {
-                    return Err(format!("bad memory image entry {name:?}"));
-                }
-                let mut file = std::fs::OpenOptions::new()
-                    .write(true)
-                    .create_new(true)
-                    .mode(0o600)
-                    .custom_flags(libc::O_NOFOLLOW)
-                    .open(into.join(&name))
-                    .map_err(|e| e.to_string())?;
-                std::io::copy(&mut entry, &mut file).map_err(|e| e.to_string())?;
+    /// Unpacks a tar of images (already authenticated) into `into`, a new directory. Only flat
+    /// names of regular files pass.
+    fn unpack_images(&self, input: impl Read, into: &Path) -> std::result::Result<(), String> {
+        let _ = std::fs::remove_dir_all(into);
+        std::fs::DirBuilder::new().mode(0o700).create(into).map_err(|e| e.to_string())?;
+        let mut archive = tar::Archive::new(input);
+        for entry in archive.entries().map_err(|e| e.to_string())? {
+            let mut entry = entry.map_err(|e| e.to_string())?;
+            let path = entry.path().map_err(|e| e.to_string())?.into_owned();
+            let name = path.to_str().unwrap_or_default().to_string();
+            let flat = !name.is_empty()
+                && !name.starts_with('.')
+                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+            if !flat || entry.header().entry_type() != tar::EntryType::Regular {
+                return Err(format!("bad memory image entry {name:?}"));
             }
-            Ok(())
-        })();
-        // The rest of the entry is read (and hashed) whatever happened above.
-        std::io::copy(&mut hashed, &mut std::io::sink()).map_err(|e| e.to_string())?;
-        if hashed.input.limit() != 0 {
-            return Err("snapshot: truncated memory entry".into());
+            let mut file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .custom_flags(libc::O_NOFOLLOW)
+                .open(into.join(&name))
+                .map_err(|e| e.to_string())?;
+            std::io::copy(&mut entry, &mut file).map_err(|e| e.to_string())?;
         }
-        unpacked.map(|()| hashed.hasher.finalize())
+        Ok(())
     }
 }
 
@@ -255,20 +246,6 @@ impl<W: Write> Write for Mac<'_, W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
-    }
-}
-
-/// A reader that MACs what passes.
-struct Hashed<R: Read> {
-    input: std::io::Take<R>,
-    hasher: blake3::Hasher,
-}
-
-impl<R: Read> Read for Hashed<R> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.input.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
     }
 }
 
