@@ -14,8 +14,11 @@ use silk_engine::*;
 const COUNTER: &str = "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; \
                        sleep 0.05; done' >/dev/null 2>&1 & sleep 0.3";
 
+/// The counter truncates the file before it writes: a read in between finds it empty.
+const READ_COUNT: &str = "c=; while [ -z \"$c\" ]; do c=$(cat /tmp/count); done; echo $c";
+
 fn count(b: &BoxInfo) -> u64 {
-    ok(b, "cat /tmp/count").parse().expect("a count")
+    ok(b, READ_COUNT).parse().expect("a count")
 }
 
 fn memory_engine() -> Harness {

@@ -526,14 +526,16 @@ fn a_store_outage_fails_a_move_before_the_switch_and_the_sandbox_stays() {
 
 /// A counter whose count lives in the shell's memory, written to /tmp (a tmpfs) with its pid.
 const COUNTER: &str = "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.3";
+/// The counter truncates the file before it writes: a read in between finds it empty.
+const READ_COUNT: &str = "c=; while [ -z \"$c\" ]; do c=$(cat /tmp/count); done; echo $c";
 
 /// The counter in `id` runs on from `before`, in process `pid`.
 fn counts_on(n: &Sandboxd, id: &str, token: &str, before: u64, pid: &str) {
-    let now: u64 = exec_via(n, id, token, "cat /tmp/count").parse().unwrap();
+    let now: u64 = exec_via(n, id, token, READ_COUNT).parse().unwrap();
     assert!(now >= before, "the count went back from {before} to {now}: its processes restarted");
     assert_eq!(exec_via(n, id, token, "cat /tmp/pid"), pid);
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let later: u64 = exec_via(n, id, token, "cat /tmp/count").parse().unwrap();
+    let later: u64 = exec_via(n, id, token, READ_COUNT).parse().unwrap();
     assert!(later > now, "the counter stopped");
 }
 
@@ -547,7 +549,7 @@ fn processes_continue_on_the_node_a_sandbox_moves_to_or_wakes_on() {
     let (id, token) = (id.as_str(), token.as_str());
     exec_via(&a, id, token, COUNTER);
     let pid = exec_via(&a, id, token, "cat /tmp/pid");
-    let before: u64 = exec_via(&a, id, token, "cat /tmp/count").parse().unwrap();
+    let before: u64 = exec_via(&a, id, token, READ_COUNT).parse().unwrap();
 
     let (status, v) =
         a.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(r#"{"to": "b"}"#));
@@ -555,7 +557,7 @@ fn processes_continue_on_the_node_a_sandbox_moves_to_or_wakes_on() {
     counts_on(&b, id, token, before, &pid);
 
     // Archived on b, which then dies: a wakes it from the store, its processes too.
-    let before: u64 = exec_via(&b, id, token, "cat /tmp/count").parse().unwrap();
+    let before: u64 = exec_via(&b, id, token, READ_COUNT).parse().unwrap();
     let (status, v) = b.req("POST", &format!("/v1/sandboxes/{id}/archive"), Some(token), Some(""));
     assert_eq!((status, v["memory_snapshot"].as_bool()), (200, Some(true)), "{v}");
     b.kill9();

@@ -19,7 +19,7 @@ async fn sh(s: &Sandbox, script: &str) -> String {
 }
 
 async fn count(s: &Sandbox) -> u64 {
-    sh(s, "cat /tmp/count").await.parse().unwrap()
+    sh(s, "c=; while [ -z \"$c\" ]; do c=$(cat /tmp/count); done; echo $c").await.parse().unwrap()
 }
 
 /// The counter runs on from `before` in the process `pid`.

@@ -158,11 +158,22 @@ impl Cgroups {
                     .join("freezer.state");
                 write(&state, if frozen { "FROZEN" } else { "THAWED" })?;
                 if frozen {
-                    // FREEZING → FROZEN is asynchronous on v1.
+                    // FREEZING → FROZEN is asynchronous on v1, and a v1 freeze can stall in
+                    // FREEZING for good (a task that missed it): as CRIU does, ask again now
+                    // and then, and now and then thaw and start over.
                     let deadline = Instant::now() + Duration::from_secs(5);
+                    let mut polls = 0u32;
                     while std::fs::read_to_string(&state).unwrap_or_default().trim() != "FROZEN" {
                         if Instant::now() > deadline {
                             return Err(EngineError::Host("cgroup did not freeze".into()));
+                        }
+                        polls += 1;
+                        if polls % 100 == 0 {
+                            write(&state, "THAWED")?;
+                            std::thread::sleep(Duration::from_millis(1));
+                            write(&state, "FROZEN")?;
+                        } else if polls % 20 == 0 {
+                            write(&state, "FROZEN")?;
                         }
                         std::thread::sleep(Duration::from_millis(1));
                     }
@@ -170,6 +181,22 @@ impl Cgroups {
                 Ok(())
             }
         }
+    }
+
+    /// Whether a thread of the group is inside a fork-like call: a parent in `vfork()` (busybox
+    /// sh and `posix_spawn` both use it) waits for its child to exec, and CRIU can stop neither
+    /// while it does.
+    pub fn mid_fork(&self, id: &SandboxId) -> bool {
+        let forking = [libc::SYS_vfork, libc::SYS_clone, libc::SYS_clone3, libc::SYS_fork];
+        self.procs(id).into_iter().any(|pid| {
+            let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return false };
+            threads.flatten().any(|t| {
+                // "<nr> <args…>" while blocked in a syscall, "running" or "-1 …" otherwise.
+                let call = std::fs::read_to_string(t.path().join("syscall")).unwrap_or_default();
+                let nr = call.split_whitespace().next().and_then(|n| n.parse::<i64>().ok());
+                nr.is_some_and(|nr| forking.contains(&nr))
+            })
+        })
     }
 
     /// Pids still in the sandbox's group.

@@ -60,8 +60,18 @@ pub(crate) fn start_time(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_comm = stat.rsplit_once(')')?.1;
     let state = after_comm.split_whitespace().next()?;
-    if state == "Z" {
+    if state == "Z" || state == "X" {
         return None; // dead, waiting to be reaped
     }
     after_comm.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Waits (up to five seconds) until `pid` has exited. A process leaves its cgroup early in its
+/// exit, so an empty group does not yet mean a dead jail: a resume that looked in between would
+/// find the old init "running".
+pub(super) fn wait_exited(pid: u32) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while start_time(pid).is_some() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
 }

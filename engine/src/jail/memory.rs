@@ -62,10 +62,10 @@ impl JailEngine {
     }
 
     /// Dumps the running jail `id` (its init is `pid`) into `images` (made here; removed again
-    /// on failure). silkd closes its connections first; with `frozen_at`, the jail is then
-    /// frozen (and stays so: the caller thaws it) and the moment noted there. With
+    /// on failure). silkd closes its connections first, then the jail is frozen; with
+    /// `frozen_at` it stays so (the caller thaws it) and the moment is noted there. With
     /// `leave_running` the jail goes on, else CRIU ends it. `Err` is why not: the jail is then
-    /// still running.
+    /// still running (frozen, with `frozen_at`).
     pub(super) fn dump_memory(
         &self,
         id: &SandboxId,
@@ -74,14 +74,45 @@ impl JailEngine {
         leave_running: bool,
         frozen_at: Option<&mut Option<std::time::Instant>>,
     ) -> std::result::Result<Duration, String> {
-        let criu = self.criu()?;
+        self.criu()?;
         let record = self.record(id).map_err(|e| e.to_string())?;
         probe::quiesce(&record.info.agent, Duration::from_secs(5))
             .map_err(|e| format!("silkd could not close its connections: {e}"))?;
+        // Frozen here rather than by CRIU, at a moment no thread is inside a fork: CRIU cannot
+        // stop a vfork() parent, and would wait out its whole timeout before failing.
+        let mut attempts = 0;
+        loop {
+            if let Err(e) = self.cgroups.freeze(id, true) {
+                let _ = self.cgroups.freeze(id, false);
+                return Err(e.to_string());
+            }
+            if !self.cgroups.mid_fork(id) || attempts == 200 {
+                break;
+            }
+            attempts += 1;
+            self.cgroups.freeze(id, false).map_err(|e| e.to_string())?;
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        let owns_freeze = frozen_at.is_none();
         if let Some(at) = frozen_at {
-            self.cgroups.freeze(id, true).map_err(|e| e.to_string())?;
             *at = Some(std::time::Instant::now());
         }
+        let dumped = self.dump_frozen(id, pid, images, leave_running, &record);
+        if dumped.is_err() && owns_freeze {
+            let _ = self.cgroups.freeze(id, false);
+        }
+        dumped
+    }
+
+    fn dump_frozen(
+        &self,
+        id: &SandboxId,
+        pid: u32,
+        images: &Path,
+        leave_running: bool,
+        record: &super::Record,
+    ) -> std::result::Result<Duration, String> {
+        let criu = self.criu()?;
         let _ = std::fs::remove_dir_all(images);
         std::fs::DirBuilder::new()
             .mode(0o700)

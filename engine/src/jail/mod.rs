@@ -429,7 +429,11 @@ impl JailEngine {
             // SAFETY: plain syscall; callers pass a pid checked against its recorded start time.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
         }
-        self.cgroups.remove(id)
+        self.cgroups.remove(id)?;
+        if let Some(pid) = pid {
+            host::wait_exited(pid);
+        }
+        Ok(())
     }
 
     fn live_pid(&self, record: &Record) -> Option<u32> {

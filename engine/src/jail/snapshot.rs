@@ -148,7 +148,8 @@ impl JailEngine {
                 Err(why) => MemoryKept::no(why),
             },
         };
-        self.kill(id, (!kept.kept).then_some(pid))?;
+        // After a dump CRIU has killed the jail already: the signal finds it dying or dead.
+        self.kill(id, Some(pid))?;
         Ok(kept)
     }
 
