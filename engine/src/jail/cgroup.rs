@@ -168,11 +168,11 @@ impl Cgroups {
                             return Err(EngineError::Host("cgroup did not freeze".into()));
                         }
                         polls += 1;
-                        if polls % 100 == 0 {
+                        if polls.is_multiple_of(100) {
                             write(&state, "THAWED")?;
                             std::thread::sleep(Duration::from_millis(1));
                             write(&state, "FROZEN")?;
-                        } else if polls % 20 == 0 {
+                        } else if polls.is_multiple_of(20) {
                             write(&state, "FROZEN")?;
                         }
                         std::thread::sleep(Duration::from_millis(1));
