@@ -164,6 +164,14 @@ pub struct PoolConfig {
     /// clock pauses while a relay connection is open). Never when unset.
     #[serde(default)]
     pub idle_hibernate_seconds: Option<u64>,
+    /// Whether idle hibernation and `on_expire: archive` keep the processes' memory.
+    #[serde(default)]
+    pub memory: Memory,
+    /// Clone this pool's sandboxes from a golden that holds the processes its template's
+    /// warmup left running, so each starts with them (e.g. an interpreter with its imports
+    /// loaded). Files only where the node keeps no memory.
+    #[serde(default)]
+    pub memory_golden: bool,
 }
 
 fn small() -> Size {

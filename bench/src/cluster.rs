@@ -73,6 +73,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
                 format!("{}; echo {i} > /etc/round", tree(args.tree_mib)),
             ],
             timeout: Duration::from_secs(300),
+            memory: false,
         };
         let t = Instant::now();
         let g = a.prepare(&ta, &warmup)?;

@@ -63,13 +63,28 @@ fn kinds(mib: usize) -> [(String, String, &'static str); 2] {
 pub fn run(args: MemoryArgs) -> anyhow::Result<()> {
     let work = args.dir.join(format!("silkbench-memory-{}", std::process::id()));
     std::fs::create_dir_all(&work)?;
-    let config = "[[pools]]\ntemplate = \"host\"\nwarm = 2\nwarm_max = 2\n";
+    // The host template's warmup starts an interpreter with its imports loaded; the large
+    // size's pool (no warm sandboxes: every claim clones) keeps it in a memory golden.
+    let config = format!(
+        "[[pools]]\ntemplate = \"host\"\nwarm = 2\nwarm_max = 2\n\
+         [[pools]]\ntemplate = \"host\"\nsize = \"large\"\nwarm = 0\nmemory_golden = true\n\
+         [templates.host]\nwarmup = [\"sh\", \"-c\", '''{PYTHON}''']\n"
+    );
+    let config = config.as_str();
     let result =
         NodeProc::start(&args.silkd, &work, config).and_then(|node| measure(&args, &node, &work));
     silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
 }
+
+/// A Python interpreter that imports a set of stdlib modules, says so in /tmp (a tmpfs) and
+/// waits; started in the background, and ready once the file is there.
+const PYTHON: &str = "python3 -c \"import asyncio, json, email.parser, http.server, \
+                      urllib.request, decimal, sqlite3, xml.etree.ElementTree, unittest, \
+                      argparse, logging, ssl, statistics, time; open('/tmp/imported', 'w'); \
+                      time.sleep(86400)\" >/dev/null 2>&1 & \
+                      until test -e /tmp/imported; do sleep 0.01; done";
 
 const NAMES: [&str; 8] = [
     "hibernate, memory",
@@ -121,6 +136,63 @@ fn measure(args: &MemoryArgs, node: &NodeProc, work: &Path) -> anyhow::Result<()
             100.0 * dedup
         );
     }
+    memory_golden(&mut http, args.iters)
+}
+
+/// A claim that clones the memory golden (its interpreter running, imports loaded) until a
+/// command sees it, beside a claim that clones the files golden and then starts the
+/// interpreter (boot + warmup).
+fn memory_golden(http: &mut Http, iters: usize) -> anyhow::Result<()> {
+    let delete = |http: &mut Http, v: &serde_json::Value| {
+        let id = v["id"].as_str().unwrap_or_default();
+        timed(http, "DELETE", &format!("/v1/sandboxes/{id}"), "", 204).map(drop)
+    };
+    // The large size's first claim boots and has its memory golden built behind it.
+    let (_, first) = timed(http, "POST", "/v1/sandboxes", r#"{"size": "large"}"#, 201)?;
+    delete(http, &first)?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let (_, info) = timed(http, "GET", "/v1/info", "", 200)?;
+        let pools = info["pools"].as_array().cloned().unwrap_or_default();
+        if pools.iter().any(|p| p["size"] == "large" && p["golden"].is_string()) {
+            break;
+        }
+        ensure!(Instant::now() < deadline, "no memory golden after 300 s: {info}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (mut from_memory, mut from_files) = (Samples::default(), Samples::default());
+    for _ in 0..iters {
+        let t = Instant::now();
+        let (_, s) = timed(http, "POST", "/v1/sandboxes", r#"{"size": "large"}"#, 201)?;
+        ensure!(s["tier"] == "clone" && s["memory_snapshot"] == true, "{s}");
+        exec(http, s["id"].as_str().unwrap_or_default(), "test -e /tmp/imported")?;
+        from_memory.push(t.elapsed());
+        delete(http, &s)?;
+        let t = Instant::now();
+        let (_, s) = timed(http, "POST", "/v1/sandboxes", r#"{"size": "medium"}"#, 201)?;
+        exec(http, s["id"].as_str().unwrap_or_default(), PYTHON)?;
+        from_files.push(t.elapsed());
+        delete(http, &s)?;
+    }
+    let ratio = from_memory.pct(0.5).as_secs_f64() / from_files.pct(0.5).as_secs_f64();
+    table(
+        &format!(
+            "clone → python with its imports loaded (n = {iters}, p50; ratio to boot + warmup)"
+        ),
+        &["path", "p50", "ratio"],
+        &[
+            vec![
+                "clone of the files golden, then start python (boot + warmup)".into(),
+                ms(from_files.pct(0.5)),
+                "1.00".into(),
+            ],
+            vec![
+                "clone of the memory golden (python already running)".into(),
+                ms(from_memory.pct(0.5)),
+                format!("{ratio:.2}"),
+            ],
+        ],
+    );
     Ok(())
 }
 

@@ -190,6 +190,10 @@ pub struct Template {
 pub struct Warmup {
     pub argv: Vec<String>,
     pub timeout: Duration,
+    /// Keep the processes the warmup leaves running: the golden holds their memory and clones
+    /// continue them (where the engine keeps memory; otherwise the golden is files only).
+    #[serde(default)]
+    pub memory: bool,
 }
 
 /// A template plus its warmup result, frozen.

@@ -140,6 +140,48 @@ fn a_stop_snapshot_carries_memory_from_a_running_or_a_hibernated_sandbox() {
 }
 
 #[test]
+fn clones_of_a_memory_golden_continue_what_its_warmup_left_running() {
+    let key = [7u8; 32];
+    let h = Harness::with_memory_key(key);
+    // The warmup leaves a counter running: its count lives only in the shell's memory.
+    let warmup = ["sh", "-c", COUNTER];
+    let g = h.golden_with(&warmup, true);
+    let (a, b) = (id("mg-a"), id("mg-b"));
+    let a = h.engine.clone_golden(&g, &a, &small()).unwrap();
+    let b = h.engine.clone_golden(&g, &b, &small()).unwrap();
+    let pid = ok(&a, "cat /tmp/pid");
+    for (clone, name) in [(&a, "mg-a"), (&b, "mg-b")] {
+        assert!(clone.memory.kept, "{:?}", clone.memory);
+        continues(clone, 1, &pid);
+        assert_eq!(ok(clone, "hostname; cat /etc/hostname"), format!("{name}\n{name}"));
+    }
+    assert_ne!(ok(&a, "cat /etc/machine-id"), ok(&b, "cat /etc/machine-id"));
+    // They diverge.
+    ok(&a, "echo a > /tmp/mine");
+    assert_ne!(sh(&b, "cat /tmp/mine").0, 0);
+
+    // A files-only golden of the same warmup is another golden; its clones start fresh.
+    let files = h.golden_with(&warmup, false);
+    assert_ne!(files.digest, g.digest);
+    let c = h.engine.clone_golden(&files, &id("mg-c"), &small()).unwrap();
+    assert!(!c.memory.kept);
+    assert_ne!(sh(&c, "cat /tmp/pid").0, 0, "a fresh /tmp, no counter");
+
+    // Exported and installed on another node of the fleet, it keeps its memory there; on a
+    // node of another fleet (another key) it is files only.
+    let tar = h.data.path().join("golden.tar");
+    h.engine.export_golden(&g, &tar).unwrap();
+    for (peer, kept) in [(Harness::with_memory_key(key), true), (Harness::new(), false)] {
+        let there = peer.engine.import_golden(&g.template, &g.digest, &tar).unwrap();
+        let d = peer.engine.clone_golden(&there, &id("mg-d"), &small()).unwrap();
+        assert_eq!(d.memory.kept, kept, "{:?}", d.memory);
+        if kept {
+            continues(&d, 1, &pid);
+        }
+    }
+}
+
+#[test]
 fn what_cannot_be_dumped_keeps_the_files_and_says_why() {
     let h = memory_engine();
     let g = h.golden(&[]);

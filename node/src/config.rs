@@ -237,6 +237,8 @@ impl Default for Config {
                 warm: 2,
                 warm_max: None,
                 idle_hibernate_seconds: None,
+                memory: silk_api::Memory::Auto,
+                memory_golden: false,
             }],
             store: StoreConfig::default(),
             archive_after_seconds: None,
@@ -312,9 +314,11 @@ impl Config {
         }
         for (name, t) in &self.templates {
             if name == "host" {
-                return bad("the template name \"host\" is built in".into());
-            }
-            if t.dir.is_some() == t.image.is_some() {
+                // The built-in template: its files are the host's, only its warmup is set here.
+                if t.dir.is_some() || t.image.is_some() {
+                    return bad("template host is built in: give it only a warmup".into());
+                }
+            } else if t.dir.is_some() == t.image.is_some() {
                 return bad(format!("template {name}: set exactly one of dir and image"));
             }
         }

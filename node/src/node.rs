@@ -98,6 +98,9 @@ struct State {
     pools: BTreeMap<PoolKey, Pool>,
     templates: HashMap<String, Template>,
     goldens: HashMap<String, Golden>,
+    /// Goldens holding the memory of what their warmup left running (pools with
+    /// `memory_golden`), by template name.
+    memory_goldens: HashMap<String, Golden>,
     /// Templates made by promote: name → golden.
     promoted: BTreeMap<String, Promoted>,
 }

@@ -42,6 +42,10 @@ pub struct Pool {
     pub warm_max: usize,
     /// Claims of this pool hibernate after this long idle.
     pub idle_hibernate: Option<u64>,
+    /// What idle hibernation and `on_expire: archive` do with its claims' memory.
+    pub memory: silk_api::Memory,
+    /// Its sandboxes clone the template's memory golden.
+    pub memory_golden: bool,
     pub target: usize,
     pub ready: VecDeque<BoxInfo>,
     /// Starts in flight.
@@ -61,6 +65,8 @@ impl Pool {
             warm,
             warm_max: warm_max.max(warm),
             idle_hibernate: None,
+            memory: silk_api::Memory::Auto,
+            memory_golden: false,
             target: warm,
             ready: VecDeque::new(),
             starting: 0,

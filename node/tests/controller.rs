@@ -220,15 +220,19 @@ fn a_claim_goes_to_a_peer_only_when_this_node_cannot_hand_out_a_warm_sandbox() {
     cfg.max_claims = 2;
     let (rt, node) = h.open(cfg);
     eventually("the pool has a warm sandbox", || node.warm_for(&host_pool()) == 1);
+    // Refills fail from here, so none is ready when the second claim comes.
+    h.engine.fail(Op::Clone, usize::MAX);
     // A warm sandbox here is taken here, whatever a peer has.
     let here = rt.block_on(node.claim_or_place(spec(60), true)).unwrap();
     assert_eq!(here.map(|c| c.record.tier), Some(Tier::Warm));
     // None ready here: the peer's, and nothing is admitted or started for it here.
-    let boots = h.engine.calls(Op::Boot) + h.engine.calls(Op::Clone);
+    let (boots, running) = (h.engine.calls(Op::Boot), h.engine.list().unwrap().len());
     let placed = rt.block_on(node.claim_or_place(spec(60), true)).unwrap();
     assert!(placed.is_none());
     assert_eq!(node.table_sizes()["pending"], 0);
-    assert_eq!(h.engine.calls(Op::Boot) + h.engine.calls(Op::Clone), boots);
+    assert_eq!(h.engine.calls(Op::Boot), boots);
+    assert_eq!(h.engine.list().unwrap().len(), running);
+    h.engine.fail(Op::Clone, 0);
     // No peer has one: made here.
     let made = rt.block_on(node.claim_or_place(spec(60), false)).unwrap().unwrap();
     assert_ne!(made.record.tier, Tier::Warm);

@@ -18,7 +18,12 @@ impl JailEngine {
         let partial = partial_path(into);
         let file = std::fs::File::create(&partial).map_err(EngineError::io("create golden tar"))?;
         let mut out = std::io::BufWriter::new(file);
-        let written = layer::capture(&golden.layer, &mut out, self.ids)
+        let memory = match super::golden_images(golden) {
+            Some(images) => self.write_memory_entry(&images, &mut out).map(drop),
+            None => Ok(()),
+        };
+        let written = memory
+            .and_then(|()| layer::capture(&golden.layer, &mut out, self.ids))
             .and_then(|()| {
                 std::io::Write::flush(&mut out).map_err(EngineError::io("write golden tar"))
             })
@@ -44,9 +49,12 @@ impl JailEngine {
         let golden =
             Golden { digest: digest.clone(), template: template.clone(), layer: dir.join("layer") };
         template::build_atomically(&dir, |staging| {
-            let file = std::fs::File::open(layer_tar)
-                .map_err(EngineError::io(format!("open {}", layer_tar.display())))?;
-            layer::apply(file, &staging.join("layer"), Whiteouts::Overlay, self.ids)?;
+            // A memory golden's tar starts with its images, kept only when this fleet made them.
+            let (files, memory) = self.open_snapshot(layer_tar, &staging.join("memory"))?;
+            if let Err(why) = memory {
+                tracing::warn!(golden = %digest, "installed without its memory: {why}");
+            }
+            layer::apply(files, &staging.join("layer"), Whiteouts::Overlay, self.ids)?;
             seal(staging, &golden, self.ids)
         })?;
         self.installed(&golden)
@@ -67,7 +75,7 @@ impl JailEngine {
         let info =
             // Unbounded: its upper directory is renamed into the golden (a rename out of a
             // btrfs subvolume would be EXDEV).
-            self.create(base, &builder, &BoxSpec::new(crate::Size::Medium, Lane::None), None, false)?;
+            self.create(base, &builder, &BoxSpec::new(crate::Size::Medium, Lane::None), super::Seed::Fresh, false)?;
         let built = (|| {
             if !warmup.argv.is_empty() {
                 let (status, tail) =
@@ -86,6 +94,20 @@ impl JailEngine {
                     )));
                 }
             }
+            // A memory golden: the processes the warmup left are dumped (CRIU ends them).
+            let images = self.box_dir(&builder).join("golden-memory");
+            let memory = match info.pid {
+                Some(pid) if warmup.memory => {
+                    match self.dump_memory(&builder, pid, &images, false, None) {
+                        Ok(_) => true,
+                        Err(why) => {
+                            tracing::warn!(golden = %digest, "files only, no memory: {why}");
+                            false
+                        }
+                    }
+                }
+                _ => false,
+            };
             // Stop everything before taking the upper directory as the golden layer.
             self.kill(&builder, info.pid)?;
             let golden = Golden {
@@ -96,6 +118,10 @@ impl JailEngine {
             template::build_atomically(&dir, |staging| {
                 std::fs::rename(self.box_dir(&builder).join("upper"), staging.join("layer"))
                     .map_err(EngineError::io("move golden layer"))?;
+                if memory {
+                    std::fs::rename(&images, staging.join("memory"))
+                        .map_err(EngineError::io("move golden memory"))?;
+                }
                 seal(staging, &golden, self.ids)
             })?;
             self.installed(&golden)

@@ -409,6 +409,36 @@ impl JailEngine {
         Ok(info)
     }
 
+    /// Starts box `id` from its golden's memory `images`: linked into the box's own `memory`
+    /// directory (CRIU writes its statistics beside the images it restores; the golden's stay
+    /// as built), then restored under the box's name.
+    pub(super) fn restore_golden_memory(
+        &self,
+        images: &Path,
+        base: &crate::Base,
+        id: &SandboxId,
+        spec: &crate::BoxSpec,
+    ) -> std::result::Result<crate::BoxInfo, String> {
+        let mine = self.box_dir(id).join("memory");
+        let linked = (|| {
+            std::fs::DirBuilder::new().mode(0o700).create(&mine)?;
+            for entry in std::fs::read_dir(images)? {
+                let entry = entry?;
+                let to = mine.join(entry.file_name());
+                std::fs::hard_link(entry.path(), &to)
+                    .or_else(|_| std::fs::copy(entry.path(), &to).map(drop))?;
+            }
+            Ok::<_, std::io::Error>(())
+        })();
+        let restored = linked
+            .map_err(|e| format!("link the golden's memory images: {e}"))
+            .and_then(|()| self.restore_memory(base.clone(), id, spec));
+        if restored.is_err() {
+            let _ = std::fs::remove_dir_all(&mine);
+        }
+        restored
+    }
+
     /// Runs `silk-jail --restore` with the user namespace (for id-mapped views) and silkd's log
     /// as the descriptors it expects; `Err` is its stderr.
     fn run_restore(&self, spec: &Path, log: &Path) -> std::result::Result<(), String> {

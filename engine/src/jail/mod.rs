@@ -143,6 +143,22 @@ pub struct JailEngine {
     instance: String,
 }
 
+/// What a new box starts from besides its base's layers.
+enum Seed<'a> {
+    /// Nothing: its processes start fresh.
+    Fresh,
+    /// A snapshot's files, and its memory where it has some and the caller wants it.
+    Snapshot(&'a Path, Memory),
+    /// Its golden's memory images: the warmup's processes continue.
+    GoldenMemory(PathBuf),
+}
+
+/// The memory images of a golden built with `Warmup::memory`, beside its layer.
+fn golden_images(golden: &Golden) -> Option<PathBuf> {
+    let images = golden.layer.parent()?.join("memory");
+    images.join("memory.json").is_file().then_some(images)
+}
+
 /// What `boxes/<id>/box.json` holds.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Record {
@@ -261,7 +277,7 @@ impl JailEngine {
         base: Base,
         id: &SandboxId,
         spec: &BoxSpec,
-        layer: Option<(&Path, Memory)>,
+        seed: Seed<'_>,
         bounded: bool,
     ) -> Result<BoxInfo> {
         if spec.lane != Lane::None {
@@ -275,7 +291,7 @@ impl JailEngine {
             }
             Err(e) => return Err(EngineError::io("mkdir box")(e)),
         }
-        let started = self.start(base, id, spec, layer, &dir, bounded);
+        let started = self.start(base, id, spec, seed, &dir, bounded);
         if started.is_err() {
             let _ = self.cgroups.remove(id);
             let _ = disk::remove_box(&dir);
@@ -288,7 +304,7 @@ impl JailEngine {
         base: Base,
         id: &SandboxId,
         spec: &BoxSpec,
-        layer: Option<(&Path, Memory)>,
+        seed: Seed<'_>,
         dir: &Path,
         bounded: bool,
     ) -> Result<BoxInfo> {
@@ -305,11 +321,18 @@ impl JailEngine {
         std::os::unix::fs::chown(&upper, root_id, root_id)
             .map_err(EngineError::io("chown upper"))?;
         let mut memory = MemoryKept::default();
-        if let Some((tar, wanted)) = layer {
-            match self.apply_snapshot(tar, wanted, &upper, &base, id, spec)? {
-                Ok(restored) => return Ok(restored),
-                Err(why) => memory = MemoryKept::no(why),
+        let restored = match seed {
+            Seed::Fresh => Err(None),
+            Seed::Snapshot(tar, wanted) => {
+                self.apply_snapshot(tar, wanted, &upper, &base, id, spec)?.map_err(Some)
             }
+            Seed::GoldenMemory(images) => {
+                self.restore_golden_memory(&images, &base, id, spec).map_err(Some)
+            }
+        };
+        match restored {
+            Ok(info) => return Ok(info),
+            Err(why) => memory.why_not = why,
         }
         let mut info = self.launch_box(base, id, spec, dir)?;
         info.memory = memory;
@@ -470,6 +493,9 @@ impl Engine for JailEngine {
         for arg in &warmup.argv {
             hasher.update(&(arg.len() as u64).to_le_bytes()).update(arg.as_bytes());
         }
+        if warmup.memory {
+            hasher.update(b"\0memory");
+        }
         Digest::of(&hasher)
     }
 
@@ -497,11 +523,15 @@ impl Engine for JailEngine {
 
     fn clone_golden(&self, golden: &Golden, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
         let base = Base { template: golden.template.clone(), golden: Some(golden.clone()) };
-        self.create(base, id, spec, None, true)
+        let seed = match golden_images(golden) {
+            Some(images) if self.criu.is_ok() => Seed::GoldenMemory(images),
+            _ => Seed::Fresh,
+        };
+        self.create(base, id, spec, seed, true)
     }
 
     fn boot(&self, template: &Template, id: &SandboxId, spec: &BoxSpec) -> Result<BoxInfo> {
-        self.create(Base { template: template.clone(), golden: None }, id, spec, None, true)
+        self.create(Base { template: template.clone(), golden: None }, id, spec, Seed::Fresh, true)
     }
 
     fn snapshot(
@@ -525,8 +555,8 @@ impl Engine for JailEngine {
         spec: &BoxSpec,
         memory: Memory,
     ) -> Result<BoxInfo> {
-        let layer = Some((snapshot.layer_tar.as_path(), memory));
-        self.create(snapshot.base.clone(), id, spec, layer, true)
+        let seed = Seed::Snapshot(snapshot.layer_tar.as_path(), memory);
+        self.create(snapshot.base.clone(), id, spec, seed, true)
     }
 
     fn stop(&self, id: &SandboxId, memory: Memory) -> Result<MemoryKept> {

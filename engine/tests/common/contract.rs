@@ -9,7 +9,11 @@ use silk_engine::*;
 use super::{id, ok, sh, small};
 
 fn warmup(argv: &[&str]) -> Warmup {
-    Warmup { argv: argv.iter().map(|s| s.to_string()).collect(), timeout: Duration::from_secs(20) }
+    Warmup {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        timeout: Duration::from_secs(20),
+        memory: false,
+    }
 }
 
 /// Goldens are content-named: same template and warmup, same golden; the warmup's result is in
@@ -145,7 +149,11 @@ pub fn errors_are_typed(e: &dyn Engine, t: &Template, scratch: &Path) {
     );
     let hanging = e.prepare(
         t,
-        &Warmup { argv: vec!["sleep".into(), "100".into()], timeout: Duration::from_millis(300) },
+        &Warmup {
+            argv: vec!["sleep".into(), "100".into()],
+            timeout: Duration::from_millis(300),
+            memory: false,
+        },
     );
     assert!(
         matches!(&hanging, Err(EngineError::WarmupFailed(m)) if m.contains("timed out")),

@@ -31,6 +31,14 @@ impl Harness {
         Harness { engine, data }
     }
 
+    /// An engine whose memory images are keyed with `key`, as every node of one fleet is.
+    pub fn with_memory_key(key: [u8; 32]) -> Harness {
+        let data = tempfile::tempdir().unwrap();
+        let mut cfg = JailConfig::new(data.path(), static_silkd(), env!("CARGO_BIN_EXE_silk-jail"));
+        cfg.memory_key = Some(key);
+        Harness { engine: JailEngine::new(cfg).expect("jail engine"), data }
+    }
+
     /// A second engine on the same data directory: what a restarted node gets.
     pub fn reopen(&self) -> JailEngine {
         Self::open(self.data.path().to_path_buf())
@@ -46,9 +54,15 @@ impl Harness {
     }
 
     pub fn golden(&self, warmup: &[&str]) -> Golden {
+        self.golden_with(warmup, false)
+    }
+
+    /// A golden of the host template after `warmup`, holding its processes' memory if `memory`.
+    pub fn golden_with(&self, warmup: &[&str], memory: bool) -> Golden {
         let warmup = Warmup {
             argv: warmup.iter().map(|s| s.to_string()).collect(),
             timeout: Duration::from_secs(20),
+            memory,
         };
         self.engine.prepare(&self.host(), &warmup).unwrap()
     }

@@ -25,15 +25,19 @@ impl Node {
         Ok(TemplateDef { name: name.into(), source })
     }
 
-    pub(super) fn warmup(&self, name: &str) -> Warmup {
-        self.cfg
+    pub(super) fn warmup(&self, name: &str, memory: bool) -> Warmup {
+        let mut warmup = self
+            .cfg
             .templates
             .get(name)
             .map(|t| Warmup {
                 argv: t.warmup.clone(),
                 timeout: Duration::from_secs(t.warmup_timeout_seconds),
+                memory: false,
             })
-            .unwrap_or_default()
+            .unwrap_or_default();
+        warmup.memory = memory;
+        warmup
     }
 
     pub(super) async fn template(&self, name: &str) -> Result<Template, NodeError> {
@@ -50,17 +54,22 @@ impl Node {
         Ok(t)
     }
 
-    /// The template's golden, built on first need.
-    pub(super) async fn golden(&self, name: &str) -> Result<Golden, NodeError> {
-        if let Some(g) = self.lock().goldens.get(name) {
-            return Ok(g.clone());
+    /// The template's golden, or (`memory`) its memory golden, built on first need. A
+    /// promoted template's golden is the promoted sandbox's files: it has no memory golden.
+    pub(super) async fn golden_of(&self, name: &str, memory: bool) -> Result<Golden, NodeError> {
+        let memory = memory && !self.lock().promoted.contains_key(name);
+        let held = |st: &State| {
+            if memory { st.memory_goldens.get(name) } else { st.goldens.get(name) }.cloned()
+        };
+        if let Some(g) = held(&self.lock()) {
+            return Ok(g);
         }
         let template = self.template(name).await?;
         let _one_at_a_time = self.golden_lock.lock().await;
-        if let Some(g) = self.lock().goldens.get(name) {
-            return Ok(g.clone());
+        if let Some(g) = held(&self.lock()) {
+            return Ok(g);
         }
-        let warmup = self.warmup(name);
+        let warmup = self.warmup(name, memory);
         let digest = self.engine.golden_digest(&template, &warmup);
         // Held here already, or built by a peer and shared through the store: no warmup runs.
         let g = match self.engine.find_golden(&digest) {
@@ -79,7 +88,9 @@ impl Node {
                 }
             },
         };
-        self.lock().goldens.insert(name.into(), g.clone());
+        let mut st = self.lock();
+        if memory { &mut st.memory_goldens } else { &mut st.goldens }
+            .insert(name.into(), g.clone());
         Ok(g)
     }
 }

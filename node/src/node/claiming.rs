@@ -51,15 +51,17 @@ impl Node {
             let idle = pool.as_ref().and_then(|p| p.idle_hibernate);
             (admitted, pool.and_then(|p| p.take(Instant::now())), idle)
         };
+        let memory_golden = self.lock().pools.get(&key).is_some_and(|p| p.memory_golden);
         let result = self.finish_claim(spec, key, warm, idle, admitted, t0).await;
         self.refill.notify_one();
         if let Ok(claimed) = &result
-            && claimed.record.tier == Tier::Cold
+            && claimed.record.tier != Tier::Warm
         {
-            // The golden is built on first need, so the next claim of this template clones.
+            // The golden is built on first need (the pool's kind: a memory pool's miss may
+            // have cloned the files golden), so the next claim of this template clones it.
             let (node, template) = (self.clone(), claimed.record.template.clone());
             tokio::spawn(async move {
-                if let Err(e) = node.golden(&template).await {
+                if let Err(e) = node.golden_of(&template, memory_golden).await {
                     tracing::warn!(template, "golden build failed: {e}");
                 }
             });
@@ -148,7 +150,13 @@ impl Node {
                 let id: SandboxId = self.new_id()?;
                 let box_spec = BoxSpec::new(key.size, key.lane);
                 let engine = self.engine.clone();
-                let golden = self.lock().goldens.get(&spec.template).cloned();
+                let golden = {
+                    let st = self.lock();
+                    // A pool miss clones the pool's own kind of golden where it is there.
+                    let memory = st.pools.get(&key).is_some_and(|p| p.memory_golden);
+                    let memory_golden = st.memory_goldens.get(&spec.template).filter(|_| memory);
+                    memory_golden.or(st.goldens.get(&spec.template)).cloned()
+                };
                 match golden {
                     Some(g) => (
                         blocking(move || engine.clone_golden(&g, &id, &box_spec)).await?,

@@ -12,8 +12,16 @@ impl Node {
             let mut pool = st.pools.remove(&key).unwrap_or_else(|| {
                 Pool::new(key.clone(), p.warm, p.warm_max.unwrap_or(p.warm * 2))
             });
+            if pool.memory_golden != p.memory_golden {
+                // Its warm sandboxes came from the other golden.
+                for info in pool.flush() {
+                    self.teardown(info.id);
+                }
+            }
             pool.warm = p.warm;
             pool.idle_hibernate = p.idle_hibernate_seconds;
+            pool.memory = p.memory;
+            pool.memory_golden = p.memory_golden;
             pool.warm_max = p.warm_max.unwrap_or(p.warm * 2).max(p.warm);
             pool.target = pool.target.clamp(pool.warm, pool.warm_max);
             next.insert(key, pool);
@@ -40,6 +48,8 @@ impl Node {
                 warm: p.warm,
                 warm_max: Some(p.warm_max),
                 idle_hibernate_seconds: p.idle_hibernate,
+                memory: p.memory,
+                memory_golden: p.memory_golden,
             })
             .collect()
     }
@@ -104,7 +114,8 @@ impl Node {
 
     pub(super) async fn start_warm(&self, key: &PoolKey) -> Result<BoxInfo, NodeError> {
         self.disk_reserve()?;
-        let golden = self.golden(&key.template).await?;
+        let memory_golden = self.lock().pools.get(key).is_some_and(|p| p.memory_golden);
+        let golden = self.golden_of(&key.template, memory_golden).await?;
         let _permit =
             self.background.acquire().await.map_err(|e| NodeError::internal(e.to_string()))?;
         let id: SandboxId = self.new_id()?;

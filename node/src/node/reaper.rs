@@ -59,16 +59,19 @@ impl Node {
             let _busy = self.busy(&id).await;
             let Some(live) = self.get(&id) else { continue };
             let Some(work) = self.due(&live, now_ms()) else { continue };
+            // Both keep the processes' memory as the sandbox's pool says (default: where they
+            // can, as a user's hibernate does).
+            let memory = {
+                let r = &live.record;
+                let key = PoolKey { template: r.template.clone(), size: r.size, lane: r.lane };
+                self.lock().pools.get(&key).map_or(silk_engine::Memory::Auto, |p| p.memory)
+            };
             let done = match work {
                 Due::Release => self.release_locked(&id).await.map(|()| "released"),
-                // Both keep the processes' memory where they can, as a user's hibernate does.
-                Due::Archive => {
-                    self.archive_locked(live, silk_engine::Memory::Auto).await.map(|_| "archived")
+                Due::Archive => self.archive_locked(live, memory).await.map(|_| "archived"),
+                Due::Hibernate => {
+                    self.hibernate_locked(live, memory).await.map(|_| "hibernated (idle)")
                 }
-                Due::Hibernate => self
-                    .hibernate_locked(live, silk_engine::Memory::Auto)
-                    .await
-                    .map(|_| "hibernated (idle)"),
             };
             match done {
                 Ok(what) => {

@@ -46,7 +46,9 @@ impl Node {
                 target: p.target as u64,
                 warm_min: p.warm as u64,
                 warm_max: p.warm_max as u64,
-                golden: st.goldens.get(&p.key.template).map(|g| g.digest.to_string()),
+                golden: if p.memory_golden { &st.memory_goldens } else { &st.goldens }
+                    .get(&p.key.template)
+                    .map(|g| g.digest.to_string()),
                 backing_off: p.backing_off(now),
             })
             .collect();
@@ -119,7 +121,12 @@ impl Node {
         } else {
             st.pools.values().map(|p| (p.key.to_string(), p.ready.len() as u32)).collect()
         };
-        let mut goldens: Vec<String> = st.goldens.values().map(|g| g.digest.to_string()).collect();
+        let mut goldens: Vec<String> = st
+            .goldens
+            .values()
+            .chain(st.memory_goldens.values())
+            .map(|g| g.digest.to_string())
+            .collect();
         goldens.sort();
         let mut templates: Vec<String> =
             st.templates.values().map(|t| t.digest.to_string()).collect();

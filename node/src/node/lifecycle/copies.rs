@@ -346,6 +346,7 @@ impl Node {
         self.save_promoted(&all)?;
         st.promoted = all;
         st.goldens.insert(name.to_string(), promoted.golden.clone());
+        st.memory_goldens.remove(name);
         st.templates.remove(name);
         self.flush_pools(&mut st, name);
         drop(st);
@@ -376,6 +377,7 @@ impl Node {
         self.save_promoted(&all)?;
         st.promoted = all;
         st.goldens.remove(name);
+        st.memory_goldens.remove(name);
         self.flush_pools(&mut st, name);
         Ok(())
     }
