@@ -267,7 +267,7 @@ pub fn checked_ttl(ttl: Option<u64>, default_ttl: u64, max_ttl: u64) -> Result<u
     }
 }
 
-fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), NodeError> {
+pub(crate) fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), NodeError> {
     if m.len() > MAX_METADATA_PAIRS {
         return Err(NodeError::bad_request(format!("at most {MAX_METADATA_PAIRS} metadata pairs")));
     }

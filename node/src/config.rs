@@ -63,6 +63,8 @@ pub struct Config {
     pub archive_retention_seconds: Option<u64>,
     /// Join a mesh of nodes (none when unset).
     pub mesh: Option<MeshSection>,
+    /// Serve E2B's API (control plane and envd) so the stock e2b SDKs work (off when unset).
+    pub e2b: Option<E2bSection>,
     /// Disk each size tier may use (where the data directory's filesystem can bound it).
     pub disk: DiskSection,
     /// Lookups of sandboxes held by other nodes (peers asked, the store when none has it) one
@@ -109,6 +111,27 @@ pub struct DiskSection {
 impl Default for DiskSection {
     fn default() -> Self {
         DiskSection { bounded: true, small_mib: 2048, medium_mib: 8192, large_mib: 32768 }
+    }
+}
+
+/// `[e2b]`: E2B's API on a listener of its own (docs/e2b.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct E2bSection {
+    /// Both planes on one address, so `E2B_API_URL` and `E2B_SANDBOX_URL` are the same.
+    pub listen: SocketAddr,
+    /// E2B template ids → this node's template names.
+    #[serde(default = "e2b_templates")]
+    pub templates: BTreeMap<String, String>,
+}
+
+fn e2b_templates() -> BTreeMap<String, String> {
+    BTreeMap::from([("base".to_string(), "host".to_string())])
+}
+
+impl E2bSection {
+    pub fn new(listen: SocketAddr) -> E2bSection {
+        E2bSection { listen, templates: e2b_templates() }
     }
 }
 
@@ -245,6 +268,7 @@ impl Default for Config {
             archive_retention_seconds: None,
             disk: DiskSection::default(),
             mesh: None,
+            e2b: None,
             tls: None,
             lookups_per_minute: 1200,
             lookup_burst: 100,

@@ -15,6 +15,7 @@ pub mod audit;
 pub mod claims;
 pub mod config;
 mod durable;
+pub mod e2b;
 pub mod error;
 pub mod fleet;
 pub mod journal;
@@ -146,7 +147,23 @@ pub async fn serve(
         let http = move |stream| api::edge::serve_forwarded(r.clone(), stream);
         tokio::spawn(fleet::serve(node.clone(), incoming, http));
     }
-    let served = listen::serve(listener, router, tls, shutdown).await;
+    // E2B's API on a listener of its own, stopped with the main one.
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    if let Some(e2b) = &node.cfg.e2b {
+        let listener = tokio::net::TcpListener::bind(e2b.listen).await?;
+        let router = e2b::router(node.clone());
+        let mut stopped = stopped.clone();
+        let shutdown = async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        };
+        tokio::spawn(listen::serve(listener, router, tls.clone(), shutdown));
+    }
+    let served = listen::serve(listener, router, tls, async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    })
+    .await;
+    drop(stopped);
     // Peers learn at once that this node left, rather than by failure detection.
     if let Some(p) = &peers {
         p.mesh.leave().await;

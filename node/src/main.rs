@@ -24,6 +24,9 @@ struct Args {
     /// Root API token (config `api_token`).
     #[arg(long, env = "SANDBOXD_API_TOKEN", hide_env_values = true)]
     api_token: Option<String>,
+    /// Serve E2B's API on this address (config `[e2b] listen`).
+    #[arg(long, env = "SANDBOXD_E2B_LISTEN")]
+    e2b_listen: Option<SocketAddr>,
     /// The silkd binary put into sandboxes (config `silkd`).
     #[arg(long, env = "SANDBOXD_SILKD")]
     silkd: Option<PathBuf>,
@@ -146,6 +149,12 @@ fn config(args: &Args) -> anyhow::Result<Config> {
     }
     if let Some(token) = &args.api_token {
         cfg.api_token = Some(token.clone());
+    }
+    if let Some(listen) = args.e2b_listen {
+        match &mut cfg.e2b {
+            Some(e2b) => e2b.listen = listen,
+            None => cfg.e2b = Some(sandboxd::config::E2bSection::new(listen)),
+        }
     }
     if let Some(silkd) = &args.silkd {
         cfg.silkd = Some(silkd.clone());

@@ -1,0 +1,490 @@
+//! envd's Connect services over silkd: `process.Process/Start` (a command streamed: `start`,
+//! `data`, `keepalive`, `end`), `List`, `SendSignal`; `filesystem.Filesystem/Stat`, `MakeDir`,
+//! `Remove`, `Move`, `ListDir`; and `GET /health`. JSON codec: camelCase keys, bytes in
+//! base64, int64 as strings, enums by name, times as RFC 3339 with a zone.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header as h};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use silk_proto::{Command, Connection, ErrorKind, ExecRequest, FileKind, Frame, WireError};
+use tokio::net::UnixStream;
+
+use super::connect::{self, Code, Envelopes};
+use super::{E2b, HttpError, header};
+use crate::node::{Active, Live};
+
+pub(super) fn routes() -> Router<E2b> {
+    Router::new()
+        .route("/health", get(health))
+        .route("/process.Process/{method}", post(process))
+        .route("/filesystem.Filesystem/{method}", post(filesystem))
+}
+
+/// A sandbox's silkd, reached for an envd call.
+pub(super) struct Agent {
+    pub id: String,
+    pub conn: Connection<UnixStream>,
+    _active: Active,
+    _live: Live,
+}
+
+/// Why an envd call cannot reach its sandbox, as the SDK reads it (a plain JSON error; 502 with
+/// "was not found" is its "sandbox not running").
+pub(super) fn unreachable(status: StatusCode, message: String) -> HttpError {
+    HttpError::new(status, message)
+}
+
+/// The sandbox the call names (`E2b-Sandbox-Id`), its access token checked, its silkd opened
+/// (a hibernated sandbox wakes).
+pub(super) async fn agent(e2b: &E2b, headers: &HeaderMap) -> Result<Agent, HttpError> {
+    let Some(id) = header(headers, "e2b-sandbox-id") else {
+        return Err(unreachable(StatusCode::BAD_REQUEST, "no E2b-Sandbox-Id header".into()));
+    };
+    let gone = || unreachable(StatusCode::BAD_GATEWAY, format!("The sandbox {id} was not found"));
+    if e2b.node.get(id).is_none() {
+        return Err(gone());
+    }
+    if !e2b.access_ok(id, header(headers, "x-access-token")) {
+        return Err(unreachable(StatusCode::UNAUTHORIZED, "invalid X-Access-Token".into()));
+    }
+    let (live, stream) = e2b.node.open_agent(id).await.map_err(|e| {
+        let status = crate::api::status(&e);
+        if status == StatusCode::NOT_FOUND { gone() } else { unreachable(status, e.message) }
+    })?;
+    let active = Active::new(&live);
+    Ok(Agent { id: id.to_string(), conn: Connection::new(stream), _active: active, _live: live })
+}
+
+async fn health(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
+    if header(&headers, "e2b-sandbox-id").is_none() {
+        return StatusCode::NO_CONTENT.into_response(); // the control plane's own health
+    }
+    match agent(&e2b, &headers).await {
+        Ok(_) => StatusCode::NO_CONTENT.into_response(),
+        Err(res) => res.into_response(),
+    }
+}
+
+/// A Connect error answer to a unary call.
+fn fail(e: connect::Error) -> Response {
+    let status = StatusCode::from_u16(e.code.http_status()).expect("valid status");
+    super::json(status, e.json())
+}
+
+fn ok(body: Value) -> Response {
+    super::json(StatusCode::OK, body)
+}
+
+pub(super) fn code_of(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::BadRequest => Code::InvalidArgument,
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::PermissionDenied => Code::PermissionDenied,
+        ErrorKind::Conflict => Code::AlreadyExists,
+        ErrorKind::Unsupported => Code::Unimplemented,
+        ErrorKind::ResourceExhausted => Code::ResourceExhausted,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Internal => Code::Internal,
+    }
+}
+
+fn wire(e: WireError) -> connect::Error {
+    connect::Error::new(code_of(e.kind), e.message)
+}
+
+fn lost(e: impl std::fmt::Display) -> connect::Error {
+    connect::Error::new(Code::Unavailable, format!("silkd: {e}"))
+}
+
+/// Sends `request` and collects silkd's replies up to its terminal frame.
+pub(super) async fn call(
+    conn: &mut Connection<UnixStream>,
+    request: Frame,
+) -> Result<Vec<Frame>, connect::Error> {
+    conn.send(&request).await.map_err(lost)?;
+    let mut replies = vec![];
+    loop {
+        match conn.recv().await.map_err(lost)? {
+            Some(Frame::Done) => return Ok(replies),
+            Some(Frame::Error(e)) => return Err(wire(e)),
+            Some(frame) => replies.push(frame),
+            None => return Err(lost("closed the connection")),
+        }
+    }
+}
+
+/// The user a call runs as: `Authorization: Basic base64("<user>:")`, else silkd's default.
+fn user(headers: &HeaderMap) -> Option<String> {
+    let basic = header(headers, "authorization")?.strip_prefix("Basic ")?;
+    let decoded = String::from_utf8(B64.decode(basic.trim()).ok()?).ok()?;
+    let name = decoded.split(':').next()?.to_string();
+    (!name.is_empty()).then_some(name)
+}
+
+/// A unary request's message.
+fn message<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, connect::Error> {
+    let body = if body.is_empty() { b"{}".as_slice() } else { body };
+    serde_json::from_slice(body)
+        .map_err(|e| connect::Error::new(Code::InvalidArgument, e.to_string()))
+}
+
+// ---- process ----
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: std::collections::BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StartRequest {
+    process: ProcessConfig,
+    pty: Option<Value>,
+    #[serde(default)]
+    stdin: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct Selector {
+    pid: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SignalRequest {
+    process: Selector,
+    signal: Value,
+}
+
+async fn process(
+    State(e2b): State<E2b>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut agent = match agent(&e2b, &headers).await {
+        Ok(agent) => agent,
+        Err(res) => return res.into_response(),
+    };
+    let answer = match method.as_str() {
+        "Start" => return start(&e2b, agent, &headers, &body).await,
+        "List" => list_processes(&mut agent).await,
+        "SendSignal" => send_signal(&mut agent, &body).await,
+        other => Err(connect::Error::new(
+            Code::Unimplemented,
+            format!("process.Process/{other} is not served by silkmesh yet"),
+        )),
+    };
+    answer.map_or_else(fail, ok)
+}
+
+async fn list_processes(agent: &mut Agent) -> Result<Value, connect::Error> {
+    let replies = call(&mut agent.conn, Frame::Ps).await?;
+    let mut processes = vec![];
+    for frame in replies {
+        if let Frame::Procs(procs) = frame {
+            for p in procs.into_iter().filter(|p| p.exit.is_none()) {
+                let (cmd, args) = p.argv.split_first().map_or(("", &[][..]), |(c, a)| (c, a));
+                processes.push(json!({ "pid": p.pid, "config": { "cmd": cmd, "args": args } }));
+            }
+        }
+    }
+    Ok(json!({ "processes": processes }))
+}
+
+async fn send_signal(agent: &mut Agent, body: &[u8]) -> Result<Value, connect::Error> {
+    let req: SignalRequest = message(body)?;
+    let pid = req
+        .process
+        .pid
+        .ok_or_else(|| connect::Error::new(Code::InvalidArgument, "select the process by pid"))?;
+    let signal = match &req.signal {
+        Value::String(s) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
+        Value::Number(n) if n.as_i64() == Some(15) => libc::SIGTERM,
+        _ => libc::SIGKILL,
+    };
+    call(&mut agent.conn, Frame::Kill { pid, signal }).await?;
+    Ok(json!({}))
+}
+
+/// `Start`: runs the command and streams it. The stream ends after the `end` event (the SDK
+/// reads to the end of the body).
+async fn start(e2b: &E2b, mut agent: Agent, headers: &HeaderMap, body: &[u8]) -> Response {
+    let mut envelopes = Envelopes::default();
+    envelopes.push(body);
+    let req: StartRequest = match envelopes.next_message() {
+        Ok(Some(m)) => match message(&m) {
+            Ok(req) => req,
+            Err(e) => return fail(e),
+        },
+        Ok(None) => return fail(connect::Error::new(Code::InvalidArgument, "no request message")),
+        Err(e) => return fail(e),
+    };
+    if req.pty.is_some() {
+        return fail(connect::Error::new(Code::Unimplemented, "pty is not served yet"));
+    }
+    if req.stdin {
+        return fail(connect::Error::new(Code::Unimplemented, "stdin is not served yet"));
+    }
+    let mut env: Vec<(String, String)> = {
+        let envs = e2b.envs.lock().unwrap_or_else(|p| p.into_inner());
+        envs.get(&agent.id).map(|e| e.clone().into_iter().collect()).unwrap_or_default()
+    };
+    env.extend(req.process.envs);
+    let timeout_ms = connect::timeout_ms(header(headers, "connect-timeout-ms"));
+    let keepalive = header(headers, "keepalive-ping-interval")
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .map_or(Duration::from_secs(50), Duration::from_secs);
+    let exec = Frame::Exec(ExecRequest {
+        command: Command {
+            argv: std::iter::once(req.process.cmd).chain(req.process.args).collect(),
+            cwd: req.process.cwd,
+            env,
+            user: user(headers),
+        },
+        stdin: false,
+        timeout_ms,
+    });
+    if let Err(e) = agent.conn.send(&exec).await {
+        return fail(lost(e));
+    }
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    tokio::spawn(async move {
+        let mut agent = agent;
+        let end = stream_exec(&mut agent.conn, &tx, keepalive).await;
+        let _ = tx.send(Ok(connect::end(end.err().as_ref()))).await;
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(h::CONTENT_TYPE, "application/connect+json")
+        .body(Body::from_stream(super::files::Chunks(rx)))
+        .expect("a valid response")
+}
+
+/// silkd's frames for one `Exec` as envd events, until the exit (`Ok`) or a failure (`Err`,
+/// which the end envelope carries). A client gone stops it (silkd then ends the command).
+async fn stream_exec(
+    conn: &mut Connection<UnixStream>,
+    tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
+    keepalive: Duration,
+) -> Result<(), connect::Error> {
+    let event = |e: Value| connect::envelope(&json!({ "event": e }));
+    loop {
+        let frame = match tokio::time::timeout(keepalive, conn.recv()).await {
+            Err(_) => {
+                if tx.send(Ok(event(json!({ "keepalive": {} })))).await.is_err() {
+                    return Ok(());
+                }
+                continue;
+            }
+            Ok(frame) => frame.map_err(lost)?,
+        };
+        let out = match frame {
+            Some(Frame::Started { pid }) => event(json!({ "start": { "pid": pid } })),
+            Some(Frame::Stdout(b)) => event(json!({ "data": { "stdout": B64.encode(&b) } })),
+            Some(Frame::Stderr(b)) => event(json!({ "data": { "stderr": B64.encode(&b) } })),
+            Some(Frame::Exit(status)) => {
+                if status.timed_out {
+                    return Err(connect::Error::new(
+                        Code::DeadlineExceeded,
+                        "the command's timeout passed: it was killed",
+                    ));
+                }
+                let status_text = match status.signal {
+                    Some(sig) => format!("signal: {sig}"),
+                    None => format!("exit status {}", status.code),
+                };
+                let mut end = json!({ "exitCode": status.code, "status": status_text });
+                if status.signal.is_none() {
+                    end["exited"] = json!(true);
+                } else {
+                    end["error"] = json!(status_text);
+                }
+                let _ = tx.send(Ok(event(json!({ "end": end })))).await;
+                return Ok(());
+            }
+            Some(Frame::Error(e)) => return Err(wire(e)),
+            Some(_) => continue,
+            None => return Err(lost("closed the connection")),
+        };
+        if tx.send(Ok(out)).await.is_err() {
+            return Ok(()); // the client left
+        }
+    }
+}
+
+// ---- filesystem ----
+
+#[derive(Debug, Deserialize)]
+struct PathRequest {
+    path: String,
+    #[serde(default)]
+    depth: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+struct MoveRequest {
+    source: String,
+    destination: String,
+}
+
+async fn filesystem(
+    State(e2b): State<E2b>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut agent = match agent(&e2b, &headers).await {
+        Ok(agent) => agent,
+        Err(res) => return res.into_response(),
+    };
+    let conn = &mut agent.conn;
+    let answer = match method.as_str() {
+        "Stat" => {
+            async {
+                let req: PathRequest = message(&body)?;
+                Ok(json!({ "entry": stat(conn, &req.path).await? }))
+            }
+            .await
+        }
+        "MakeDir" => {
+            async {
+                let req: PathRequest = message(&body)?;
+                if stat(conn, &req.path).await.is_ok() {
+                    let e = format!("{} already exists", req.path);
+                    return Err(connect::Error::new(Code::AlreadyExists, e));
+                }
+                call(conn, Frame::Mkdir { path: req.path.clone(), parents: true }).await?;
+                Ok(json!({ "entry": stat(conn, &req.path).await? }))
+            }
+            .await
+        }
+        "Remove" => {
+            async {
+                let req: PathRequest = message(&body)?;
+                call(conn, Frame::Rm { path: req.path, recursive: true }).await?;
+                Ok(json!({}))
+            }
+            .await
+        }
+        "Move" => {
+            async {
+                let req: MoveRequest = message(&body)?;
+                let to = req.destination.clone();
+                call(conn, Frame::Rename { from: req.source, to: req.destination }).await?;
+                Ok(json!({ "entry": stat(conn, &to).await? }))
+            }
+            .await
+        }
+        "ListDir" => {
+            async {
+                let req: PathRequest = message(&body)?;
+                let mut entries = vec![];
+                list_dir(conn, &req.path, req.depth.unwrap_or(1).max(1), &mut entries).await?;
+                Ok(json!({ "entries": entries }))
+            }
+            .await
+        }
+        other => Err(connect::Error::new(
+            Code::Unimplemented,
+            format!("filesystem.Filesystem/{other} is not served by silkmesh yet"),
+        )),
+    };
+    answer.map_or_else(fail, ok)
+}
+
+/// An EntryInfo as envd's JSON has it.
+fn entry(path: &str, s: &silk_proto::FileStat) -> Value {
+    let name = path.rsplit('/').next().unwrap_or(path);
+    let kind = match s.kind {
+        FileKind::File => "FILE_TYPE_FILE",
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        FileKind::Symlink => "FILE_TYPE_SYMLINK",
+        FileKind::Other => "FILE_TYPE_UNSPECIFIED",
+    };
+    let mut v = json!({
+        "name": name,
+        "type": kind,
+        "path": path,
+        "size": s.size.to_string(),
+        "mode": s.mode,
+        "permissions": permissions(s),
+        "owner": s.uid.to_string(),
+        "group": s.gid.to_string(),
+        "modifiedTime": super::control::rfc3339(s.mtime_ms.max(0) as u64),
+    });
+    if s.kind == FileKind::Symlink {
+        v["isSymlink"] = json!(true);
+    }
+    v
+}
+
+fn permissions(s: &silk_proto::FileStat) -> String {
+    let kind = match s.kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'l',
+        _ => '-',
+    };
+    let bits = "rwxrwxrwx";
+    let rest: String = bits
+        .chars()
+        .enumerate()
+        .map(|(i, c)| if s.mode & (0o400 >> i) != 0 { c } else { '-' })
+        .collect();
+    format!("{kind}{rest}")
+}
+
+async fn stat(conn: &mut Connection<UnixStream>, path: &str) -> Result<Value, connect::Error> {
+    for frame in call(conn, Frame::Stat { path: path.to_string() }).await? {
+        if let Frame::StatReply(s) = frame {
+            return Ok(entry(path, &s));
+        }
+    }
+    Err(connect::Error::new(Code::Internal, "silkd sent no stat"))
+}
+
+/// The entries under `dir`, `depth` levels down (1: its own).
+async fn list_dir(
+    conn: &mut Connection<UnixStream>,
+    dir: &str,
+    depth: u32,
+    out: &mut Vec<Value>,
+) -> Result<(), connect::Error> {
+    let mut level = vec![dir.trim_end_matches('/').to_string()];
+    for _ in 0..depth {
+        let mut next = vec![];
+        for d in level {
+            for frame in
+                call(conn, Frame::List { path: if d.is_empty() { "/".into() } else { d.clone() } })
+                    .await?
+            {
+                if let Frame::Entries(entries) = frame {
+                    for e in entries {
+                        let path = format!("{d}/{}", e.name);
+                        if e.stat.kind == FileKind::Dir {
+                            next.push(path.clone());
+                        }
+                        out.push(entry(&path, &e.stat));
+                    }
+                }
+            }
+        }
+        level = next;
+    }
+    Ok(())
+}

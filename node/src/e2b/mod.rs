@@ -1,0 +1,102 @@
+//! E2B's API, so the stock e2b SDKs (Python, JavaScript) drive this node's sandboxes: the
+//! control plane (`/sandboxes`, `/v2/sandboxes`, …; JSON, `X-API-Key`) and envd, the agent
+//! API the SDKs reach inside a sandbox (Connect RPCs `process.Process/*` and
+//! `filesystem.Filesystem/*` with the JSON codec, plus `/files` and `/health`), served from one
+//! listener: envd calls are the ones that carry `E2b-Sandbox-Id`. Both planes call the
+//! controller ([`Node`]) and silkd; there is no second agent in the sandbox. docs/e2b.md has
+//! the mapping.
+//!
+//! Auth: `X-API-Key` is the root token or a tenant's key (`Node::principal`); a sandbox's envd
+//! calls carry `X-Access-Token`, the `envdAccessToken` its create answered: a keyed blake3 of
+//! its id under a key derived from the root token, so any node of the fleet checks it without
+//! storing it.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+
+use crate::node::Node;
+
+pub mod connect;
+mod control;
+mod envd;
+mod files;
+
+/// What the handlers reach.
+#[derive(Debug, Clone)]
+pub struct E2b {
+    pub node: Arc<Node>,
+    token_key: [u8; 32],
+    /// Each sandbox's `envVars` from its create: the default environment of its commands.
+    /// Kept in memory: a node restart forgets them (noted in docs/e2b.md).
+    envs: Arc<Mutex<HashMap<String, BTreeMap<String, String>>>>,
+}
+
+/// The `envdVersion` reported: the highest whose gated SDK features are all served (see
+/// e2b/envd/versions.py): commands' stdin flag (0.3.0) and the default user (0.4.0).
+pub const ENVD_VERSION: &str = "0.4.0";
+
+impl E2b {
+    pub fn new(node: Arc<Node>) -> E2b {
+        let secret = node.cfg.api_token.clone().unwrap_or_default();
+        let token_key = blake3::derive_key("silkmesh e2b envd access token v1", secret.as_bytes());
+        E2b { node, token_key, envs: Arc::default() }
+    }
+
+    /// The `envdAccessToken` of sandbox `id`.
+    pub fn access_token(&self, id: &str) -> String {
+        format!("ea_{}", blake3::keyed_hash(&self.token_key, id.as_bytes()).to_hex())
+    }
+
+    /// Whether `token` is sandbox `id`'s access token (compared in constant time).
+    fn access_ok(&self, id: &str, token: Option<&str>) -> bool {
+        let Some(token) = token.and_then(|t| t.strip_prefix("ea_")) else { return false };
+        let Ok(given) = blake3::Hash::from_hex(token) else { return false };
+        given == blake3::keyed_hash(&self.token_key, id.as_bytes())
+    }
+}
+
+/// Both planes. Paths both define (`/health`) go to envd when the call names a sandbox.
+pub fn router(node: Arc<Node>) -> Router {
+    let limit = node.cfg.max_body_bytes;
+    let e2b = E2b::new(node);
+    control::routes()
+        .merge(envd::routes())
+        .merge(files::routes())
+        .fallback(|| async { control::error(StatusCode::NOT_FOUND, "no such route") })
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(e2b)
+}
+
+pub(crate) fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {
+    headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// An error as E2B's HTTP answers carry it: `{"code": <status>, "message"}` (the SDK parses
+/// that body before it looks at the status).
+#[derive(Debug)]
+pub struct HttpError {
+    pub status: StatusCode,
+    pub message: String,
+}
+
+impl HttpError {
+    pub fn new(status: StatusCode, message: impl Into<String>) -> HttpError {
+        HttpError { status, message: message.into() }
+    }
+}
+
+impl IntoResponse for HttpError {
+    fn into_response(self) -> Response {
+        let body = serde_json::json!({ "code": self.status.as_u16(), "message": self.message });
+        json(self.status, body)
+    }
+}
+
+/// A JSON answer with `status`.
+pub(crate) fn json(status: StatusCode, body: serde_json::Value) -> Response {
+    (status, axum::Json(body)).into_response()
+}

@@ -1,0 +1,122 @@
+//! E2B's API on a real node: the stock e2b Python SDK (a venv made by scripts/e2b-venv, which
+//! scripts/test runs and names in `E2B_PYTHON`) creates, runs commands, moves files, lists,
+//! pauses, connects and kills through it; and the listener refuses callers without the key or
+//! a sandbox's access token, answering in E2B's error shape.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Command;
+
+use common::*;
+
+fn python() -> String {
+    std::env::var("E2B_PYTHON").expect(
+        "E2B_PYTHON is not set: run the suite through scripts/test (scripts/e2b-venv makes it)",
+    )
+}
+
+/// A node with E2B's API on a port of its own; its address.
+fn node_with_e2b() -> (Sandboxd, SocketAddr) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let e2b: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let node = Sandboxd::start(&format!(
+        "[[pools]]\ntemplate = \"host\"\nwarm = 1\n[e2b]\nlisten = \"{e2b}\"\n"
+    ));
+    (node, e2b)
+}
+
+#[test]
+fn the_stock_python_sdk_drives_sandboxes() {
+    let (node, e2b) = node_with_e2b();
+    node.wait_warm(1);
+    let url = format!("http://{e2b}");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk_sync.py");
+    let out = Command::new(python())
+        .arg(script)
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", ROOT)
+        .env("NO_PROXY", "127.0.0.1")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("done"), "{stdout}\n{stderr}");
+    // Everything it made is gone.
+    assert_eq!(
+        node.req("GET", "/v1/sandboxes", Some(ROOT), None).1["sandboxes"],
+        serde_json::json!([])
+    );
+}
+
+/// One HTTP/1.1 request; the status and the JSON answer (`null` when there is none).
+fn call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, serde_json::Value) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        head += &format!("{k}: {v}\r\n");
+    }
+    head += &format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    s.write_all(head.as_bytes()).unwrap();
+    s.write_all(body.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    (status, serde_json::from_str(body).unwrap_or(serde_json::Value::Null))
+}
+
+#[test]
+fn callers_without_the_key_or_the_access_token_are_refused() {
+    let (node, e2b) = node_with_e2b();
+    let body = r#"{"templateID":"base","metadata":{},"envVars":{}}"#;
+    let create = |key: &str| call(e2b, "POST", "/v2/sandboxes", &[("X-API-Key", key)], body);
+    let (status, v) = create("wrong");
+    assert_eq!((status, &v["code"]), (401, &serde_json::json!(401)), "{v}");
+    assert!(v["message"].is_string());
+    let (_, listed) = node.req("GET", "/v1/sandboxes", Some(ROOT), None);
+    assert!(listed["sandboxes"].as_array().unwrap().is_empty(), "{listed}");
+
+    let (status, v) = create(ROOT);
+    assert_eq!(status, 201, "{v}");
+    let (id, token) = (v["sandboxID"].as_str().unwrap(), v["envdAccessToken"].as_str().unwrap());
+    assert_eq!((v["templateID"].as_str(), v["envdVersion"].is_string()), (Some("base"), true));
+
+    // envd: the sandbox's own token stats a path; none, a forged one, the root token or a
+    // native sandbox token do not.
+    let stat = |token: &str| {
+        let headers = [("E2b-Sandbox-Id", id), ("X-Access-Token", token)];
+        call(e2b, "POST", "/filesystem.Filesystem/Stat", &headers, r#"{"path":"/"}"#)
+    };
+    let (status, v) = stat(token);
+    assert_eq!((status, v["entry"]["type"].as_str()), (200, Some("FILE_TYPE_DIRECTORY")), "{v}");
+    let forged = format!("ea_{}", "0".repeat(64));
+    let other = node.claim("{}");
+    let native = other["token"].as_str().unwrap();
+    for bad in ["", "sbt_x", forged.as_str(), ROOT, native] {
+        let (status, v) = stat(bad);
+        assert_eq!(status, 401, "{bad:?}: {v}");
+    }
+    // A sandbox that is not there: the SDK's "not running" (502, "was not found").
+    let headers = [("E2b-Sandbox-Id", "sb-none"), ("X-Access-Token", token)];
+    let (status, v) = call(e2b, "GET", "/health", &headers, "");
+    assert_eq!(status, 502, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("was not found"), "{v}");
+
+    // What is not served says so, in E2B's shape.
+    let (status, v) =
+        call(e2b, "POST", &format!("/sandboxes/{id}/snapshots"), &[("X-API-Key", ROOT)], "");
+    assert_eq!((status, &v["code"]), (501, &serde_json::json!(501)), "{v}");
+}

@@ -1,0 +1,95 @@
+"""The stock e2b SDK (sync client, pinned in scripts/e2b/requirements.txt) against a node's E2B
+listener: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY come from the Rust test that runs this.
+Every check prints "ok <what>"; the first that fails raises, and the test reports it."""
+
+import os
+
+from e2b import (
+    CommandExitException,
+    FileNotFoundException,
+    Sandbox,
+    SandboxException,
+    TimeoutException,
+)
+from e2b.sandbox.sandbox_api import SandboxQuery
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+    print("ok", what, flush=True)
+
+
+s = Sandbox.create(timeout=300, metadata={"suite": "e2b", "k": "v w"}, envs={"FROM_CREATE": "yes"})
+check(s.sandbox_id.startswith("sb-"), "create")
+
+r = s.commands.run("echo hi; echo err >&2")
+check((r.stdout, r.stderr, r.exit_code) == ("hi\n", "err\n", 0), "run: stdout, stderr, exit code")
+try:
+    s.commands.run("echo partial; exit 3")
+    check(False, "a failing command raises")
+except CommandExitException as e:
+    check((e.exit_code, e.stdout) == (3, "partial\n"), "a failing command raises CommandExitException")
+r = s.commands.run('echo "$FROM_CREATE $X"; pwd', envs={"X": "y"}, cwd="/tmp")
+check(r.stdout == "yes y\n/tmp\n", "run: create's envVars, the call's envs, cwd")
+seen = []
+s.commands.run("for i in 1 2 3; do echo $i; done", on_stdout=seen.append)
+check("".join(seen) == "1\n2\n3\n", "run: on_stdout streams the output")
+try:
+    s.commands.run("sleep 30", timeout=1)
+    check(False, "a command past its timeout raises")
+except TimeoutException:
+    check(True, "a command past its timeout raises TimeoutException")
+
+s.files.write("/tmp/a.txt", "hello")
+check(s.files.read("/tmp/a.txt") == "hello", "files: write and read text")
+blob = os.urandom(3 << 20)
+s.files.write("/root/b.bin", blob)
+check(bytes(s.files.read("/root/b.bin", format="bytes")) == blob, "files: 3 MiB of bytes round trip")
+written = s.files.write_files([{"path": "/tmp/m/1.txt", "data": "one"}, {"path": "/tmp/m/2.txt", "data": b"two"}])
+check([w.path for w in written] == ["/tmp/m/1.txt", "/tmp/m/2.txt"], "files: write_files (multipart)")
+check(s.commands.run("cat /tmp/m/1.txt /tmp/m/2.txt").stdout == "onetwo", "files: what write_files wrote")
+check(s.files.exists("/tmp/a.txt") and not s.files.exists("/tmp/none"), "files: exists")
+info = s.files.get_info("/tmp/a.txt")
+check((info.size, info.type.value, info.path) == (5, "file", "/tmp/a.txt"), "files: get_info")
+check(s.files.make_dir("/tmp/d/e") is True, "files: make_dir")
+check(s.files.make_dir("/tmp/d/e") is False, "files: make_dir of an existing dir is False")
+moved = s.files.rename("/tmp/a.txt", "/tmp/d/a.txt")
+check(moved.path == "/tmp/d/a.txt", "files: rename")
+names = sorted(e.path for e in s.files.list("/tmp/d", depth=2))
+check(names == ["/tmp/d/a.txt", "/tmp/d/e"], "files: list with depth")
+s.files.remove("/tmp/d")
+check(not s.files.exists("/tmp/d/a.txt"), "files: remove")
+try:
+    s.files.read("/tmp/none")
+    check(False, "reading a missing file raises")
+except FileNotFoundException:
+    check(True, "files: a missing file is FileNotFoundException")
+
+got = s.get_info()
+check((got.sandbox_id, got.metadata.get("k"), got.state.value) == (s.sandbox_id, "v w", "running"), "get_info")
+listed = Sandbox.list(query=SandboxQuery(metadata={"k": "v w"})).next_items()
+check([x.sandbox_id for x in listed] == [s.sandbox_id], "list with a metadata filter")
+check(Sandbox.list(query=SandboxQuery(metadata={"k": "other"})).next_items() == [], "list: a filter that matches none")
+s.set_timeout(120)
+check(True, "set_timeout")
+
+check(s.pause() is True, "pause")
+check(Sandbox.get_info(s.sandbox_id).state.value == "paused", "paused in get_info")
+again = Sandbox.connect(s.sandbox_id)
+check(again.files.read("/root/b.bin", format="bytes") == blob, "connect resumes it, files kept")
+check(again.commands.run("echo back").stdout == "back\n", "connect: commands run again")
+
+check(s.kill() is True, "kill")
+check(Sandbox.kill(s.sandbox_id) is False, "kill of a gone sandbox is False")
+try:
+    Sandbox.get_info(s.sandbox_id)
+    check(False, "get_info of a gone sandbox raises")
+except SandboxException:
+    check(True, "get_info of a gone sandbox raises")
+try:
+    Sandbox.create(template="nope")
+    check(False, "an unknown template raises")
+except SandboxException as e:
+    check("nope" in str(e), "create: an unknown template is an error naming it")
+print("done", flush=True)
