@@ -3,29 +3,27 @@
 //! `Remove`, `Move`, `ListDir`; and `GET /health`. JSON codec: camelCase keys, bytes in
 //! base64, int64 as strings, enums by name, times as RFC 3339 with a zone.
 
-use std::time::Duration;
-
 use axum::Router;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header as h};
+use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use silk_proto::{Command, Connection, ErrorKind, ExecRequest, FileKind, Frame, WireError};
+use silk_proto::{Connection, ErrorKind, FileKind, Frame, WireError};
 use tokio::net::UnixStream;
 
-use super::connect::{self, Code, Envelopes};
+use super::connect::{self, Code};
 use super::{E2b, HttpError, header};
 use crate::node::{Active, Live};
 
 pub(super) fn routes() -> Router<E2b> {
     Router::new()
         .route("/health", get(health))
-        .route("/process.Process/{method}", post(process))
+        .route("/process.Process/{method}", post(super::process::process))
         .route("/filesystem.Filesystem/{method}", post(filesystem))
 }
 
@@ -33,8 +31,9 @@ pub(super) fn routes() -> Router<E2b> {
 pub(super) struct Agent {
     pub id: String,
     pub conn: Connection<UnixStream>,
-    _active: Active,
-    _live: Live,
+    /// Held while the call (or a command it started) runs: the sandbox is in use.
+    pub active: Active,
+    pub live: Live,
 }
 
 /// Why an envd call cannot reach its sandbox, as the SDK reads it (a plain JSON error; 502 with
@@ -61,7 +60,7 @@ pub(super) async fn agent(e2b: &E2b, headers: &HeaderMap) -> Result<Agent, HttpE
         if status == StatusCode::NOT_FOUND { gone() } else { unreachable(status, e.message) }
     })?;
     let active = Active::new(&live);
-    Ok(Agent { id: id.to_string(), conn: Connection::new(stream), _active: active, _live: live })
+    Ok(Agent { id: id.to_string(), conn: Connection::new(stream), active, live })
 }
 
 async fn health(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
@@ -75,12 +74,12 @@ async fn health(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
 }
 
 /// A Connect error answer to a unary call.
-fn fail(e: connect::Error) -> Response {
+pub(super) fn fail(e: connect::Error) -> Response {
     let status = StatusCode::from_u16(e.code.http_status()).expect("valid status");
     super::json(status, e.json())
 }
 
-fn ok(body: Value) -> Response {
+pub(super) fn ok(body: Value) -> Response {
     super::json(StatusCode::OK, body)
 }
 
@@ -101,7 +100,7 @@ fn wire(e: WireError) -> connect::Error {
     connect::Error::new(code_of(e.kind), e.message)
 }
 
-fn lost(e: impl std::fmt::Display) -> connect::Error {
+pub(super) fn lost(e: impl std::fmt::Display) -> connect::Error {
     connect::Error::new(Code::Unavailable, format!("silkd: {e}"))
 }
 
@@ -123,7 +122,7 @@ pub(super) async fn call(
 }
 
 /// The user a call runs as: `Authorization: Basic base64("<user>:")`, else silkd's default.
-fn user(headers: &HeaderMap) -> Option<String> {
+pub(super) fn user(headers: &HeaderMap) -> Option<String> {
     let basic = header(headers, "authorization")?.strip_prefix("Basic ")?;
     let decoded = String::from_utf8(B64.decode(basic.trim()).ok()?).ok()?;
     let name = decoded.split(':').next()?.to_string();
@@ -131,201 +130,10 @@ fn user(headers: &HeaderMap) -> Option<String> {
 }
 
 /// A unary request's message.
-fn message<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, connect::Error> {
+pub(super) fn message<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, connect::Error> {
     let body = if body.is_empty() { b"{}".as_slice() } else { body };
     serde_json::from_slice(body)
         .map_err(|e| connect::Error::new(Code::InvalidArgument, e.to_string()))
-}
-
-// ---- process ----
-
-#[derive(Debug, Deserialize, Default)]
-#[serde(rename_all = "camelCase")]
-struct ProcessConfig {
-    cmd: String,
-    #[serde(default)]
-    args: Vec<String>,
-    #[serde(default)]
-    envs: std::collections::BTreeMap<String, String>,
-    cwd: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct StartRequest {
-    process: ProcessConfig,
-    pty: Option<Value>,
-    #[serde(default)]
-    stdin: bool,
-}
-
-#[derive(Debug, Deserialize)]
-struct Selector {
-    pid: Option<u32>,
-}
-
-#[derive(Debug, Deserialize)]
-struct SignalRequest {
-    process: Selector,
-    signal: Value,
-}
-
-async fn process(
-    State(e2b): State<E2b>,
-    Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
-    let mut agent = match agent(&e2b, &headers).await {
-        Ok(agent) => agent,
-        Err(res) => return res.into_response(),
-    };
-    let answer = match method.as_str() {
-        "Start" => return start(&e2b, agent, &headers, &body).await,
-        "List" => list_processes(&mut agent).await,
-        "SendSignal" => send_signal(&mut agent, &body).await,
-        other => Err(connect::Error::new(
-            Code::Unimplemented,
-            format!("process.Process/{other} is not served by silkmesh yet"),
-        )),
-    };
-    answer.map_or_else(fail, ok)
-}
-
-async fn list_processes(agent: &mut Agent) -> Result<Value, connect::Error> {
-    let replies = call(&mut agent.conn, Frame::Ps).await?;
-    let mut processes = vec![];
-    for frame in replies {
-        if let Frame::Procs(procs) = frame {
-            for p in procs.into_iter().filter(|p| p.exit.is_none()) {
-                let (cmd, args) = p.argv.split_first().map_or(("", &[][..]), |(c, a)| (c, a));
-                processes.push(json!({ "pid": p.pid, "config": { "cmd": cmd, "args": args } }));
-            }
-        }
-    }
-    Ok(json!({ "processes": processes }))
-}
-
-async fn send_signal(agent: &mut Agent, body: &[u8]) -> Result<Value, connect::Error> {
-    let req: SignalRequest = message(body)?;
-    let pid = req
-        .process
-        .pid
-        .ok_or_else(|| connect::Error::new(Code::InvalidArgument, "select the process by pid"))?;
-    let signal = match &req.signal {
-        Value::String(s) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
-        Value::Number(n) if n.as_i64() == Some(15) => libc::SIGTERM,
-        _ => libc::SIGKILL,
-    };
-    call(&mut agent.conn, Frame::Kill { pid, signal }).await?;
-    Ok(json!({}))
-}
-
-/// `Start`: runs the command and streams it. The stream ends after the `end` event (the SDK
-/// reads to the end of the body).
-async fn start(e2b: &E2b, mut agent: Agent, headers: &HeaderMap, body: &[u8]) -> Response {
-    let mut envelopes = Envelopes::default();
-    envelopes.push(body);
-    let req: StartRequest = match envelopes.next_message() {
-        Ok(Some(m)) => match message(&m) {
-            Ok(req) => req,
-            Err(e) => return fail(e),
-        },
-        Ok(None) => return fail(connect::Error::new(Code::InvalidArgument, "no request message")),
-        Err(e) => return fail(e),
-    };
-    if req.pty.is_some() {
-        return fail(connect::Error::new(Code::Unimplemented, "pty is not served yet"));
-    }
-    if req.stdin {
-        return fail(connect::Error::new(Code::Unimplemented, "stdin is not served yet"));
-    }
-    let mut env: Vec<(String, String)> = {
-        let envs = e2b.envs.lock().unwrap_or_else(|p| p.into_inner());
-        envs.get(&agent.id).map(|e| e.clone().into_iter().collect()).unwrap_or_default()
-    };
-    env.extend(req.process.envs);
-    let timeout_ms = connect::timeout_ms(header(headers, "connect-timeout-ms"));
-    let keepalive = header(headers, "keepalive-ping-interval")
-        .and_then(|s| s.parse::<u64>().ok())
-        .filter(|&s| s > 0)
-        .map_or(Duration::from_secs(50), Duration::from_secs);
-    let exec = Frame::Exec(ExecRequest {
-        command: Command {
-            argv: std::iter::once(req.process.cmd).chain(req.process.args).collect(),
-            cwd: req.process.cwd,
-            env,
-            user: user(headers),
-        },
-        stdin: false,
-        timeout_ms,
-    });
-    if let Err(e) = agent.conn.send(&exec).await {
-        return fail(lost(e));
-    }
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(16);
-    tokio::spawn(async move {
-        let mut agent = agent;
-        let end = stream_exec(&mut agent.conn, &tx, keepalive).await;
-        let _ = tx.send(Ok(connect::end(end.err().as_ref()))).await;
-    });
-    Response::builder()
-        .status(StatusCode::OK)
-        .header(h::CONTENT_TYPE, "application/connect+json")
-        .body(Body::from_stream(super::files::Chunks(rx)))
-        .expect("a valid response")
-}
-
-/// silkd's frames for one `Exec` as envd events, until the exit (`Ok`) or a failure (`Err`,
-/// which the end envelope carries). A client gone stops it (silkd then ends the command).
-async fn stream_exec(
-    conn: &mut Connection<UnixStream>,
-    tx: &tokio::sync::mpsc::Sender<Result<Bytes, std::io::Error>>,
-    keepalive: Duration,
-) -> Result<(), connect::Error> {
-    let event = |e: Value| connect::envelope(&json!({ "event": e }));
-    loop {
-        let frame = match tokio::time::timeout(keepalive, conn.recv()).await {
-            Err(_) => {
-                if tx.send(Ok(event(json!({ "keepalive": {} })))).await.is_err() {
-                    return Ok(());
-                }
-                continue;
-            }
-            Ok(frame) => frame.map_err(lost)?,
-        };
-        let out = match frame {
-            Some(Frame::Started { pid }) => event(json!({ "start": { "pid": pid } })),
-            Some(Frame::Stdout(b)) => event(json!({ "data": { "stdout": B64.encode(&b) } })),
-            Some(Frame::Stderr(b)) => event(json!({ "data": { "stderr": B64.encode(&b) } })),
-            Some(Frame::Exit(status)) => {
-                if status.timed_out {
-                    return Err(connect::Error::new(
-                        Code::DeadlineExceeded,
-                        "the command's timeout passed: it was killed",
-                    ));
-                }
-                let status_text = match status.signal {
-                    Some(sig) => format!("signal: {sig}"),
-                    None => format!("exit status {}", status.code),
-                };
-                let mut end = json!({ "exitCode": status.code, "status": status_text });
-                if status.signal.is_none() {
-                    end["exited"] = json!(true);
-                } else {
-                    end["error"] = json!(status_text);
-                }
-                let _ = tx.send(Ok(event(json!({ "end": end })))).await;
-                return Ok(());
-            }
-            Some(Frame::Error(e)) => return Err(wire(e)),
-            Some(_) => continue,
-            None => return Err(lost("closed the connection")),
-        };
-        if tx.send(Ok(out)).await.is_err() {
-            return Ok(()); // the client left
-        }
-    }
 }
 
 // ---- filesystem ----

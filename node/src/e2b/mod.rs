@@ -24,6 +24,8 @@ pub mod connect;
 mod control;
 mod envd;
 mod files;
+mod process;
+mod procs;
 
 /// What the handlers reach.
 #[derive(Debug, Clone)]
@@ -33,17 +35,20 @@ pub struct E2b {
     /// Each sandbox's `envVars` from its create: the default environment of its commands.
     /// Kept in memory: a node restart forgets them (noted in docs/e2b.md).
     envs: Arc<Mutex<HashMap<String, BTreeMap<String, String>>>>,
+    /// The commands envd started, while they run.
+    procs: Arc<procs::Procs>,
 }
 
 /// The `envdVersion` reported: the highest whose gated SDK features are all served (see
-/// e2b/envd/versions.py): commands' stdin flag (0.3.0) and the default user (0.4.0).
-pub const ENVD_VERSION: &str = "0.4.0";
+/// e2b/envd/versions.py): commands' stdin flag (0.3.0), the default user (0.4.0) and
+/// `CloseStdin` (0.5.2).
+pub const ENVD_VERSION: &str = "0.5.2";
 
 impl E2b {
     pub fn new(node: Arc<Node>) -> E2b {
         let secret = node.cfg.api_token.clone().unwrap_or_default();
         let token_key = blake3::derive_key("silkmesh e2b envd access token v1", secret.as_bytes());
-        E2b { node, token_key, envs: Arc::default() }
+        E2b { node, token_key, envs: Arc::default(), procs: Arc::default() }
     }
 
     /// The `envdAccessToken` of sandbox `id`.

@@ -41,6 +41,27 @@ try:
 except TimeoutException:
     check(True, "a command past its timeout raises TimeoutException")
 
+h = s.commands.run("echo started; sleep 30", background=True)
+check(h.pid > 0, "a background command starts")
+check(h.pid in [p.pid for p in s.commands.list()], "commands.list shows it")
+h.disconnect()
+check(h.pid in [p.pid for p in s.commands.list()], "it runs on after its stream is closed")
+attached = s.commands.connect(h.pid)
+check(s.commands.kill(h.pid) is True, "commands.kill")
+try:
+    attached.wait()
+    check(False, "a killed command's wait raises")
+except CommandExitException as e:
+    check(e.exit_code == -1, "connect: the attached stream sees it killed")
+check(s.commands.kill(h.pid) is False, "commands.kill of a gone command is False")
+h = s.commands.run("read line; echo got $line", background=True, stdin=True)
+s.commands.send_stdin(h.pid, "hello\n")
+check(h.wait().stdout == "got hello\n", "send_stdin")
+h = s.commands.run("cat", background=True, stdin=True)
+s.commands.send_stdin(h.pid, "abc")
+s.commands.close_stdin(h.pid)
+check(h.wait().stdout == "abc", "close_stdin ends the input")
+
 s.files.write("/tmp/a.txt", "hello")
 check(s.files.read("/tmp/a.txt") == "hello", "files: write and read text")
 blob = os.urandom(3 << 20)

@@ -1,0 +1,248 @@
+//! envd's `process.Process` service: `Start` (a silkd `Exec` driven by the process table, so
+//! it outlives its stream), `Connect` (attach to a running command), `List`, `SendSignal`,
+//! `SendInput`, `CloseStdin`. Streams are `start`, `data`, `keepalive` and `end` events, then
+//! the end-of-stream envelope; the body ends there (the SDK reads to its end).
+
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode, header as h};
+use axum::response::Response;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use silk_proto::{Command, ExecRequest, Frame};
+use tokio::sync::mpsc;
+
+use super::connect::{self, Code, Envelopes};
+use super::envd::{Agent, agent, call, fail, lost, message, ok, user};
+use super::procs::{Event, Input};
+use super::{E2b, header};
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(rename_all = "camelCase")]
+struct ProcessConfig {
+    cmd: String,
+    #[serde(default)]
+    args: Vec<String>,
+    #[serde(default)]
+    envs: std::collections::BTreeMap<String, String>,
+    cwd: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct StartRequest {
+    process: ProcessConfig,
+    pty: Option<Value>,
+    tag: Option<String>,
+    #[serde(default)]
+    stdin: bool,
+}
+
+/// Which command a call means.
+#[derive(Debug, Deserialize)]
+struct Selector {
+    pid: Option<u32>,
+    tag: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Selected {
+    process: Selector,
+}
+
+#[derive(Debug, Deserialize)]
+struct SignalRequest {
+    process: Selector,
+    signal: Value,
+}
+
+#[derive(Debug, Deserialize)]
+struct InputRequest {
+    process: Selector,
+    input: ProcessInput,
+}
+
+#[derive(Debug, Deserialize)]
+struct ProcessInput {
+    stdin: Option<String>,
+    pty: Option<String>,
+}
+
+pub(super) async fn process(
+    State(e2b): State<E2b>,
+    Path(method): Path<String>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let mut agent = match agent(&e2b, &headers).await {
+        Ok(agent) => agent,
+        Err(res) => return axum::response::IntoResponse::into_response(res),
+    };
+    let answer = match method.as_str() {
+        "Start" => return start(&e2b, agent, &headers, &body).await,
+        "Connect" => return connect(&e2b, &agent, &headers, &body),
+        "List" => Ok(json!({ "processes": e2b.procs.list(&agent.id) })),
+        "SendSignal" => send_signal(&e2b, &mut agent, &body).await,
+        "SendInput" => send_input(&e2b, &agent, &body).await,
+        "CloseStdin" => close_stdin(&e2b, &agent, &body).await,
+        other => Err(connect::Error::new(
+            Code::Unimplemented,
+            format!("process.Process/{other} is not served by silkmesh yet"),
+        )),
+    };
+    answer.map_or_else(fail, ok)
+}
+
+/// The pid a selector names among sandbox `id`'s commands (by tag: the process table's).
+fn pid_of(e2b: &E2b, id: &str, s: &Selector) -> Result<u32, connect::Error> {
+    if let Some(pid) = s.pid {
+        return Ok(pid);
+    }
+    let tag = s.tag.as_deref().ok_or_else(|| {
+        connect::Error::new(Code::InvalidArgument, "select the process by pid or tag")
+    })?;
+    e2b.procs
+        .list(id)
+        .iter()
+        .find(|p| p["tag"] == tag)
+        .and_then(|p| p["pid"].as_u64())
+        .map(|pid| pid as u32)
+        .ok_or_else(|| connect::Error::new(Code::NotFound, format!("no process tagged {tag:?}")))
+}
+
+async fn send_signal(e2b: &E2b, agent: &mut Agent, body: &[u8]) -> Result<Value, connect::Error> {
+    let req: SignalRequest = message(body)?;
+    let pid = pid_of(e2b, &agent.id, &req.process)?;
+    let signal = match &req.signal {
+        Value::String(s) if s == "SIGNAL_SIGTERM" => libc::SIGTERM,
+        Value::Number(n) if n.as_i64() == Some(15) => libc::SIGTERM,
+        _ => libc::SIGKILL,
+    };
+    call(&mut agent.conn, Frame::Kill { pid, signal }).await?;
+    Ok(json!({}))
+}
+
+async fn send_input(e2b: &E2b, agent: &Agent, body: &[u8]) -> Result<Value, connect::Error> {
+    let req: InputRequest = message(body)?;
+    let pid = pid_of(e2b, &agent.id, &req.process)?;
+    let data = req.input.stdin.or(req.input.pty).unwrap_or_default();
+    let bytes = B64
+        .decode(data.as_bytes())
+        .map_err(|e| connect::Error::new(Code::InvalidArgument, format!("input: {e}")))?;
+    deliver(e2b, &agent.id, pid, Input::Data(bytes.into())).await
+}
+
+async fn close_stdin(e2b: &E2b, agent: &Agent, body: &[u8]) -> Result<Value, connect::Error> {
+    let req: Selected = message(body)?;
+    let pid = pid_of(e2b, &agent.id, &req.process)?;
+    deliver(e2b, &agent.id, pid, Input::Close).await
+}
+
+async fn deliver(e2b: &E2b, id: &str, pid: u32, input: Input) -> Result<Value, connect::Error> {
+    let not_running =
+        || connect::Error::new(Code::NotFound, format!("process {pid} is not running"));
+    let tx = e2b.procs.input(id, pid).ok_or_else(not_running)?;
+    tx.send(input).await.map_err(|_| not_running())?;
+    Ok(json!({}))
+}
+
+/// The one request message of a server-streaming call.
+fn stream_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, connect::Error> {
+    let mut envelopes = Envelopes::default();
+    envelopes.push(body);
+    match envelopes.next_message()? {
+        Some(m) => message(&m),
+        None => Err(connect::Error::new(Code::InvalidArgument, "no request message")),
+    }
+}
+
+/// How often a quiet stream says it is alive (`Keepalive-Ping-Interval`, seconds).
+fn keepalive(headers: &HeaderMap) -> Duration {
+    header(headers, "keepalive-ping-interval")
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|&s| s > 0)
+        .map_or(Duration::from_secs(50), Duration::from_secs)
+}
+
+async fn start(e2b: &E2b, mut agent: Agent, headers: &HeaderMap, body: &[u8]) -> Response {
+    let req: StartRequest = match stream_request(body) {
+        Ok(req) => req,
+        Err(e) => return fail(e),
+    };
+    if req.pty.is_some() {
+        return fail(connect::Error::new(Code::Unimplemented, "pty is not served yet"));
+    }
+    let config = json!({
+        "cmd": req.process.cmd, "args": req.process.args,
+        "envs": req.process.envs, "cwd": req.process.cwd,
+    });
+    let mut env: Vec<(String, String)> = {
+        let envs = e2b.envs.lock().unwrap_or_else(|p| p.into_inner());
+        envs.get(&agent.id).map(|e| e.clone().into_iter().collect()).unwrap_or_default()
+    };
+    env.extend(req.process.envs);
+    let exec = Frame::Exec(ExecRequest {
+        command: Command {
+            argv: std::iter::once(req.process.cmd).chain(req.process.args).collect(),
+            cwd: req.process.cwd,
+            env,
+            user: user(headers),
+        },
+        stdin: req.stdin,
+        timeout_ms: connect::timeout_ms(header(headers, "connect-timeout-ms")),
+    });
+    if let Err(e) = agent.conn.send(&exec).await {
+        return fail(lost(e));
+    }
+    let events = e2b.procs.drive(agent, config, req.tag);
+    stream(events, keepalive(headers))
+}
+
+fn connect(e2b: &E2b, agent: &Agent, headers: &HeaderMap, body: &[u8]) -> Response {
+    let attached = stream_request::<Selected>(body)
+        .and_then(|req| pid_of(e2b, &agent.id, &req.process))
+        .and_then(|pid| {
+            e2b.procs.attach(&agent.id, pid).ok_or_else(|| {
+                connect::Error::new(Code::NotFound, format!("process {pid} is not running"))
+            })
+        });
+    match attached {
+        Ok(events) => stream(events, keepalive(headers)),
+        Err(e) => fail(e),
+    }
+}
+
+/// A command's events as a Connect stream, with keepalives while it is quiet.
+fn stream(mut events: mpsc::Receiver<Event>, every: Duration) -> Response {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
+    tokio::spawn(async move {
+        loop {
+            let next = tokio::time::timeout(every, events.recv()).await;
+            let out = match next {
+                Err(_) => connect::envelope(&json!({ "event": { "keepalive": {} } })),
+                Ok(Some(Event::Message(m))) => m,
+                Ok(Some(Event::End(error))) => {
+                    let _ = tx.send(Ok(connect::end(error.as_ref()))).await;
+                    return;
+                }
+                Ok(None) => {
+                    let e = connect::Error::new(Code::Unavailable, "the command's stream ended");
+                    let _ = tx.send(Ok(connect::end(Some(&e)))).await;
+                    return;
+                }
+            };
+            if tx.send(Ok(out)).await.is_err() {
+                return; // the client left; the command goes on
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(h::CONTENT_TYPE, "application/connect+json")
+        .body(Body::from_stream(super::files::Chunks(rx)))
+        .expect("a valid response")
+}
