@@ -46,6 +46,8 @@ pub struct Daemon {
     pub peers: Option<Arc<Peers>>,
     incoming: Option<tokio::sync::mpsc::Receiver<silk_mesh::Incoming>>,
     tls: Option<Arc<rustls::ServerConfig>>,
+    /// E2B's listener, bound at start (so it answers once the node says it listens).
+    e2b: Option<tokio::net::TcpListener>,
 }
 
 /// Starts a node on the jail engine: the controller (which reconciles what survived the last
@@ -71,7 +73,11 @@ pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
         }
         None => (None, None),
     };
-    Ok(Daemon { node, peers, incoming, tls })
+    let e2b = match &node.cfg.e2b {
+        Some(e2b) => Some(tokio::net::TcpListener::bind(e2b.listen).await?),
+        None => None,
+    };
+    Ok(Daemon { node, peers, incoming, tls, e2b })
 }
 
 /// The silkd and the jail launcher a node runs: the configured ones, or those beside this
@@ -140,7 +146,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let Daemon { node, peers, incoming, tls } = daemon;
+    let Daemon { node, peers, incoming, tls, e2b } = daemon;
     let router = api::router(node.clone(), peers.clone());
     if let Some(incoming) = incoming {
         let r = router.clone();
@@ -149,8 +155,7 @@ pub async fn serve(
     }
     // E2B's API on a listener of its own, stopped with the main one.
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    if let Some(e2b) = &node.cfg.e2b {
-        let listener = tokio::net::TcpListener::bind(e2b.listen).await?;
+    if let Some(listener) = e2b {
         let router = e2b::router(node.clone());
         let mut stopped = stopped.clone();
         let shutdown = async move {

@@ -117,6 +117,6 @@ fn callers_without_the_key_or_the_access_token_are_refused() {
 
     // What is not served says so, in E2B's shape.
     let (status, v) =
-        call(e2b, "POST", &format!("/sandboxes/{id}/snapshots"), &[("X-API-Key", ROOT)], "");
+        call(e2b, "GET", &format!("/sandboxes/{id}/metrics"), &[("X-API-Key", ROOT)], "");
     assert_eq!((status, &v["code"]), (501, &serde_json::json!(501)), "{v}");
 }

@@ -33,9 +33,10 @@ pub(super) fn routes() -> Router<E2b> {
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/templates", get(templates))
-        .route("/sandboxes/{id}/fork", post(not_yet))
-        .route("/sandboxes/{id}/snapshots", post(not_yet))
-        .route("/snapshots", get(not_yet))
+        .route("/sandboxes/{id}/fork", post(super::copies::fork))
+        .route("/sandboxes/{id}/snapshots", post(super::copies::snapshot))
+        .route("/snapshots", get(super::copies::snapshots))
+        .route("/templates/{id}", axum::routing::delete(super::copies::delete))
         .route("/sandboxes/{id}/metrics", get(not_yet))
         .route("/sandboxes/metrics", get(not_yet))
         .route("/sandboxes/{id}/logs", get(not_yet))
@@ -43,7 +44,7 @@ pub(super) fn routes() -> Router<E2b> {
         .route("/sandboxes/{id}/network", axum::routing::put(not_yet))
 }
 
-pub(crate) fn error(status: StatusCode, message: impl Into<String>) -> HttpError {
+pub(super) fn error(status: StatusCode, message: impl Into<String>) -> HttpError {
     HttpError::new(status, message)
 }
 
@@ -51,7 +52,7 @@ fn unimplemented(message: &str) -> HttpError {
     error(StatusCode::NOT_IMPLEMENTED, message)
 }
 
-fn node_error(e: NodeError) -> HttpError {
+pub(super) fn node_error(e: NodeError) -> HttpError {
     error(crate::api::status(&e), e.message)
 }
 
@@ -59,10 +60,10 @@ fn not_found(id: &str) -> HttpError {
     error(StatusCode::NOT_FOUND, format!("sandbox {id} not found"))
 }
 
-type Answer = Result<Response, HttpError>;
+pub(super) type Answer = Result<Response, HttpError>;
 
 /// The caller's tenant (`None`: root), from `X-API-Key`.
-fn caller(e2b: &E2b, headers: &HeaderMap) -> Result<Option<String>, HttpError> {
+pub(super) fn caller(e2b: &E2b, headers: &HeaderMap) -> Result<Option<String>, HttpError> {
     match e2b.node.principal(header(headers, "x-api-key")) {
         Principal::Root => Ok(None),
         Principal::Tenant(t) => Ok(Some(t)),
@@ -71,7 +72,7 @@ fn caller(e2b: &E2b, headers: &HeaderMap) -> Result<Option<String>, HttpError> {
 }
 
 /// Sandbox `id`'s record, if the caller may act on it (else the same 404 as an unknown id).
-fn owned(e2b: &E2b, headers: &HeaderMap, id: &str) -> Result<ClaimRecord, HttpError> {
+pub(super) fn owned(e2b: &E2b, headers: &HeaderMap, id: &str) -> Result<ClaimRecord, HttpError> {
     caller(e2b, headers)?;
     e2b.node
         .authorized(id, header(headers, "x-api-key"))
@@ -95,7 +96,7 @@ struct NewSandbox {
     volume_mounts: Vec<Value>,
 }
 
-fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
+pub(super) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, HttpError> {
     let bytes = if bytes.is_empty() { b"{}".as_slice() } else { bytes };
     serde_json::from_slice(bytes).map_err(|e| error(StatusCode::BAD_REQUEST, e.to_string()))
 }
@@ -110,7 +111,13 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, raw: axum::body::Byt
         return Err(unimplemented("volumes are not served by silkmesh"));
     }
     let aliases = &e2b.node.cfg.e2b.as_ref().expect("listening").templates;
-    let Some(template) = aliases.get(&req.template_id) else {
+    let snapshot = req.template_id.starts_with("ck_");
+    let template = match aliases.get(&req.template_id) {
+        Some(t) => Some(t),
+        None if snapshot => Some(&req.template_id), // replaced by the checkpoint's below
+        None => None,
+    };
+    let Some(template) = template else {
         let known: Vec<&String> = aliases.keys().collect();
         let message = format!("template {:?} not found (known: {known:?})", req.template_id);
         return Err(error(StatusCode::NOT_FOUND, message));
@@ -131,15 +138,19 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, raw: axum::body::Byt
         on_expire: OnExpire::Destroy,
         tenant,
     };
-    let node = e2b.node.clone();
-    let claimed = detached(async move { node.claim(spec).await }).await.map_err(node_error)?;
+    let claimed = if snapshot {
+        super::copies::branch(&e2b, &headers, &req.template_id, spec).await?
+    } else {
+        let node = e2b.node.clone();
+        detached(async move { node.claim(spec).await }).await.map_err(node_error)?
+    };
     let id = claimed.record.id.clone();
     e2b.envs.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), req.env_vars);
     Ok(super::json(StatusCode::CREATED, sandbox(&e2b, &id, &req.template_id)))
 }
 
 /// What create and connect answer.
-fn sandbox(e2b: &E2b, id: &str, template: &str) -> Value {
+pub(super) fn sandbox(e2b: &E2b, id: &str, template: &str) -> Value {
     json!({
         "templateID": template,
         "sandboxID": id,
@@ -151,7 +162,7 @@ fn sandbox(e2b: &E2b, id: &str, template: &str) -> Value {
 }
 
 /// The E2B template id a record's template is known by (the first alias naming it).
-fn template_id<'a>(e2b: &'a E2b, record: &'a ClaimRecord) -> &'a str {
+pub(super) fn template_id<'a>(e2b: &'a E2b, record: &'a ClaimRecord) -> &'a str {
     let aliases = &e2b.node.cfg.e2b.as_ref().expect("listening").templates;
     aliases.iter().find(|(_, t)| **t == record.template).map_or(&record.template, |(a, _)| a)
 }

@@ -22,6 +22,7 @@ use crate::node::Node;
 
 pub mod connect;
 mod control;
+mod copies;
 mod envd;
 mod files;
 mod process;
@@ -49,6 +50,14 @@ impl E2b {
         let secret = node.cfg.api_token.clone().unwrap_or_default();
         let token_key = blake3::derive_key("silkmesh e2b envd access token v1", secret.as_bytes());
         E2b { node, token_key, envs: Arc::default(), procs: Arc::default() }
+    }
+
+    /// A copy's commands get its source's `envVars`.
+    fn inherit_envs(&self, from: &str, to: &str) {
+        let mut envs = self.envs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(e) = envs.get(from).cloned() {
+            envs.insert(to.to_string(), e);
+        }
     }
 
     /// The `envdAccessToken` of sandbox `id`.

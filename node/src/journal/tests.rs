@@ -29,8 +29,19 @@ fn rec(seq: u64) -> Rec {
     Rec { seq, note: format!("note-{seq}") }
 }
 
+/// Opens the journal in `dir`. A lock just released can still be held for a moment by a
+/// child another test is spawning (a fork shares the lock's open file until its exec), so
+/// `InUse` is waited out briefly.
 fn open(dir: &Path) -> (Journal<Rec>, BTreeMap<String, Rec>) {
-    Journal::open(dir, false).expect("open journal")
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match Journal::open(dir, false) {
+            Err(JournalError::InUse(_)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+            opened => return opened.expect("open journal"),
+        }
+    }
 }
 
 fn log_len(dir: &Path) -> u64 {

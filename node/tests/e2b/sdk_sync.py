@@ -95,6 +95,25 @@ check(Sandbox.list(query=SandboxQuery(metadata={"k": "other"})).next_items() == 
 s.set_timeout(120)
 check(True, "set_timeout")
 
+s.commands.run("echo forked-from > /root/origin")
+kids = s.fork(count=2, timeout=120)
+check(len(kids) == 2 and all(isinstance(k, Sandbox) for k in kids), "fork: two children")
+for k in kids:
+    check(k.commands.run("cat /root/origin; echo $FROM_CREATE").stdout == "forked-from\nyes\n", "fork: a child has the files and the envVars")
+kids[0].commands.run("echo mine > /root/origin")
+check(kids[1].commands.run("cat /root/origin").stdout == "forked-from\n", "fork: children diverge")
+for k in kids:
+    k.kill()
+snap = s.create_snapshot(name="before-pause")
+check(snap.snapshot_id.startswith("ck_") and snap.names == ["before-pause"], "create_snapshot")
+listed_snaps = [x.snapshot_id for x in Sandbox.list_snapshots(sandbox_id=s.sandbox_id).next_items()]
+check(snap.snapshot_id in listed_snaps, "list_snapshots")
+from_snap = Sandbox.create(template=snap.snapshot_id, timeout=120)
+check(from_snap.commands.run("cat /root/origin").stdout == "forked-from\n", "create from a snapshot")
+from_snap.kill()
+check(Sandbox.delete_snapshot(snap.snapshot_id) is True, "delete_snapshot")
+check(Sandbox.delete_snapshot(snap.snapshot_id) is False, "delete_snapshot of a gone one is False")
+
 check(s.pause() is True, "pause")
 check(Sandbox.get_info(s.sandbox_id).state.value == "paused", "paused in get_info")
 again = Sandbox.connect(s.sandbox_id)
