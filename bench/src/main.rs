@@ -11,6 +11,7 @@ mod agent;
 mod all;
 mod audit;
 mod cluster;
+mod e2b;
 mod engine;
 mod fleet;
 mod journal;
@@ -64,6 +65,9 @@ enum Section {
     Store(store::StoreArgs),
     /// SDK exec/info round trips: kept relay connection vs one dialled per call (needs root).
     Sdk(sdk::SdkArgs),
+    /// The stock e2b Python SDK vs sdk-rs on one node: create → first run, run, 50 MiB files
+    /// (needs root and `scripts/e2b-venv`).
+    E2b(e2b::E2bArgs),
     /// Internal: the floor's echo server (run as a separate process, like silkd).
     #[command(hide = true)]
     EchoServer { socket: std::path::PathBuf },
@@ -91,5 +95,6 @@ fn main() -> anyhow::Result<()> {
         Section::Node(n) => node::run(n),
         Section::Fleet(f) => runtime()?.block_on(fleet::run(f)),
         Section::Store(s) => store::run(s),
+        Section::E2b(e) => e2b::run(e),
     }
 }

@@ -109,14 +109,23 @@ fn callers_without_the_key_or_the_access_token_are_refused() {
         let (status, v) = stat(bad);
         assert_eq!(status, 401, "{bad:?}: {v}");
     }
-    // A sandbox that is not there: the SDK's "not running" (502, "was not found").
+    // Another sandbox's id with this one's token: refused, without saying whether it exists.
+    let headers = [("E2b-Sandbox-Id", other["id"].as_str().unwrap()), ("X-Access-Token", token)];
+    assert_eq!(call(e2b, "GET", "/health", &headers, "").0, 401);
     let headers = [("E2b-Sandbox-Id", "sb-none"), ("X-Access-Token", token)];
-    let (status, v) = call(e2b, "GET", "/health", &headers, "");
-    assert_eq!(status, 502, "{v}");
-    assert!(v["message"].as_str().unwrap().contains("was not found"), "{v}");
+    assert_eq!(call(e2b, "GET", "/health", &headers, "").0, 401);
 
     // What is not served says so, in E2B's shape.
     let (status, v) =
         call(e2b, "GET", &format!("/sandboxes/{id}/metrics"), &[("X-API-Key", ROOT)], "");
     assert_eq!((status, &v["code"]), (501, &serde_json::json!(501)), "{v}");
+
+    // A sandbox that is gone, with its own token: the SDK's "not running" (502, "was not
+    // found").
+    let (status, _) = call(e2b, "DELETE", &format!("/sandboxes/{id}"), &[("X-API-Key", ROOT)], "");
+    assert_eq!(status, 204);
+    let headers = [("E2b-Sandbox-Id", id), ("X-Access-Token", token)];
+    let (status, v) = call(e2b, "GET", "/health", &headers, "");
+    assert_eq!(status, 502, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("was not found"), "{v}");
 }

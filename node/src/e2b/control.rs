@@ -145,7 +145,11 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, raw: axum::body::Byt
         detached(async move { node.claim(spec).await }).await.map_err(node_error)?
     };
     let id = claimed.record.id.clone();
-    e2b.envs.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), req.env_vars);
+    let mut envs = e2b.envs.lock().unwrap_or_else(|p| p.into_inner());
+    // Sandboxes that ended without a kill here (a lease ran out) leave their entries.
+    envs.retain(|id, _| e2b.node.get(id).is_some());
+    envs.insert(id.clone(), req.env_vars);
+    drop(envs);
     Ok(super::json(StatusCode::CREATED, sandbox(&e2b, &id, &req.template_id)))
 }
 

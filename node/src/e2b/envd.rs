@@ -1,7 +1,8 @@
-//! envd's Connect services over silkd: `process.Process/Start` (a command streamed: `start`,
-//! `data`, `keepalive`, `end`), `List`, `SendSignal`; `filesystem.Filesystem/Stat`, `MakeDir`,
-//! `Remove`, `Move`, `ListDir`; and `GET /health`. JSON codec: camelCase keys, bytes in
-//! base64, int64 as strings, enums by name, times as RFC 3339 with a zone.
+//! envd's plumbing and its `filesystem.Filesystem` service over silkd: reaching a sandbox's
+//! silkd for a call (its access token checked first), `Stat`, `MakeDir`, `Remove`, `Move`,
+//! `ListDir`, the watcher calls (`watch.rs`), and `GET /health`; `process.rs` has
+//! `process.Process`. JSON codec: camelCase keys, bytes in base64, int64 as strings, enums by
+//! name, times as RFC 3339 with a zone.
 
 use axum::Router;
 use axum::body::Bytes;
@@ -48,12 +49,13 @@ pub(super) async fn agent(e2b: &E2b, headers: &HeaderMap) -> Result<Agent, HttpE
     let Some(id) = header(headers, "e2b-sandbox-id") else {
         return Err(unreachable(StatusCode::BAD_REQUEST, "no E2b-Sandbox-Id header".into()));
     };
+    // The token first: without it, whether a sandbox exists is not told either.
+    if !e2b.access_ok(id, header(headers, "x-access-token")) {
+        return Err(unreachable(StatusCode::UNAUTHORIZED, "invalid X-Access-Token".into()));
+    }
     let gone = || unreachable(StatusCode::BAD_GATEWAY, format!("The sandbox {id} was not found"));
     if e2b.node.get(id).is_none() {
         return Err(gone());
-    }
-    if !e2b.access_ok(id, header(headers, "x-access-token")) {
-        return Err(unreachable(StatusCode::UNAUTHORIZED, "invalid X-Access-Token".into()));
     }
     let (live, stream) = e2b.node.open_agent(id).await.map_err(|e| {
         let status = crate::api::status(&e);
@@ -161,6 +163,15 @@ async fn filesystem(
         Ok(agent) => agent,
         Err(res) => return res.into_response(),
     };
+    let answer = match method.as_str() {
+        "CreateWatcher" => return e2b.watchers.create(agent, &body).await.map_or_else(fail, ok),
+        "GetWatcherEvents" => Some(e2b.watchers.events(&agent.id, &body)),
+        "RemoveWatcher" => Some(e2b.watchers.remove(&agent.id, &body)),
+        _ => None,
+    };
+    if let Some(answer) = answer {
+        return answer.map_or_else(fail, ok);
+    }
     let conn = &mut agent.conn;
     let answer = match method.as_str() {
         "Stat" => {

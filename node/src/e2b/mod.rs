@@ -27,6 +27,7 @@ mod envd;
 mod files;
 mod process;
 mod procs;
+mod watch;
 
 /// What the handlers reach.
 #[derive(Debug, Clone)]
@@ -38,6 +39,8 @@ pub struct E2b {
     envs: Arc<Mutex<HashMap<String, BTreeMap<String, String>>>>,
     /// The commands envd started, while they run.
     procs: Arc<procs::Procs>,
+    /// Directory watches, polled.
+    watchers: Arc<watch::Watchers>,
 }
 
 /// The `envdVersion` reported: the highest whose gated SDK features are all served (see
@@ -49,7 +52,13 @@ impl E2b {
     pub fn new(node: Arc<Node>) -> E2b {
         let secret = node.cfg.api_token.clone().unwrap_or_default();
         let token_key = blake3::derive_key("silkmesh e2b envd access token v1", secret.as_bytes());
-        E2b { node, token_key, envs: Arc::default(), procs: Arc::default() }
+        E2b {
+            node,
+            token_key,
+            envs: Arc::default(),
+            procs: Arc::default(),
+            watchers: Arc::default(),
+        }
     }
 
     /// A copy's commands get its source's `envVars`.

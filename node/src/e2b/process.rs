@@ -1,6 +1,6 @@
-//! envd's `process.Process` service: `Start` (a silkd `Exec` driven by the process table, so
-//! it outlives its stream), `Connect` (attach to a running command), `List`, `SendSignal`,
-//! `SendInput`, `CloseStdin`. Streams are `start`, `data`, `keepalive` and `end` events, then
+//! envd's `process.Process` service: `Start` (a silkd `Exec`, or `PtyOpen` for a terminal,
+//! driven by the process table, so it outlives its stream), `Connect` (attach to a running
+//! command), `List`, `SendSignal`, `SendInput`, `CloseStdin`, `Update` (a pty's size). Streams are `start`, `data`, `keepalive` and `end` events, then
 //! the end-of-stream envelope; the body ends there (the SDK reads to its end).
 
 use std::time::Duration;
@@ -13,7 +13,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use silk_proto::{Command, ExecRequest, Frame};
+use silk_proto::{Command, ExecRequest, Frame, PtyRequest};
 use tokio::sync::mpsc;
 
 use super::connect::{self, Code, Envelopes};
@@ -36,10 +36,27 @@ struct ProcessConfig {
 #[serde(rename_all = "camelCase")]
 struct StartRequest {
     process: ProcessConfig,
-    pty: Option<Value>,
+    pty: Option<PtyConfig>,
     tag: Option<String>,
     #[serde(default)]
     stdin: bool,
+}
+
+#[derive(Debug, Deserialize)]
+struct PtyConfig {
+    size: PtySize,
+}
+
+#[derive(Debug, Deserialize)]
+struct PtySize {
+    cols: u16,
+    rows: u16,
+}
+
+#[derive(Debug, Deserialize)]
+struct UpdateRequest {
+    process: Selector,
+    pty: Option<PtyConfig>,
 }
 
 /// Which command a call means.
@@ -89,6 +106,7 @@ pub(super) async fn process(
         "SendSignal" => send_signal(&e2b, &mut agent, &body).await,
         "SendInput" => send_input(&e2b, &agent, &body).await,
         "CloseStdin" => close_stdin(&e2b, &agent, &body).await,
+        "Update" => update(&e2b, &agent, &body).await,
         other => Err(connect::Error::new(
             Code::Unimplemented,
             format!("process.Process/{other} is not served by silkmesh yet"),
@@ -142,6 +160,18 @@ async fn close_stdin(e2b: &E2b, agent: &Agent, body: &[u8]) -> Result<Value, con
     deliver(e2b, &agent.id, pid, Input::Close).await
 }
 
+/// `Update`: a pty's window size.
+async fn update(e2b: &E2b, agent: &Agent, body: &[u8]) -> Result<Value, connect::Error> {
+    let req: UpdateRequest = message(body)?;
+    let pid = pid_of(e2b, &agent.id, &req.process)?;
+    match req.pty {
+        Some(PtyConfig { size }) => {
+            deliver(e2b, &agent.id, pid, Input::Resize { cols: size.cols, rows: size.rows }).await
+        }
+        None => Ok(json!({})),
+    }
+}
+
 async fn deliver(e2b: &E2b, id: &str, pid: u32, input: Input) -> Result<Value, connect::Error> {
     let not_running =
         || connect::Error::new(Code::NotFound, format!("process {pid} is not running"));
@@ -173,9 +203,6 @@ async fn start(e2b: &E2b, mut agent: Agent, headers: &HeaderMap, body: &[u8]) ->
         Ok(req) => req,
         Err(e) => return fail(e),
     };
-    if req.pty.is_some() {
-        return fail(connect::Error::new(Code::Unimplemented, "pty is not served yet"));
-    }
     let config = json!({
         "cmd": req.process.cmd, "args": req.process.args,
         "envs": req.process.envs, "cwd": req.process.cwd,
@@ -185,20 +212,28 @@ async fn start(e2b: &E2b, mut agent: Agent, headers: &HeaderMap, body: &[u8]) ->
         envs.get(&agent.id).map(|e| e.clone().into_iter().collect()).unwrap_or_default()
     };
     env.extend(req.process.envs);
-    let exec = Frame::Exec(ExecRequest {
-        command: Command {
-            argv: std::iter::once(req.process.cmd).chain(req.process.args).collect(),
-            cwd: req.process.cwd,
-            env,
-            user: user(headers),
-        },
-        stdin: req.stdin,
-        timeout_ms: connect::timeout_ms(header(headers, "connect-timeout-ms")),
-    });
-    if let Err(e) = agent.conn.send(&exec).await {
+    let command = Command {
+        argv: std::iter::once(req.process.cmd).chain(req.process.args).collect(),
+        cwd: req.process.cwd,
+        env,
+        user: user(headers),
+    };
+    let pty = req.pty.is_some();
+    let call = match req.pty {
+        // A terminal: no timeout of silkd's (the SDK ends it with `exit` or a kill).
+        Some(PtyConfig { size }) => {
+            Frame::PtyOpen(PtyRequest { command, cols: size.cols, rows: size.rows })
+        }
+        None => Frame::Exec(ExecRequest {
+            command,
+            stdin: req.stdin,
+            timeout_ms: connect::timeout_ms(header(headers, "connect-timeout-ms")),
+        }),
+    };
+    if let Err(e) = agent.conn.send(&call).await {
         return fail(lost(e));
     }
-    let events = e2b.procs.drive(agent, config, req.tag);
+    let events = e2b.procs.drive(agent, config, req.tag, pty);
     stream(events, keepalive(headers))
 }
 

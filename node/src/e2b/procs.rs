@@ -21,6 +21,11 @@ use super::connect::{self, Code};
 pub enum Input {
     Data(Bytes),
     Close,
+    /// A pty's new window size.
+    Resize {
+        cols: u16,
+        rows: u16,
+    },
 }
 
 /// An event as the streams send it: a framed `{"event": …}` message, or the end of the stream
@@ -29,6 +34,13 @@ pub enum Input {
 pub enum Event {
     Message(Bytes),
     End(Option<connect::Error>),
+}
+
+/// What a driven call is: its config for `List`, its tag, whether it is a pty.
+struct Started {
+    config: Value,
+    tag: Option<String>,
+    pty: bool,
 }
 
 #[derive(Debug)]
@@ -53,18 +65,20 @@ impl Procs {
 
     /// Runs the `Exec` already sent on the agent's connection: the returned receiver gets its
     /// events from `start` on. The command is listed once silkd says it started.
+    /// `pty`: the call is a `PtyOpen`, whose output is the terminal's.
     pub fn drive(
         self: &Arc<Self>,
         agent: super::envd::Agent,
         config: Value,
         tag: Option<String>,
+        pty: bool,
     ) -> mpsc::Receiver<Event> {
         let (first, events) = mpsc::channel(64);
         let procs = self.clone();
         tokio::spawn(async move {
             // The sandbox counts as in use while the command runs.
             let super::envd::Agent { id, conn, active, live } = agent;
-            procs.run(id, conn, config, tag, first).await;
+            procs.run(id, conn, Started { config, tag, pty }, first).await;
             drop((active, live));
         });
         events
@@ -74,10 +88,11 @@ impl Procs {
         self: Arc<Self>,
         id: String,
         mut conn: Connection<UnixStream>,
-        config: Value,
-        tag: Option<String>,
+        how: Started,
         first: mpsc::Sender<Event>,
     ) {
+        let Started { config, tag, pty } = how;
+        let output = if pty { "pty" } else { "stdout" };
         let (input_tx, mut input) = mpsc::channel::<Input>(16);
         let mut proc: Option<Arc<Proc>> = None;
         let mut pid = None;
@@ -86,9 +101,13 @@ impl Procs {
             let frame = tokio::select! {
                 frame = conn.recv() => frame,
                 Some(data) = input.recv() => {
-                    let frame = match data {
-                        Input::Data(b) => Frame::Stdin(b),
-                        Input::Close => Frame::Eof,
+                    let frame = match (data, pid) {
+                        (Input::Data(b), _) => Frame::Stdin(b),
+                        (Input::Close, _) => Frame::Eof,
+                        (Input::Resize { cols, rows }, Some(pid)) => {
+                            Frame::PtyResize { pid, cols, rows }
+                        }
+                        (Input::Resize { .. }, None) => continue,
                     };
                     if let Err(e) = conn.send(&frame).await {
                         break Some(lost(e));
@@ -108,7 +127,7 @@ impl Procs {
                     (proc, pid) = (Some(p), Some(started));
                     event(json!({ "start": { "pid": started } }))
                 }
-                Ok(Some(Frame::Stdout(b))) => event(json!({ "data": { "stdout": b64(&b) } })),
+                Ok(Some(Frame::Stdout(b))) => event(json!({ "data": { output: b64(&b) } })),
                 Ok(Some(Frame::Stderr(b))) => event(json!({ "data": { "stderr": b64(&b) } })),
                 Ok(Some(Frame::Exit(status))) => {
                     if status.timed_out {

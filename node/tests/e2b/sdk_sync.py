@@ -6,6 +6,7 @@ import os
 
 from e2b import (
     CommandExitException,
+    PtySize,
     FileNotFoundException,
     Sandbox,
     SandboxException,
@@ -62,6 +63,14 @@ s.commands.send_stdin(h.pid, "abc")
 s.commands.close_stdin(h.pid)
 check(h.wait().stdout == "abc", "close_stdin ends the input")
 
+seen = []
+term = s.pty.create(PtySize(rows=24, cols=80))
+s.pty.resize(term.pid, PtySize(rows=30, cols=100))
+s.pty.send_stdin(term.pid, b"stty size; echo pty-$((40+2)); exit\n")
+term.wait(on_pty=seen.append)
+out = b"".join(bytes(x) for x in seen)
+check(b"30 100" in out and b"pty-42" in out, "pty: create, resize, input, output, exit")
+
 s.files.write("/tmp/a.txt", "hello")
 check(s.files.read("/tmp/a.txt") == "hello", "files: write and read text")
 blob = os.urandom(3 << 20)
@@ -86,6 +95,22 @@ try:
     check(False, "reading a missing file raises")
 except FileNotFoundException:
     check(True, "files: a missing file is FileNotFoundException")
+
+import time
+
+s.files.make_dir("/tmp/w")
+watcher = s.files.watch_dir("/tmp/w")
+s.files.write("/tmp/w/x.txt", "1")
+s.commands.run("mv /tmp/w/x.txt /tmp/w/y.txt && rm /tmp/w/y.txt")
+seen = []
+for _ in range(100):
+    seen += [(e.name, e.type.value) for e in watcher.get_new_events()]
+    if ("y.txt", "remove") in seen:
+        break
+    time.sleep(0.05)
+check(seen == [("x.txt", "create"), ("x.txt", "write"), ("x.txt", "rename"), ("y.txt", "create"), ("y.txt", "remove")], f"watch_dir: create, write, rename, remove ({seen})")
+watcher.stop()
+check(True, "watch_dir: stop")
 
 got = s.get_info()
 check((got.sandbox_id, got.metadata.get("k"), got.state.value) == (s.sandbox_id, "v w", "running"), "get_info")
