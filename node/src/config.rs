@@ -333,6 +333,16 @@ impl Config {
                 self.listen
             ));
         }
+        if let Some(e2b) = &self.e2b
+            && self.api_token.is_none()
+            && !e2b.listen.ip().is_loopback()
+            && !self.allow_open_listen
+        {
+            return bad(format!(
+                "e2b.listen {} is not loopback and no api_token is set; set one (or allow_open_listen = true)",
+                e2b.listen
+            ));
+        }
         if self.default_ttl_seconds == 0 || self.default_ttl_seconds > self.max_ttl_seconds {
             return bad("default_ttl_seconds must be between 1 and max_ttl_seconds".into());
         }
@@ -400,5 +410,11 @@ mod tests {
         }
         let c = Config::parse("[[pools]]\ntemplate = \"nope\"\nwarm = 1\n").unwrap();
         assert!(c.validate().unwrap_err().to_string().contains("nope"));
+        // E2B's listener follows the same rule as the API's.
+        let mut c = Config::parse("[e2b]\nlisten = \"0.0.0.0:3000\"\n").unwrap();
+        assert_eq!(c.e2b.as_ref().unwrap().templates["base"], "host");
+        assert!(c.validate().unwrap_err().to_string().contains("e2b.listen"));
+        c.api_token = Some("t".into());
+        assert!(c.validate().is_ok());
     }
 }

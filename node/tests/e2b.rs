@@ -128,4 +128,18 @@ fn callers_without_the_key_or_the_access_token_are_refused() {
     let (status, v) = call(e2b, "GET", "/health", &headers, "");
     assert_eq!(status, 502, "{v}");
     assert!(v["message"].as_str().unwrap().contains("was not found"), "{v}");
+
+    // Each of those calls is in the audit journal, with who made it.
+    let (_, audit) = node.req("GET", "/v1/audit", Some(ROOT), None);
+    let entries = audit["entries"].as_array().unwrap();
+    let has = |action: &str, principal: &str, status: u64| {
+        entries
+            .iter()
+            .any(|e| e["action"] == action && e["principal"] == principal && e["status"] == status)
+    };
+    assert!(has("e2b.create", "anonymous", 401), "{audit:#}");
+    assert!(has("e2b.create", "root", 201), "{audit:#}");
+    assert!(has("e2b.Stat", &format!("sandbox:{id}"), 200), "{audit:#}");
+    assert!(has("e2b.Stat", "anonymous", 401), "{audit:#}");
+    assert!(has("e2b.kill", "root", 204), "{audit:#}");
 }

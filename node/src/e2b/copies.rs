@@ -30,8 +30,11 @@ pub(super) async fn fork(
 ) -> Answer {
     let r = owned(&e2b, &headers, &id)?;
     let req: ForkRequest = body(&raw)?;
+    let cfg = &e2b.node.cfg;
+    let ttl = crate::claims::checked_ttl(req.timeout, r.lease_seconds, cfg.max_ttl_seconds)
+        .map_err(node_error)?;
     let (node, source, count) = (e2b.node.clone(), id.clone(), req.count.unwrap_or(1));
-    let kids = detached(async move { node.fork(&source, count, req.timeout, Memory::Auto).await })
+    let kids = detached(async move { node.fork(&source, count, Some(ttl), Memory::Auto).await })
         .await
         .map_err(node_error)?;
     let template = template_id(&e2b, &r).to_string();

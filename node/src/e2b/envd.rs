@@ -20,6 +20,7 @@ use tokio::net::UnixStream;
 use super::connect::{self, Code};
 use super::{E2b, HttpError, header};
 use crate::node::{Active, Live};
+use crate::state::SandboxState;
 
 pub(super) fn routes() -> Router<E2b> {
     Router::new()
@@ -68,6 +69,19 @@ pub(super) async fn agent(e2b: &E2b, headers: &HeaderMap) -> Result<Agent, HttpE
 async fn health(State(e2b): State<E2b>, headers: HeaderMap) -> Response {
     if header(&headers, "e2b-sandbox-id").is_none() {
         return StatusCode::NO_CONTENT.into_response(); // the control plane's own health
+    }
+    let id = header(&headers, "e2b-sandbox-id").unwrap_or_default();
+    if !e2b.access_ok(id, header(&headers, "x-access-token")) {
+        return unreachable(StatusCode::UNAUTHORIZED, "invalid X-Access-Token".into())
+            .into_response();
+    }
+    // A paused sandbox is not running, and asking does not wake it (as E2B's `is_running`).
+    let running = e2b.node.get(id).is_some_and(|l| {
+        !matches!(l.record.state(), SandboxState::Hibernated | SandboxState::Archived)
+    });
+    if !running {
+        let gone = format!("The sandbox {id} was not found");
+        return unreachable(StatusCode::BAD_GATEWAY, gone).into_response();
     }
     match agent(&e2b, &headers).await {
         Ok(_) => StatusCode::NO_CONTENT.into_response(),
@@ -172,11 +186,15 @@ async fn filesystem(
     if let Some(answer) = answer {
         return answer.map_or_else(fail, ok);
     }
+    // Relative paths are the user's home's, as on `/files`.
+    let user = user(&headers);
+    let me = user.as_deref();
     let conn = &mut agent.conn;
     let answer = match method.as_str() {
         "Stat" => {
             async {
                 let req: PathRequest = message(&body)?;
+                let req = PathRequest { path: super::files::absolute(&req.path, me), ..req };
                 Ok(json!({ "entry": stat(conn, &req.path).await? }))
             }
             .await
@@ -184,6 +202,7 @@ async fn filesystem(
         "MakeDir" => {
             async {
                 let req: PathRequest = message(&body)?;
+                let req = PathRequest { path: super::files::absolute(&req.path, me), ..req };
                 if stat(conn, &req.path).await.is_ok() {
                     let e = format!("{} already exists", req.path);
                     return Err(connect::Error::new(Code::AlreadyExists, e));
@@ -196,6 +215,7 @@ async fn filesystem(
         "Remove" => {
             async {
                 let req: PathRequest = message(&body)?;
+                let req = PathRequest { path: super::files::absolute(&req.path, me), ..req };
                 call(conn, Frame::Rm { path: req.path, recursive: true }).await?;
                 Ok(json!({}))
             }
@@ -204,6 +224,10 @@ async fn filesystem(
         "Move" => {
             async {
                 let req: MoveRequest = message(&body)?;
+                let req = MoveRequest {
+                    source: super::files::absolute(&req.source, me),
+                    destination: super::files::absolute(&req.destination, me),
+                };
                 let to = req.destination.clone();
                 call(conn, Frame::Rename { from: req.source, to: req.destination }).await?;
                 Ok(json!({ "entry": stat(conn, &to).await? }))
@@ -213,8 +237,10 @@ async fn filesystem(
         "ListDir" => {
             async {
                 let req: PathRequest = message(&body)?;
+                let req = PathRequest { path: super::files::absolute(&req.path, me), ..req };
                 let mut entries = vec![];
-                list_dir(conn, &req.path, req.depth.unwrap_or(1).max(1), &mut entries).await?;
+                let depth = req.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
+                list_dir(conn, &req.path, depth, &mut entries).await?;
                 Ok(json!({ "entries": entries }))
             }
             .await
@@ -277,6 +303,11 @@ async fn stat(conn: &mut Connection<UnixStream>, path: &str) -> Result<Value, co
     Err(connect::Error::new(Code::Internal, "silkd sent no stat"))
 }
 
+/// How deep a `ListDir` goes, and how many entries it answers with at most: what one call may
+/// cost the node is bounded whatever the sandbox holds.
+const MAX_DEPTH: u32 = 32;
+const MAX_ENTRIES: usize = 100_000;
+
 /// The entries under `dir`, `depth` levels down (1: its own).
 async fn list_dir(
     conn: &mut Connection<UnixStream>,
@@ -286,6 +317,9 @@ async fn list_dir(
 ) -> Result<(), connect::Error> {
     let mut level = vec![dir.trim_end_matches('/').to_string()];
     for _ in 0..depth {
+        if level.is_empty() {
+            break;
+        }
         let mut next = vec![];
         for d in level {
             for frame in
@@ -299,6 +333,10 @@ async fn list_dir(
                             next.push(path.clone());
                         }
                         out.push(entry(&path, &e.stat));
+                        if out.len() > MAX_ENTRIES {
+                            let e = format!("more than {MAX_ENTRIES} entries: list less deep");
+                            return Err(connect::Error::new(Code::ResourceExhausted, e));
+                        }
                     }
                 }
             }

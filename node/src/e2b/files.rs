@@ -43,7 +43,7 @@ fn silk_error(e: silk_proto::WireError) -> HttpError {
 }
 
 /// `path` made absolute: relative paths are under the user's home.
-fn absolute(path: &str, user: Option<&str>) -> String {
+pub(super) fn absolute(path: &str, user: Option<&str>) -> String {
     if path.starts_with('/') {
         return path.to_string();
     }

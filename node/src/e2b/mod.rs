@@ -29,8 +29,8 @@ mod process;
 mod procs;
 mod watch;
 
-/// What the handlers reach.
-#[derive(Debug, Clone)]
+/// What the handlers reach. (Its `Debug` leaves out the key access tokens are made with.)
+#[derive(Clone)]
 pub struct E2b {
     pub node: Arc<Node>,
     token_key: [u8; 32],
@@ -47,6 +47,12 @@ pub struct E2b {
 /// e2b/envd/versions.py): commands' stdin flag (0.3.0), the default user (0.4.0) and
 /// `CloseStdin` (0.5.2).
 pub const ENVD_VERSION: &str = "0.5.2";
+
+impl std::fmt::Debug for E2b {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("E2b").field("node", &self.node.name).finish_non_exhaustive()
+    }
+}
 
 impl E2b {
     pub fn new(node: Arc<Node>) -> E2b {
@@ -90,8 +96,62 @@ pub fn router(node: Arc<Node>) -> Router {
         .merge(envd::routes())
         .merge(files::routes())
         .fallback(|| async { control::error(StatusCode::NOT_FOUND, "no such route") })
+        .layer(axum::middleware::from_fn_with_state(e2b.clone(), audit))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(e2b)
+}
+
+/// Every call that can change something is one audit line, as on the native API: who (the
+/// principal of `X-API-Key`, or `sandbox:<id>` for an envd call carrying that sandbox's access
+/// token), the action (`e2b.create`, `e2b.kill`, `e2b.pause`, `e2b.Start`, `e2b.write_files`,
+/// …), the sandbox or snapshot, and the answer's status.
+async fn audit(
+    axum::extract::State(e2b): axum::extract::State<E2b>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use axum::http::Method;
+    let method = req.method().clone();
+    if matches!(method, Method::GET | Method::HEAD) {
+        return next.run(req).await;
+    }
+    let route =
+        req.extensions().get::<axum::extract::MatchedPath>().map(|m| m.as_str().to_string());
+    let path = req.uri().path().to_string();
+    let headers = req.headers();
+    let sandbox = header(headers, "e2b-sandbox-id").map(str::to_string);
+    let (principal, tenant) = match &sandbox {
+        Some(id) if e2b.access_ok(id, header(headers, "x-access-token")) => {
+            let tenant = e2b.node.get(id).and_then(|l| l.record.tenant.clone());
+            (format!("sandbox:{id}"), tenant)
+        }
+        Some(_) => ("anonymous".to_string(), None),
+        None => crate::api::audited::principal(&e2b.node, header(headers, "x-api-key"), None),
+    };
+    // The `{id}` of the route, from the same position in the path.
+    let named = route.as_deref().and_then(|r| {
+        r.split('/').zip(path.split('/')).find(|(p, _)| *p == "{id}").map(|(_, v)| v.to_string())
+    });
+    let last = path.rsplit('/').next().unwrap_or_default();
+    let action = match (method.as_str(), route.as_deref().unwrap_or_default()) {
+        ("POST", "/sandboxes" | "/v2/sandboxes") => "create".to_string(),
+        ("DELETE", "/sandboxes/{id}") => "kill".to_string(),
+        ("DELETE", "/templates/{id}") => "delete_snapshot".to_string(),
+        ("POST", "/files") => "write_files".to_string(),
+        _ => last.to_string(),
+    };
+    let res = next.run(req).await;
+    e2b.node.audit.record(silk_api::AuditEntry {
+        time_ms: crate::node::now_ms(),
+        node: e2b.node.name.clone(),
+        principal,
+        tenant,
+        action: format!("e2b.{action}"),
+        target: sandbox.or(named),
+        status: res.status().as_u16(),
+        detail: None,
+    });
+    res
 }
 
 pub(crate) fn header<'h>(headers: &'h HeaderMap, name: &str) -> Option<&'h str> {

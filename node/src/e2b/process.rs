@@ -164,12 +164,15 @@ async fn close_stdin(e2b: &E2b, agent: &Agent, body: &[u8]) -> Result<Value, con
 async fn update(e2b: &E2b, agent: &Agent, body: &[u8]) -> Result<Value, connect::Error> {
     let req: UpdateRequest = message(body)?;
     let pid = pid_of(e2b, &agent.id, &req.process)?;
-    match req.pty {
-        Some(PtyConfig { size }) => {
-            deliver(e2b, &agent.id, pid, Input::Resize { cols: size.cols, rows: size.rows }).await
-        }
-        None => Ok(json!({})),
+    let Some(PtyConfig { size }) = req.pty else { return Ok(json!({})) };
+    if size.cols == 0 || size.rows == 0 {
+        return Err(connect::Error::new(Code::InvalidArgument, "a pty is at least 1×1"));
     }
+    if !e2b.procs.is_pty(&agent.id, pid) {
+        let e = format!("process {pid} is not a pty (or not running)");
+        return Err(connect::Error::new(Code::InvalidArgument, e));
+    }
+    deliver(e2b, &agent.id, pid, Input::Resize { cols: size.cols, rows: size.rows }).await
 }
 
 async fn deliver(e2b: &E2b, id: &str, pid: u32, input: Input) -> Result<Value, connect::Error> {
@@ -192,10 +195,8 @@ fn stream_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, conn
 
 /// How often a quiet stream says it is alive (`Keepalive-Ping-Interval`, seconds).
 fn keepalive(headers: &HeaderMap) -> Duration {
-    header(headers, "keepalive-ping-interval")
-        .and_then(|s| s.parse::<u64>().ok())
-        .filter(|&s| s > 0)
-        .map_or(Duration::from_secs(50), Duration::from_secs)
+    let seconds = header(headers, "keepalive-ping-interval").and_then(|s| s.parse::<u64>().ok());
+    Duration::from_secs(seconds.unwrap_or(50).clamp(1, 300))
 }
 
 async fn start(e2b: &E2b, mut agent: Agent, headers: &HeaderMap, body: &[u8]) -> Response {
@@ -256,7 +257,11 @@ fn stream(mut events: mpsc::Receiver<Event>, every: Duration) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     tokio::spawn(async move {
         loop {
-            let next = tokio::time::timeout(every, events.recv()).await;
+            // A client that left is noticed at once, not at the next event or keepalive.
+            let next = tokio::select! {
+                next = tokio::time::timeout(every, events.recv()) => next,
+                () = tx.closed() => return,
+            };
             let out = match next {
                 Err(_) => connect::envelope(&json!({ "event": { "keepalive": {} } })),
                 Ok(Some(Event::Message(m))) => m,

@@ -48,6 +48,7 @@ struct Proc {
     /// `{cmd, args, envs, cwd}` as started, for `List`.
     config: Value,
     tag: Option<String>,
+    pty: bool,
     input: mpsc::Sender<Input>,
     subscribers: Mutex<Vec<mpsc::Sender<Event>>>,
 }
@@ -120,6 +121,7 @@ impl Procs {
                     let p = Arc::new(Proc {
                         config: config.clone(),
                         tag: tag.clone(),
+                        pty,
                         input: input_tx.clone(),
                         subscribers: Mutex::new(pending.take().into_iter().collect()),
                     });
@@ -172,6 +174,11 @@ impl Procs {
         let _ = tx.try_send(Event::Message(event(json!({ "start": { "pid": pid } }))));
         proc.subscribers.lock().unwrap_or_else(|p| p.into_inner()).push(tx);
         Some(rx)
+    }
+
+    /// Whether a running command is a pty.
+    pub fn is_pty(&self, id: &str, pid: u32) -> bool {
+        self.lock().get(&(id.to_string(), pid)).is_some_and(|p| p.pty)
     }
 
     /// Where a running command's stdin goes: `None` when there is no such command.
