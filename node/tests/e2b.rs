@@ -143,3 +143,52 @@ fn callers_without_the_key_or_the_access_token_are_refused() {
     assert!(has("e2b.Stat", "anonymous", 401), "{audit:#}");
     assert!(has("e2b.kill", "root", 204), "{audit:#}");
 }
+
+#[test]
+fn a_tenant_sees_and_reaches_only_its_own_sandboxes_and_snapshots() {
+    let (node, e2b) = node_with_e2b();
+    let tenant = |name: &str| {
+        let body = serde_json::json!({ "name": name, "max_sandboxes": 4, "max_checkpoints": 2,
+            "max_store_bytes": 1u64 << 40 });
+        let (status, v) = node.req("POST", "/v1/tenants", Some(ROOT), Some(&body.to_string()));
+        assert_eq!(status, 201, "{v}");
+        v["api_key"].as_str().unwrap().to_string()
+    };
+    let (k1, k2) = (tenant("team-1"), tenant("team-2"));
+    let as_ = |key: &str, method: &str, path: &str, body: &str| {
+        call(e2b, method, path, &[("X-API-Key", key)], body)
+    };
+    let body = r#"{"templateID":"base","metadata":{},"envVars":{}}"#;
+    let (status, v) = as_(&k1, "POST", "/v2/sandboxes", body);
+    assert_eq!(status, 201, "{v}");
+    let id = v["sandboxID"].as_str().unwrap().to_string();
+    let (status, snap) = as_(&k1, "POST", &format!("/sandboxes/{id}/snapshots"), "{}");
+    assert_eq!(status, 201, "{snap}");
+    let snap = snap["snapshotID"].as_str().unwrap().to_string();
+
+    // The other tenant's key: every call on them is the same 404 as for nothing at all.
+    for (method, path, body) in [
+        ("GET", format!("/sandboxes/{id}"), ""),
+        ("POST", format!("/sandboxes/{id}/pause"), ""),
+        ("POST", format!("/v2/sandboxes/{id}/connect"), "{}"),
+        ("POST", format!("/sandboxes/{id}/timeout"), r#"{"timeout": 60}"#),
+        ("POST", format!("/sandboxes/{id}/fork"), "{}"),
+        ("POST", format!("/sandboxes/{id}/snapshots"), "{}"),
+        ("DELETE", format!("/templates/{snap}"), ""),
+        ("DELETE", format!("/sandboxes/{id}"), ""),
+    ] {
+        let (status, v) = as_(&k2, method, &path, body);
+        assert_eq!(status, 404, "{method} {path}: {v}");
+    }
+    let from_snap = format!(r#"{{"templateID":"{snap}","metadata":{{}},"envVars":{{}}}}"#);
+    assert_eq!(as_(&k2, "POST", "/v2/sandboxes", &from_snap).0, 404);
+    assert_eq!(as_(&k2, "GET", "/v2/sandboxes", "").1, serde_json::json!([]));
+    assert_eq!(as_(&k2, "GET", "/snapshots", "").1, serde_json::json!([]));
+
+    // Its own tenant, and root, still have them.
+    assert_eq!(as_(&k1, "GET", "/v2/sandboxes", "").1.as_array().unwrap().len(), 1);
+    assert_eq!(as_(&k1, "GET", &format!("/sandboxes/{id}"), "").0, 200);
+    let (status, v) = as_(&k1, "POST", "/v2/sandboxes", &from_snap);
+    assert_eq!(status, 201, "{v}");
+    assert_eq!(as_(ROOT, "GET", "/v2/sandboxes", "").1.as_array().unwrap().len(), 2);
+}
