@@ -122,12 +122,7 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, raw: axum::body::Byt
         let message = format!("template {:?} not found (known: {known:?})", req.template_id);
         return Err(error(StatusCode::NOT_FOUND, message));
     };
-    let cfg = &e2b.node.cfg;
-    let ttl = req.timeout.unwrap_or(cfg.default_ttl_seconds);
-    if ttl == 0 || ttl > cfg.max_ttl_seconds {
-        let message = format!("timeout must be 1-{} seconds", cfg.max_ttl_seconds);
-        return Err(error(StatusCode::BAD_REQUEST, message));
-    }
+    let ttl = timeout(&e2b, req.timeout.unwrap_or(e2b.node.cfg.default_ttl_seconds))?;
     crate::claims::check_metadata(&req.metadata).map_err(node_error)?;
     let spec = ClaimSpec {
         template: template.clone(),
@@ -279,11 +274,17 @@ async fn refresh(
     renew(&e2b, &id, req.duration.unwrap_or(r.lease_seconds)).await
 }
 
-async fn renew(e2b: &E2b, id: &str, ttl: u64) -> Answer {
+/// A lease of `ttl` seconds, if the node's bounds allow it (E2B has no "0 means the default").
+fn timeout(e2b: &E2b, ttl: u64) -> Result<u64, HttpError> {
     let max = e2b.node.cfg.max_ttl_seconds;
     if ttl == 0 || ttl > max {
         return Err(error(StatusCode::BAD_REQUEST, format!("timeout must be 1-{max} seconds")));
     }
+    Ok(ttl)
+}
+
+async fn renew(e2b: &E2b, id: &str, ttl: u64) -> Answer {
+    let ttl = timeout(e2b, ttl)?;
     let (node, id) = (e2b.node.clone(), id.to_string());
     detached(async move { node.renew(&id, ttl).await }).await.map_err(node_error)?;
     Ok(super::json(StatusCode::NO_CONTENT, Value::Null))

@@ -189,20 +189,23 @@ async fn filesystem(
     // Relative paths are the user's home's, as on `/files`.
     let user = user(&headers);
     let me = user.as_deref();
+    // The request of the calls that name one path, that path made absolute.
+    let path_request = || {
+        let req: PathRequest = message(&body)?;
+        Ok::<_, connect::Error>(PathRequest { path: super::files::absolute(&req.path, me), ..req })
+    };
     let conn = &mut agent.conn;
     let answer = match method.as_str() {
         "Stat" => {
             async {
-                let req: PathRequest = message(&body)?;
-                let req = PathRequest { path: super::files::absolute(&req.path, me), ..req };
+                let req = path_request()?;
                 Ok(json!({ "entry": stat(conn, &req.path).await? }))
             }
             .await
         }
         "MakeDir" => {
             async {
-                let req: PathRequest = message(&body)?;
-                let req = PathRequest { path: super::files::absolute(&req.path, me), ..req };
+                let req = path_request()?;
                 if stat(conn, &req.path).await.is_ok() {
                     let e = format!("{} already exists", req.path);
                     return Err(connect::Error::new(Code::AlreadyExists, e));
@@ -214,8 +217,7 @@ async fn filesystem(
         }
         "Remove" => {
             async {
-                let req: PathRequest = message(&body)?;
-                let req = PathRequest { path: super::files::absolute(&req.path, me), ..req };
+                let req = path_request()?;
                 call(conn, Frame::Rm { path: req.path, recursive: true }).await?;
                 Ok(json!({}))
             }
@@ -236,8 +238,7 @@ async fn filesystem(
         }
         "ListDir" => {
             async {
-                let req: PathRequest = message(&body)?;
-                let req = PathRequest { path: super::files::absolute(&req.path, me), ..req };
+                let req = path_request()?;
                 let mut entries = vec![];
                 let depth = req.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
                 list_dir(conn, &req.path, depth, &mut entries).await?;
