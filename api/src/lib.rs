@@ -155,6 +155,8 @@ pub enum OnExpire {
     #[default]
     Destroy,
     Archive,
+    /// Hibernated (memory kept as the pool's `memory` says); woken by any call, with a new lease.
+    Hibernate,
 }
 
 /// Where a sandbox is in its life.

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::{Digest, EngineError, Result, Template, oci};
 
 /// Bumped when the way templates are materialised changes, so old directories are not reused.
-const FORMAT: &str = "silk-template-v1";
+const FORMAT: &str = "silk-template-v2";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -212,6 +212,7 @@ fn image(def: &TemplateDef, archive: &Path, dir: &Path) -> Result<Template> {
     if !config_path.is_file() {
         build_atomically(&home, |staging| {
             let config = oci::import(archive, &staging.join("root"))?;
+            add_default_user(&staging.join("root"))?;
             let json = serde_json::to_vec_pretty(&config)
                 .map_err(|e| EngineError::BadTemplate(e.to_string()))?;
             std::fs::write(staging.join("config.json"), json)
@@ -231,6 +232,59 @@ fn image(def: &TemplateDef, archive: &Path, dir: &Path) -> Result<Template> {
         cwd: config.cwd,
         user: config.user,
     })
+}
+
+/// The account E2B's SDKs run commands as, which every template the node materialises has.
+const USER_LINE: &str = "user:x:1000:1000:user:/home/user:/bin/sh\n";
+const USER_GROUP_LINE: &str = "user:x:1000:\n";
+
+/// Gives an imported image the `user` account (uid 1000, home `/home/user`) when its
+/// `/etc/passwd` lacks one. The tree is the image's, so hostile: nothing in it is followed (only
+/// this builder writes the staging tree, so checking then writing is not racy). An `/etc` or
+/// `/home` that is a symlink is left as it is, and so is the image.
+fn add_default_user(root: &Path) -> Result<()> {
+    let kind = |p: &Path| std::fs::symlink_metadata(p).ok().map(|m| m.file_type());
+    let etc = root.join("etc");
+    match kind(&etc) {
+        None => std::fs::create_dir(&etc).map_err(EngineError::io("mkdir /etc"))?,
+        Some(t) if t.is_dir() => {}
+        Some(_) => return Ok(()),
+    }
+    for (name, line, mode) in [("passwd", USER_LINE, 0o644), ("group", USER_GROUP_LINE, 0o644)] {
+        let path = etc.join(name);
+        let content = match kind(&path) {
+            None => String::new(),
+            Some(t) if t.is_file() => std::fs::read_to_string(&path).unwrap_or_default(),
+            Some(_) => return Ok(()),
+        };
+        if content.lines().any(|l| l.starts_with("user:")) {
+            continue;
+        }
+        let sep = if content.is_empty() || content.ends_with('\n') { "" } else { "\n" };
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .mode(mode)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{sep}{line}").as_bytes()))
+            .map_err(EngineError::io(format!("add user to /etc/{name}")))?;
+    }
+    let home = root.join("home");
+    match kind(&home) {
+        None => std::fs::create_dir(&home).map_err(EngineError::io("mkdir /home"))?,
+        Some(t) if t.is_dir() => {}
+        Some(_) => return Ok(()),
+    }
+    let user_home = home.join("user");
+    if kind(&user_home).is_none() {
+        std::fs::create_dir(&user_home).map_err(EngineError::io("mkdir /home/user"))?;
+        std::os::unix::fs::lchown(&user_home, Some(1000), Some(1000))
+            .map_err(EngineError::io("chown /home/user"))?;
+    }
+    Ok(())
 }
 
 /// Builds `dest` in a sibling staging directory and renames it into place, so a crash or an

@@ -115,6 +115,16 @@ fn check_image(h: &Harness, archive: &Path, sandbox: &str) {
     assert_ne!(sh(&b, "test -e /etc/doomed").0, 0, "whiteout honoured");
     assert_ne!(sh(&b, "test -e /opaque/old").0, 0, "opaque directory honoured");
     assert_eq!(ok(&b, "hostname"), sandbox);
+    // E2B's default account, added because the image lacks it; the image's own lines stay.
+    let passwd = ok(&b, "cat /etc/passwd");
+    assert!(
+        passwd.starts_with("root:x:0:0:") && passwd.contains("\nuser:x:1000:1000:"),
+        "{passwd}"
+    );
+    assert!(ok(&b, "cat /etc/group").contains("user:x:1000:"));
+    let home = ok(&b, "ls -ldn /home/user");
+    let fields: Vec<&str> = home.split_whitespace().collect();
+    assert_eq!(fields[2..4], ["1000", "1000"], "home owned by user: {home}");
     assert_ne!(
         sh(&b, "test -e /usr/bin/perl").0,
         0,
@@ -159,4 +169,40 @@ fn a_layer_escaping_its_root_is_refused() {
     let def = TemplateDef { name: "evil".into(), source: TemplateSource::Image(archive) };
     assert!(matches!(h.engine.template(&def), Err(EngineError::BadTemplate(_))));
     assert!(!h.data.path().join("escaped").exists() && !Path::new("/tmp/escaped").exists());
+}
+
+/// An image is hostile input: links it plants where the account is added (`/etc/passwd`, `/etc`,
+/// `/home`) are never followed to the host.
+#[test]
+fn adding_the_default_user_follows_no_link_of_the_image() {
+    let h = Harness::new();
+    let host = h.data.path().join("host-files");
+    std::fs::create_dir_all(host.join("etc")).unwrap();
+    std::fs::write(host.join("passwd"), "host's\n").unwrap();
+    let busybox = std::fs::read("/bin/busybox").unwrap();
+    for (name, plant) in [("passwd-link", "etc/passwd"), ("etc-link", "etc"), ("home-link", "home")]
+    {
+        let mut layer = tar::Builder::new(Vec::new());
+        dir(&mut layer, "bin");
+        file(&mut layer, "bin/busybox", &busybox, 0o755);
+        if plant != "etc" {
+            dir(&mut layer, "etc");
+        }
+        let target = match plant {
+            "etc/passwd" => host.join("passwd"),
+            _ => host.join("etc"),
+        };
+        link(&mut layer, plant, target.to_str().unwrap());
+        let mut b = tar::Builder::new(Vec::new());
+        file(&mut b, "manifest.json", br#"[{"Config":"config.json","Layers":["l.tar"]}]"#, 0o644);
+        file(&mut b, "config.json", CONFIG.as_bytes(), 0o644);
+        file(&mut b, "l.tar", &layer.into_inner().unwrap(), 0o644);
+        let archive = h.data.path().join(format!("{name}.tar"));
+        std::fs::write(&archive, b.into_inner().unwrap()).unwrap();
+        let def = TemplateDef { name: name.into(), source: TemplateSource::Image(archive) };
+        h.engine.template(&def).unwrap();
+        assert_eq!(std::fs::read_to_string(host.join("passwd")).unwrap(), "host's\n", "{name}");
+        let planted: Vec<_> = std::fs::read_dir(host.join("etc")).unwrap().collect();
+        assert!(planted.is_empty(), "{name}: nothing written into the link's target");
+    }
 }

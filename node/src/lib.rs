@@ -148,15 +148,19 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let Daemon { node, peers, incoming, tls, e2b } = daemon;
     let router = api::router(node.clone(), peers.clone());
+    let e2b_router = e2b.is_some().then(|| e2b::router(node.clone(), peers.clone()));
     if let Some(incoming) = incoming {
-        let r = router.clone();
+        // Peers forward native calls, and E2B calls under their prefix when E2B is served.
+        let r = match &e2b_router {
+            Some(e2b) => router.clone().nest(e2b::mesh::PREFIX, e2b.clone()),
+            None => router.clone(),
+        };
         let http = move |stream| api::edge::serve_forwarded(r.clone(), stream);
         tokio::spawn(fleet::serve(node.clone(), incoming, http));
     }
     // E2B's API on a listener of its own, stopped with the main one.
     let (stop, stopped) = tokio::sync::watch::channel(false);
-    if let Some(listener) = e2b {
-        let router = e2b::router(node.clone());
+    if let (Some(listener), Some(router)) = (e2b, e2b_router) {
         let mut stopped = stopped.clone();
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;

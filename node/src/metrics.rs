@@ -75,6 +75,7 @@ pub struct Metrics {
     pub golden_downloads: AtomicU64,
     pub owner_lookups: AtomicU64,
     pub lookups_limited: AtomicU64,
+    pub e2b_forwarded: AtomicU64,
 }
 
 impl Metrics {
@@ -182,6 +183,11 @@ impl Metrics {
                 "silkmesh_owner_lookups_limited_total",
                 "Such lookups refused (429) by the per-client rate limit.",
                 &self.lookups_limited,
+            ),
+            (
+                "silkmesh_e2b_forwarded_total",
+                "E2B API calls on sandboxes held by a peer, forwarded to it through the mesh.",
+                &self.e2b_forwarded,
             ),
         ] {
             let _ = writeln!(

@@ -138,6 +138,8 @@ enum StoredState {
 enum StoredOnExpire {
     Destroy,
     Archive,
+    // Appended: journals written before it still read.
+    Hibernate,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -215,7 +217,7 @@ same_variants!(Size, StoredSize, Small, Medium, Large);
 same_variants!(Lane, StoredLane, None, Egress);
 same_variants!(Tier, StoredTier, Warm, Clone, Cold);
 same_variants!(SandboxState, StoredState, Warm, Claimed, Hibernated, Archived, Released);
-same_variants!(OnExpire, StoredOnExpire, Destroy, Archive);
+same_variants!(OnExpire, StoredOnExpire, Destroy, Archive, Hibernate);
 
 impl From<&Template> for StoredTemplate {
     fn from(t: &Template) -> StoredTemplate {

@@ -1,7 +1,8 @@
 //! E2B's API on a real node: the stock e2b Python SDK (a venv made by scripts/e2b-venv, which
-//! scripts/test runs and names in `E2B_PYTHON`) creates, runs commands, moves files, lists,
-//! pauses, connects and kills through it; and the listener refuses callers without the key or
-//! a sandbox's access token, answering in E2B's error shape.
+//! scripts/test runs and names in `E2B_PYTHON`), sync and async, creates, runs commands, moves
+//! files, watches, lists, pauses, connects and kills through it; the stock JavaScript SDK
+//! (scripts/e2b-js, `E2B_JS_MODULES`) runs a smoke script; and the listener refuses callers
+//! without the key or a sandbox's access token, answering in E2B's error shape.
 
 mod common;
 
@@ -26,18 +27,20 @@ fn node_with_e2b() -> (Sandboxd, SocketAddr) {
     (node, e2b)
 }
 
-#[test]
-fn the_stock_python_sdk_drives_sandboxes() {
+/// Runs one of the SDK scripts in tests/e2b/ with `program` against a fresh node, pointed at it
+/// as a user would (`E2B_API_URL`, `E2B_SANDBOX_URL`, `E2B_API_KEY`); it must print `done` and
+/// leave no sandbox behind.
+fn run_sdk_script(program: &str, script: &str, env: &[(&str, String)]) {
     let (node, e2b) = node_with_e2b();
     node.wait_warm(1);
     let url = format!("http://{e2b}");
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/e2b/sdk_sync.py");
-    let out = Command::new(python())
-        .arg(script)
+    let out = Command::new(program)
+        .arg(format!("{}/tests/e2b/{script}", env!("CARGO_MANIFEST_DIR")))
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", ROOT)
         .env("NO_PROXY", "127.0.0.1")
+        .envs(env.iter().map(|(k, v)| (k, v)))
         .env_remove("HTTP_PROXY")
         .env_remove("HTTPS_PROXY")
         .env_remove("http_proxy")
@@ -47,11 +50,29 @@ fn the_stock_python_sdk_drives_sandboxes() {
     let (stdout, stderr) =
         (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && stdout.contains("done"), "{stdout}\n{stderr}");
-    // Everything it made is gone.
     assert_eq!(
         node.req("GET", "/v1/sandboxes", Some(ROOT), None).1["sandboxes"],
-        serde_json::json!([])
+        serde_json::json!([]),
+        "everything it made is gone"
     );
+}
+
+#[test]
+fn the_stock_python_sdk_drives_sandboxes() {
+    run_sdk_script(&python(), "sdk_sync.py", &[]);
+}
+
+#[test]
+fn the_async_python_sdk_streams_watches_and_input() {
+    run_sdk_script(&python(), "sdk_async.py", &[]);
+}
+
+#[test]
+fn the_stock_javascript_sdk_runs_a_smoke_script() {
+    let modules = std::env::var("E2B_JS_MODULES").expect(
+        "E2B_JS_MODULES is not set: run the suite through scripts/test (scripts/e2b-js makes it)",
+    );
+    run_sdk_script("node", "sdk_smoke.cjs", &[("NODE_PATH", modules)]);
 }
 
 /// One HTTP/1.1 request; the status and the JSON answer (`null` when there is none).
@@ -60,17 +81,21 @@ fn call(
     method: &str,
     path: &str,
     headers: &[(&str, &str)],
-    body: &str,
+    body: impl AsRef<[u8]>,
 ) -> (u16, serde_json::Value) {
     use std::io::{Read, Write};
+    let body = body.as_ref();
     let mut s = std::net::TcpStream::connect(addr).unwrap();
     let mut head = format!("{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n");
     for (k, v) in headers {
         head += &format!("{k}: {v}\r\n");
     }
-    head += &format!("Content-Type: application/json\r\nContent-Length: {}\r\n\r\n", body.len());
+    if !headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("content-type")) {
+        head += "Content-Type: application/json\r\n";
+    }
+    head += &format!("Content-Length: {}\r\n\r\n", body.len());
     s.write_all(head.as_bytes()).unwrap();
-    s.write_all(body.as_bytes()).unwrap();
+    s.write_all(body).unwrap();
     let mut raw = String::new();
     s.read_to_string(&mut raw).unwrap();
     let (head, body) = raw.split_once("\r\n\r\n").unwrap();
@@ -142,6 +167,43 @@ fn callers_without_the_key_or_the_access_token_are_refused() {
     assert!(has("e2b.Stat", &format!("sandbox:{id}"), 200), "{audit:#}");
     assert!(has("e2b.Stat", "anonymous", 401), "{audit:#}");
     assert!(has("e2b.kill", "root", 204), "{audit:#}");
+}
+
+/// An upload that is not whole (a body that is not gzip, one cut short, an encoding not served)
+/// is refused and leaves the file as it was; a whole gzip body is written decompressed.
+#[test]
+fn bad_uploads_are_refused_and_keep_the_old_file() {
+    use std::io::Write as _;
+    let (_node, e2b) = node_with_e2b();
+    let body = r#"{"templateID":"base"}"#;
+    let (status, v) = call(e2b, "POST", "/sandboxes", &[("X-API-Key", ROOT)], body);
+    assert_eq!(status, 201, "{v}");
+    let (id, token) = (v["sandboxID"].as_str().unwrap(), v["envdAccessToken"].as_str().unwrap());
+    let envd = [("E2b-Sandbox-Id", id), ("X-Access-Token", token)];
+    let write = |encoding: Option<&str>, body: &[u8]| {
+        let mut headers = envd.to_vec();
+        headers.push(("Content-Type", "application/octet-stream"));
+        headers.extend(encoding.map(|e| ("Content-Encoding", e)));
+        call(e2b, "POST", "/files?path=/tmp/f", &headers, body)
+    };
+    let size = || {
+        let (_, v) =
+            call(e2b, "POST", "/filesystem.Filesystem/Stat", &envd, r#"{"path":"/tmp/f"}"#);
+        v["entry"]["size"].as_str().unwrap().to_string()
+    };
+    assert_eq!(write(None, b"old").0, 200);
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&b"new content ".repeat(10_000)).unwrap();
+    let gz = gz.finish().unwrap();
+    for (encoding, bad) in
+        [("gzip", b"not gzip at all".as_slice()), ("gzip", &gz[..gz.len() - 4]), ("br", &gz)]
+    {
+        let (status, v) = write(Some(encoding), bad);
+        assert_eq!(status, 400, "{encoding}, {} bytes: {v}", bad.len());
+        assert_eq!(size(), "3", "the old file is kept");
+    }
+    assert_eq!(write(Some("gzip"), &gz).0, 200);
+    assert_eq!(size(), "120000");
 }
 
 #[test]

@@ -443,6 +443,23 @@ fn an_expiring_lease_archives_and_access_restores_a_fresh_lease() {
 }
 
 #[test]
+fn an_expiring_lease_hibernates_and_a_call_wakes_it_with_a_fresh_lease() {
+    let node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, r#"{"ttl_seconds": 1, "on_expire": "hibernate"}"#);
+    sh(&node, &b, "echo kept > /root/kept");
+    eventually("hibernated at expiry", || state(&node, &b) == "hibernated");
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(state(&node, &b), "hibernated", "asleep, not destroyed");
+    assert_eq!(sh(&node, &b, "cat /root/kept"), "kept");
+    let (_, row) = node.req("GET", &format!("/v1/sandboxes/{}", b.id), Some(&b.token), None);
+    assert_eq!(
+        (row["state"].as_str(), row["on_expire"].as_str()),
+        (Some("claimed"), Some("hibernate"))
+    );
+    assert!(row["deadline_ms"].as_u64().unwrap() > row["state_since_ms"].as_u64().unwrap());
+}
+
+#[test]
 fn archive_after_hibernation_and_retention_delete_the_archive() {
     let node = Sandboxd::start(&format!(
         "archive_after_seconds = 1\narchive_retention_seconds = 2\n{ONE_WARM}"

@@ -2,8 +2,10 @@
 //! mode, HAProxy in front. Everything here goes through the load balancer, as a client would:
 //! claim, write, move, read with the same token; archive on one node, kill it, wake through the
 //! balancer elsewhere; branch a checkpoint made on one node on another; goldens built once; a
-//! node cut off by a real partition (its link down) is dropped and rejoins. The API is TLS end
-//! to end (the script's development CA): the balancer and every node answer only over TLS.
+//! node cut off by a real partition (its link down) is dropped and rejoins; the stock e2b SDK
+//! drives sandboxes through the balancer's E2B address, any node forwarding to the owner. The
+//! API is TLS end to end (the script's development CA): the balancer and every node answer only
+//! over TLS.
 
 mod common;
 
@@ -16,6 +18,7 @@ use serde_json::{Value, json};
 
 const TOKEN: &str = "local-cluster-token";
 const LB: &str = "127.0.0.1:18080";
+const E2B_LB: &str = "127.0.0.1:18030";
 
 struct Cluster {
     dir: tempfile::TempDir,
@@ -34,6 +37,7 @@ fn script(dir: &Path, verb: &str) -> std::process::Output {
         .env("SILKMESH_BIN", launcher().parent().unwrap())
         .env("SILKD_STATIC", static_silkd())
         .env("SILKMESH_LB", LB)
+        .env("SILKMESH_E2B_LB", E2B_LB)
         .output()
         .unwrap()
 }
@@ -163,6 +167,30 @@ fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
         .map(|n| metric(&cluster, n, "silkmesh_golden_downloads_total"))
         .sum();
     assert!(builds >= 1 && builds + fetched == 3, "builds {builds}, fetched {fetched}");
+
+    // The stock e2b SDK through the balancer's E2B address: its calls land on any node, and a
+    // node that does not hold the sandbox forwards them to the one that does.
+    let url = format!("https://{E2B_LB}");
+    let python = std::env::var("E2B_PYTHON").expect("E2B_PYTHON: run through scripts/test");
+    let out = Command::new(python)
+        .arg(repo().join("node/tests/e2b/sdk_cluster.py"))
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env("E2B_API_KEY", TOKEN)
+        .env("SSL_CERT_FILE", cluster.dir.path().join("certs/api/ca.pem"))
+        .env("NO_PROXY", "127.0.0.1")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("https_proxy")
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && stdout.contains("done"), "{stdout}\n{stderr}");
+    let forwarded: u64 = ["n1", "n2", "n3"]
+        .iter()
+        .map(|n| metric(&cluster, n, "silkmesh_e2b_forwarded_total"))
+        .sum();
+    assert!(forwarded > 0, "calls were forwarded to the sandboxes' nodes");
 
     // Claim through the balancer, write, move, read the same files with the same token.
     let (status, c) = cluster.lb("POST", "/v1/sandboxes", TOKEN, Some(r#"{"ttl_seconds": 600}"#));

@@ -71,7 +71,7 @@ pub async fn place_claim(
         req.headers_mut().insert(header::AUTHORIZATION, auth.clone());
     }
     req.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    forward(api, &peer, req, &mut None).await
+    forward(peers, &api.node, &peer, req, &mut None).await
 }
 
 /// Middleware on every `/v1/sandboxes/{id}…` route: a sandbox held here is served here; one held
@@ -154,7 +154,7 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
     strip_hop_by_hop(&mut parts.headers, path.ends_with("/agent"));
     if !resendable {
         let req = Request::from_parts(parts, body);
-        let answer = forward(&api, &peer, req, &mut upgrade).await;
+        let answer = forward(&peers, &node, &peer, req, &mut upgrade).await;
         return answer.unwrap_or_else(IntoResponse::into_response);
     }
     let body = match axum::body::to_bytes(body, RESEND_BODY_MAX as usize).await {
@@ -167,7 +167,7 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
             (parts.method.clone(), parts.uri.clone(), parts.headers.clone());
         req
     };
-    let answer = forward(&api, &peer, copy(), &mut upgrade).await;
+    let answer = forward(&peers, &node, &peer, copy(), &mut upgrade).await;
     // A cached owner that no longer holds it (moved, released, woken elsewhere): ask the mesh
     // again, once.
     let stale = match &answer {
@@ -179,7 +179,7 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
         if let Located::Owner(again) = peers.locate(&id, token.as_deref(), false).await
             && again.id != peer.id
         {
-            let retry = forward(&api, &again, copy(), &mut upgrade).await;
+            let retry = forward(&peers, &node, &again, copy(), &mut upgrade).await;
             return retry.unwrap_or_else(IntoResponse::into_response);
         }
     }
@@ -189,7 +189,7 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
 /// Drops the headers that concern one connection only (RFC 9110 §7.6.1): those `Connection`
 /// names and the standard ones. The relay's upgrade (`Connection: upgrade`, `Upgrade`) is kept
 /// on `/agent`, the one route that upgrades.
-fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
     let named: Vec<String> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -228,13 +228,13 @@ fn small_body(headers: &HeaderMap) -> bool {
 
 /// Sends `req` to `peer`'s API and returns its answer as it streams in. When the peer accepts
 /// an upgrade (the relay), the client's side of it (`upgrade`, taken then) is spliced to it.
-async fn forward(
-    api: &Api,
+pub(crate) async fn forward(
+    peers: &crate::fleet::Peers,
+    node: &std::sync::Arc<crate::node::Node>,
     peer: &silk_mesh::Peer,
     req: Request,
     upgrade: &mut Option<hyper::upgrade::OnUpgrade>,
 ) -> Result<Response, NodeError> {
-    let peers = api.peers.as_ref().expect("forwarding needs the mesh");
     let unreachable =
         |e: hyper::Error| NodeError::new(Code::PeerUnavailable, format!("{}: {e}", peer.id.name));
     let stream = peers.open_http(peer).await?;
@@ -251,7 +251,7 @@ async fn forward(
     strip_hop_by_hop(res.headers_mut(), upgraded);
     if upgraded && let Some(client_side) = upgrade.take() {
         let owner_side = hyper::upgrade::on(&mut res);
-        let node = api.node.clone();
+        let node = node.clone();
         tokio::spawn(async move {
             let (Ok(client), Ok(owner)) = (client_side.await, owner_side.await) else { return };
             let (mut client, mut owner) = (TokioIo::new(client), TokioIo::new(owner));

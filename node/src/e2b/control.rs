@@ -104,9 +104,6 @@ pub(super) fn body<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, Ht
 async fn create(State(e2b): State<E2b>, headers: HeaderMap, raw: axum::body::Bytes) -> Answer {
     let tenant = caller(&e2b, &headers)?;
     let req: NewSandbox = body(&raw)?;
-    if req.auto_pause {
-        return Err(unimplemented("autoPause is not served yet: the sandbox would be killed"));
-    }
     if !req.volume_mounts.is_empty() {
         return Err(unimplemented("volumes are not served by silkmesh"));
     }
@@ -130,7 +127,9 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, raw: axum::body::Byt
         lane: silk_api::Lane::None,
         ttl_seconds: ttl,
         metadata: req.metadata,
-        on_expire: OnExpire::Destroy,
+        // `autoPause` (and `lifecycle.onTimeout: pause`, which the SDK sends as it): paused
+        // at the timeout; any call resumes it (E2B's auto-resume, always on here).
+        on_expire: if req.auto_pause { OnExpire::Hibernate } else { OnExpire::Destroy },
         tenant,
     };
     let claimed = if snapshot {
@@ -372,7 +371,7 @@ impl Query {
 }
 
 /// A query string's pairs, each side percent-decoded (`+` is a space).
-fn pairs(q: &str) -> Vec<(String, String)> {
+pub(super) fn pairs(q: &str) -> Vec<(String, String)> {
     q.split('&')
         .filter(|p| !p.is_empty())
         .map(|p| {

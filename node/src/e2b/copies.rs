@@ -82,10 +82,8 @@ pub(super) async fn snapshots(
     RawQuery(q): RawQuery,
 ) -> Answer {
     let tenant = caller(&e2b, &headers)?;
-    let query = q.unwrap_or_default();
-    let param = |key: &str| {
-        query.split('&').find_map(|p| p.strip_prefix(key)?.strip_prefix('=').map(str::to_string))
-    };
+    let pairs = super::control::pairs(&q.unwrap_or_default());
+    let param = |key: &str| pairs.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
     let (sandbox, name) = (param("sandboxID"), param("name"));
     let all =
         e2b.node.checkpoints(sandbox.as_deref(), tenant.as_deref()).await.map_err(node_error)?;

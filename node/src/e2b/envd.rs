@@ -137,12 +137,31 @@ pub(super) async fn call(
     }
 }
 
-/// The user a call runs as: `Authorization: Basic base64("<user>:")`, else silkd's default.
-pub(super) fn user(headers: &HeaderMap) -> Option<String> {
-    let basic = header(headers, "authorization")?.strip_prefix("Basic ")?;
-    let decoded = String::from_utf8(B64.decode(basic.trim()).ok()?).ok()?;
-    let name = decoded.split(':').next()?.to_string();
-    (!name.is_empty()).then_some(name)
+/// The account a call names none runs as: E2B's default, which every template the node
+/// materialises has (uid 1000, home `/home/user`).
+pub(super) const DEFAULT_USER: &str = "user";
+
+/// The user a call runs as: `Authorization: Basic base64("<user>:")`, else [`DEFAULT_USER`].
+pub(super) fn user(headers: &HeaderMap) -> String {
+    let named = || {
+        let basic = header(headers, "authorization")?.strip_prefix("Basic ")?;
+        let decoded = String::from_utf8(B64.decode(basic.trim()).ok()?).ok()?;
+        let name = decoded.split(':').next()?.to_string();
+        (!name.is_empty()).then_some(name)
+    };
+    named().unwrap_or_else(|| DEFAULT_USER.to_string())
+}
+
+/// Gives what a call made on `user`'s behalf to `user`, as envd does (silkd writes as root).
+pub(super) async fn give(
+    conn: &mut Connection<UnixStream>,
+    path: &str,
+    user: &str,
+) -> Result<(), connect::Error> {
+    if user == "root" || user == "0" {
+        return Ok(());
+    }
+    call(conn, Frame::Chown { path: path.to_string(), user: user.to_string() }).await.map(drop)
 }
 
 /// A unary request's message.
@@ -177,8 +196,19 @@ async fn filesystem(
         Ok(agent) => agent,
         Err(res) => return res.into_response(),
     };
+    // Relative paths are the user's home's, as on `/files`.
+    let user = user(&headers);
+    let me = user.as_str();
     let answer = match method.as_str() {
-        "CreateWatcher" => return e2b.watchers.create(agent, &body).await.map_or_else(fail, ok),
+        "CreateWatcher" => {
+            return e2b.watchers.create(agent, me, &body).await.map_or_else(fail, ok);
+        }
+        "WatchDir" => {
+            return match super::watch::Watchers::stream(agent, me, &body).await {
+                Ok(events) => super::process::stream(events, super::process::keepalive(&headers)),
+                Err(e) => fail(e),
+            };
+        }
         "GetWatcherEvents" => Some(e2b.watchers.events(&agent.id, &body)),
         "RemoveWatcher" => Some(e2b.watchers.remove(&agent.id, &body)),
         _ => None,
@@ -186,9 +216,6 @@ async fn filesystem(
     if let Some(answer) = answer {
         return answer.map_or_else(fail, ok);
     }
-    // Relative paths are the user's home's, as on `/files`.
-    let user = user(&headers);
-    let me = user.as_deref();
     // The request of the calls that name one path, that path made absolute.
     let path_request = || {
         let req: PathRequest = message(&body)?;
@@ -211,6 +238,7 @@ async fn filesystem(
                     return Err(connect::Error::new(Code::AlreadyExists, e));
                 }
                 call(conn, Frame::Mkdir { path: req.path.clone(), parents: true }).await?;
+                give(conn, &req.path, me).await?;
                 Ok(json!({ "entry": stat(conn, &req.path).await? }))
             }
             .await

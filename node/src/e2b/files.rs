@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use silk_proto::{Connection, Frame, ReadRequest, WriteRequest};
 use tokio::net::UnixStream;
 
-use super::envd::{agent, code_of};
+use super::envd::{DEFAULT_USER, agent, code_of, give};
 use super::{E2b, HttpError};
 
 pub(super) fn routes() -> Router<E2b> {
@@ -37,19 +37,24 @@ fn error(status: StatusCode, message: impl Into<String>) -> HttpError {
     HttpError::new(status, message)
 }
 
+/// A Connect error from a call made for an upload, as an HTTP one.
+fn refused(e: super::connect::Error) -> HttpError {
+    error(StatusCode::from_u16(e.code.http_status()).expect("valid status"), e.message)
+}
+
 fn silk_error(e: silk_proto::WireError) -> HttpError {
     let status = StatusCode::from_u16(code_of(e.kind).http_status()).expect("valid status");
     error(status, e.message)
 }
 
 /// `path` made absolute: relative paths are under the user's home.
-pub(super) fn absolute(path: &str, user: Option<&str>) -> String {
+pub(super) fn absolute(path: &str, user: &str) -> String {
     if path.starts_with('/') {
         return path.to_string();
     }
     match user {
-        None | Some("root") => format!("/root/{path}"),
-        Some(u) => format!("/home/{u}/{path}"),
+        "root" | "0" => format!("/root/{path}"),
+        u => format!("/home/{u}/{path}"),
     }
 }
 
@@ -61,7 +66,7 @@ async fn read(
     let Some(path) = q.path.as_deref() else {
         return Err(error(StatusCode::BAD_REQUEST, "path is required"));
     };
-    let path = absolute(path, q.username.as_deref());
+    let path = absolute(path, q.username.as_deref().unwrap_or(DEFAULT_USER));
     let mut agent = match agent(&e2b, &headers).await {
         Ok(agent) => agent,
         Err(res) => return Err(res),
@@ -131,7 +136,7 @@ async fn write(
         Ok(agent) => agent,
         Err(res) => return Err(res),
     };
-    let user = q.username.as_deref();
+    let user = q.username.as_deref().unwrap_or(DEFAULT_USER);
     let content_type = super::header(&headers, "content-type").unwrap_or_default();
     let mut written: Vec<Value> = vec![];
     if content_type.starts_with("multipart/form-data") {
@@ -162,30 +167,48 @@ async fn write(
                 upload.finish().await
             };
             sent.await?;
+            give(&mut agent.conn, &path, user).await.map_err(refused)?;
             written.push(info(&path));
         }
     } else {
         let Some(path) = q.path.as_deref() else {
             return Err(error(StatusCode::BAD_REQUEST, "path is required"));
         };
-        if super::header(&headers, "content-encoding").is_some_and(|e| e != "identity") {
-            return Err(error(StatusCode::BAD_REQUEST, "compressed uploads are not served yet"));
-        }
+        let mut gunzip = match super::header(&headers, "content-encoding") {
+            None | Some("identity") => None,
+            Some("gzip") => Some(Gunzip::default()),
+            Some(other) => {
+                let e = format!("content-encoding {other:?}: only gzip is served");
+                return Err(error(StatusCode::BAD_REQUEST, e));
+            }
+        };
         let path = absolute(path, user);
         let mut body = request.into_body().into_data_stream();
         let sent = async {
             let mut upload = Upload::begin(&mut agent.conn, &path).await?;
             loop {
                 let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_next(cx));
-                match next.await {
-                    Some(Ok(bytes)) => upload.chunk(bytes).await?,
+                let bytes = match next.await {
+                    Some(Ok(bytes)) => bytes,
                     None => break,
                     Some(Err(e)) => return Err(error(StatusCode::BAD_REQUEST, e.to_string())),
+                };
+                match &mut gunzip {
+                    None => upload.chunk(bytes).await?,
+                    Some(g) => {
+                        for piece in bytes.chunks(Gunzip::STEP) {
+                            upload.chunk(g.feed(piece)?).await?;
+                        }
+                    }
                 }
+            }
+            if let Some(g) = gunzip {
+                upload.chunk(g.finish()?).await?;
             }
             upload.finish().await
         };
         sent.await?;
+        give(&mut agent.conn, &path, user).await.map_err(refused)?;
         written.push(info(&path));
     }
     if written.is_empty() {
@@ -197,6 +220,35 @@ async fn write(
 fn info(path: &str) -> Value {
     let name = path.rsplit('/').next().unwrap_or(path);
     json!({ "name": name, "type": "file", "path": path })
+}
+
+/// A gzip body decompressed as it streams in. Input goes in [`STEP`](Self::STEP)-byte pieces,
+/// each piece's output sent before the next is read: what one piece can expand to (about a
+/// thousand times, at deflate's limit) bounds the memory an upload holds.
+#[derive(Default)]
+struct Gunzip(Option<flate2::write::GzDecoder<Vec<u8>>>);
+
+impl Gunzip {
+    const STEP: usize = 4096;
+
+    fn bad(e: std::io::Error) -> HttpError {
+        error(StatusCode::BAD_REQUEST, format!("gzip body: {e}"))
+    }
+
+    fn feed(&mut self, piece: &[u8]) -> Result<Bytes, HttpError> {
+        use std::io::Write as _;
+        let d = self.0.get_or_insert_with(|| flate2::write::GzDecoder::new(Vec::new()));
+        d.write_all(piece).map_err(Self::bad)?;
+        Ok(std::mem::take(d.get_mut()).into())
+    }
+
+    /// What is left once the body ended; a truncated stream is an error, not a short file.
+    fn finish(self) -> Result<Bytes, HttpError> {
+        let Some(d) = self.0 else {
+            return Err(Self::bad(std::io::ErrorKind::UnexpectedEof.into()));
+        };
+        d.finish().map(Bytes::from).map_err(Self::bad)
+    }
 }
 
 /// Writes one file as silkd's `Write`: [`begin`](Self::begin), a [`chunk`](Self::chunk) per piece,

@@ -18,6 +18,7 @@ use axum::Router;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 
+use crate::fleet::Peers;
 use crate::node::Node;
 
 pub mod connect;
@@ -25,6 +26,7 @@ mod control;
 mod copies;
 mod envd;
 mod files;
+pub mod mesh;
 mod process;
 mod procs;
 mod watch;
@@ -33,6 +35,8 @@ mod watch;
 #[derive(Clone)]
 pub struct E2b {
     pub node: Arc<Node>,
+    /// The mesh, when the node is in one: calls on a peer's sandbox go there (`mesh.rs`).
+    peers: Option<Arc<Peers>>,
     token_key: [u8; 32],
     /// Each sandbox's `envVars` from its create: the default environment of its commands.
     /// Kept in memory: a node restart forgets them (noted in docs/e2b.md).
@@ -44,9 +48,10 @@ pub struct E2b {
 }
 
 /// The `envdVersion` reported: the highest whose gated SDK features are all served (see
-/// e2b/envd/versions.py): commands' stdin flag (0.3.0), the default user (0.4.0) and
-/// `CloseStdin` (0.5.2).
-pub const ENVD_VERSION: &str = "0.5.2";
+/// e2b/envd/versions.py): commands' stdin flag (0.3.0), the default user (0.4.0),
+/// `CloseStdin` (0.5.2) and octet-stream uploads, gzip ones included (0.5.7). Files' metadata
+/// (0.6.2) is not served.
+pub const ENVD_VERSION: &str = "0.5.7";
 
 impl std::fmt::Debug for E2b {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -55,11 +60,12 @@ impl std::fmt::Debug for E2b {
 }
 
 impl E2b {
-    pub fn new(node: Arc<Node>) -> E2b {
+    pub fn new(node: Arc<Node>, peers: Option<Arc<Peers>>) -> E2b {
         let secret = node.cfg.api_token.clone().unwrap_or_default();
         let token_key = blake3::derive_key("silkmesh e2b envd access token v1", secret.as_bytes());
         E2b {
             node,
+            peers,
             token_key,
             envs: Arc::default(),
             procs: Arc::default(),
@@ -88,14 +94,17 @@ impl E2b {
     }
 }
 
-/// Both planes. Paths both define (`/health`) go to envd when the call names a sandbox.
-pub fn router(node: Arc<Node>) -> Router {
+/// Both planes. Paths both define (`/health`) go to envd when the call names a sandbox. In a
+/// mesh, a call on a peer's sandbox is forwarded there (`mesh.rs`); the same router serves the
+/// calls peers forward here (under [`mesh::PREFIX`]), so both share one process table.
+pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
     let limit = node.cfg.max_body_bytes;
-    let e2b = E2b::new(node);
+    let e2b = E2b::new(node, peers);
     control::routes()
         .merge(envd::routes())
         .merge(files::routes())
         .fallback(|| async { control::error(StatusCode::NOT_FOUND, "no such route") })
+        .layer(axum::middleware::from_fn_with_state(e2b.clone(), mesh::owner))
         .layer(axum::middleware::from_fn_with_state(e2b.clone(), audit))
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(e2b)
@@ -141,6 +150,9 @@ async fn audit(
         _ => last.to_string(),
     };
     let res = next.run(req).await;
+    if res.extensions().get::<crate::api::audited::Passed>().is_some() {
+        return res; // forwarded: the owner recorded it
+    }
     e2b.node.audit.record(silk_api::AuditEntry {
         time_ms: crate::node::now_ms(),
         node: e2b.node.name.clone(),

@@ -1,12 +1,13 @@
 //! envd's `process.Process` service: `Start` (a silkd `Exec`, or `PtyOpen` for a terminal,
 //! driven by the process table, so it outlives its stream), `Connect` (attach to a running
-//! command), `List`, `SendSignal`, `SendInput`, `CloseStdin`, `Update` (a pty's size). Streams are `start`, `data`, `keepalive` and `end` events, then
-//! the end-of-stream envelope; the body ends there (the SDK reads to its end).
+//! command), `List`, `SendSignal`, `SendInput`, `StreamInput` (a client stream of input),
+//! `CloseStdin`, `Update` (a pty's size). Streams are `start`, `data`, `keepalive` and `end`
+//! events, then the end-of-stream envelope; the body ends there (the SDK reads to its end).
 
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
+use axum::extract::{Path, Request, State};
 use axum::http::{HeaderMap, StatusCode, header as h};
 use axum::response::Response;
 use base64::Engine as _;
@@ -92,12 +93,21 @@ struct ProcessInput {
 pub(super) async fn process(
     State(e2b): State<E2b>,
     Path(method): Path<String>,
-    headers: HeaderMap,
-    body: Bytes,
+    request: Request,
 ) -> Response {
+    let (parts, body) = request.into_parts();
+    let headers = parts.headers;
     let mut agent = match agent(&e2b, &headers).await {
         Ok(agent) => agent,
         Err(res) => return axum::response::IntoResponse::into_response(res),
+    };
+    if method == "StreamInput" {
+        let answer = stream_input(&e2b, &agent, body).await;
+        return once(connect::envelope(&json!({})), answer.err());
+    }
+    let body = match axum::body::to_bytes(body, connect::Envelopes::MAX_MESSAGE + 5).await {
+        Ok(body) => body,
+        Err(e) => return fail(connect::Error::new(Code::ResourceExhausted, e.to_string())),
     };
     let answer = match method.as_str() {
         "Start" => return start(&e2b, agent, &headers, &body).await,
@@ -154,6 +164,73 @@ async fn send_input(e2b: &E2b, agent: &Agent, body: &[u8]) -> Result<Value, conn
     deliver(e2b, &agent.id, pid, Input::Data(bytes.into())).await
 }
 
+#[derive(Debug, Deserialize)]
+struct StreamInputRequest {
+    start: Option<Selected>,
+    data: Option<DataEvent>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DataEvent {
+    input: ProcessInput,
+}
+
+/// `StreamInput`: `start{process}`, then `data` (and `keepalive`) messages as the client sends
+/// them, each delivered as it arrives, in order.
+async fn stream_input(e2b: &E2b, agent: &Agent, mut body: Body) -> Result<(), connect::Error> {
+    use http_body_util::BodyExt as _;
+    let mut envelopes = Envelopes::default();
+    let mut target: Option<(u32, mpsc::Sender<Input>)> = None;
+    let not_running =
+        |pid: u32| connect::Error::new(Code::NotFound, format!("process {pid} is not running"));
+    let invalid = |m: &str| connect::Error::new(Code::InvalidArgument, m.to_string());
+    loop {
+        while let Some(m) = envelopes.next_message()? {
+            let req: StreamInputRequest = message(&m)?;
+            match (req.start, req.data, &target) {
+                (Some(start), None, None) => {
+                    let pid = pid_of(e2b, &agent.id, &start.process)?;
+                    let tx = e2b.procs.input(&agent.id, pid).ok_or_else(|| not_running(pid))?;
+                    target = Some((pid, tx));
+                }
+                (None, Some(DataEvent { input }), Some((pid, tx))) => {
+                    let data = input.stdin.or(input.pty).unwrap_or_default();
+                    let bytes = B64.decode(data.as_bytes()).map_err(|_| invalid("bad base64"))?;
+                    tx.send(Input::Data(bytes.into())).await.map_err(|_| not_running(*pid))?;
+                }
+                (None, None, _) => {} // a keepalive
+                (Some(_), _, Some(_)) | (Some(_), Some(_), None) => {
+                    return Err(invalid("start is the first message, and only once"));
+                }
+                (None, Some(_), None) => return Err(invalid("data before start")),
+            }
+        }
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(bytes) = frame.data_ref() {
+                    envelopes.push(bytes);
+                }
+            }
+            Some(Err(e)) => return Err(invalid(&e.to_string())),
+            None if envelopes.pending() > 0 => return Err(invalid("the stream ended mid-message")),
+            None => return Ok(()),
+        }
+    }
+}
+
+/// A client-streaming call's answer: its one message, or its error, then the stream's end.
+fn once(message: Bytes, error: Option<connect::Error>) -> Response {
+    let body = match &error {
+        None => [message, connect::end(None)].concat(),
+        Some(e) => connect::end(Some(e)).to_vec(),
+    };
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(h::CONTENT_TYPE, "application/connect+json")
+        .body(Body::from(body))
+        .expect("a valid response")
+}
+
 async fn close_stdin(e2b: &E2b, agent: &Agent, body: &[u8]) -> Result<Value, connect::Error> {
     let req: Selected = message(body)?;
     let pid = pid_of(e2b, &agent.id, &req.process)?;
@@ -184,7 +261,9 @@ async fn deliver(e2b: &E2b, id: &str, pid: u32, input: Input) -> Result<Value, c
 }
 
 /// The one request message of a server-streaming call.
-fn stream_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, connect::Error> {
+pub(super) fn stream_request<T: serde::de::DeserializeOwned>(
+    body: &[u8],
+) -> Result<T, connect::Error> {
     let mut envelopes = Envelopes::default();
     envelopes.push(body);
     match envelopes.next_message()? {
@@ -194,7 +273,7 @@ fn stream_request<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, conn
 }
 
 /// How often a quiet stream says it is alive (`Keepalive-Ping-Interval`, seconds).
-fn keepalive(headers: &HeaderMap) -> Duration {
+pub(super) fn keepalive(headers: &HeaderMap) -> Duration {
     let seconds = header(headers, "keepalive-ping-interval").and_then(|s| s.parse::<u64>().ok());
     Duration::from_secs(seconds.unwrap_or(50).clamp(1, 300))
 }
@@ -217,7 +296,7 @@ async fn start(e2b: &E2b, mut agent: Agent, headers: &HeaderMap, body: &[u8]) ->
         argv: std::iter::once(req.process.cmd).chain(req.process.args).collect(),
         cwd: req.process.cwd,
         env,
-        user: user(headers),
+        user: Some(user(headers)),
     };
     let pty = req.pty.is_some();
     let call = match req.pty {
@@ -252,8 +331,8 @@ fn connect(e2b: &E2b, agent: &Agent, headers: &HeaderMap, body: &[u8]) -> Respon
     }
 }
 
-/// A command's events as a Connect stream, with keepalives while it is quiet.
-fn stream(mut events: mpsc::Receiver<Event>, every: Duration) -> Response {
+/// A command's (or a watch's) events as a Connect stream, with keepalives while it is quiet.
+pub(super) fn stream(mut events: mpsc::Receiver<Event>, every: Duration) -> Response {
     let (tx, rx) = mpsc::channel::<Result<Bytes, std::io::Error>>(16);
     tokio::spawn(async move {
         loop {

@@ -149,6 +149,11 @@ impl Procs {
                         end["error"] = json!(text);
                     }
                     let last = event(json!({ "end": end }));
+                    // Gone from the table before the last event goes out: a stream attaches
+                    // before (and gets it) or finds no command, never one without its `end`.
+                    if let Some(pid) = pid.take() {
+                        self.lock().remove(&(id.clone(), pid));
+                    }
                     broadcast(proc.as_deref(), pending.as_ref(), Event::Message(last)).await;
                     break None;
                 }
@@ -169,7 +174,9 @@ impl Procs {
 
     /// Attaches a stream to a running command: `None` when there is no such command.
     pub fn attach(&self, id: &str, pid: u32) -> Option<mpsc::Receiver<Event>> {
-        let proc = self.lock().get(&(id.to_string(), pid)).cloned()?;
+        // Subscribed under the table's lock: the command cannot leave the table in between.
+        let table = self.lock();
+        let proc = table.get(&(id.to_string(), pid))?;
         let (tx, rx) = mpsc::channel(64);
         let _ = tx.try_send(Event::Message(event(json!({ "start": { "pid": pid } }))));
         proc.subscribers.lock().unwrap_or_else(|p| p.into_inner()).push(tx);

@@ -2,7 +2,8 @@
 //! `CreateWatcher` starts a silkd `Watch` on a connection a driver task owns and answers once
 //! silkd armed it (so a change made after the answer is seen); `GetWatcherEvents` takes what
 //! came since the last call; `RemoveWatcher` cancels it. A watch that overflows or fails is
-//! reported by the next `GetWatcherEvents`, never silently dropped.
+//! reported by the next `GetWatcherEvents`, never silently dropped. `WatchDir` (the async
+//! SDK's) is the same watch as a stream.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,10 +11,11 @@ use std::sync::{Arc, Mutex};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use silk_proto::{EventKind, Frame, WatchEvent, WatchRequest};
-use tokio::sync::oneshot;
+use tokio::sync::{mpsc, oneshot};
 
 use super::connect::{self, Code};
 use super::envd::{Agent, code_of, lost, message};
+use super::procs::Event;
 
 /// Events a watcher keeps between polls; past this the watch ends with `resource_exhausted`
 /// (a sandbox must not grow the node's memory by making changes nobody polls).
@@ -57,17 +59,10 @@ impl Watchers {
     pub async fn create(
         self: &Arc<Self>,
         mut agent: Agent,
+        user: &str,
         body: &[u8],
     ) -> Result<Value, connect::Error> {
-        let req: CreateRequest = message(body)?;
-        let dir = req.path.trim_end_matches('/').to_string();
-        let watch = WatchRequest { path: req.path.clone(), recursive: req.recursive };
-        agent.conn.send(&Frame::Watch(watch)).await.map_err(lost)?;
-        match agent.conn.recv().await.map_err(lost)? {
-            Some(Frame::Ready) => {}
-            Some(Frame::Error(e)) => return Err(connect::Error::new(code_of(e.kind), e.message)),
-            other => return Err(lost(format!("unexpected answer to Watch: {other:?}"))),
-        }
+        let dir = arm(&mut agent, user, message(body)?).await?;
         // Ids are per node and checked against the caller's sandbox: a counter will do.
         let id = format!("w{}", self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         let (stop_tx, mut stop) = oneshot::channel();
@@ -80,6 +75,7 @@ impl Watchers {
         self.lock().insert(id.clone(), watcher.clone());
         let (watchers, watcher_id) = (self.clone(), id.clone());
         tokio::spawn(async move {
+            let mut last = None;
             let ended = loop {
                 let frame = tokio::select! {
                     frame = agent.conn.recv() => frame,
@@ -91,7 +87,11 @@ impl Watchers {
                 match frame {
                     Ok(Some(Frame::Events(events))) => {
                         let mut queue = watcher.events.lock().unwrap_or_else(|p| p.into_inner());
-                        queue.extend(events.iter().flat_map(|e| mapped(&dir, e)));
+                        queue.extend(events.iter().flat_map(|e| mapped(&dir, e)).filter(|e| {
+                            let repeat = last.as_ref() == Some(e);
+                            last = Some(e.clone());
+                            !repeat
+                        }));
                         if queue.len() > MAX_QUEUED {
                             let e = format!("more than {MAX_QUEUED} events since the last poll");
                             break Some(connect::Error::new(Code::ResourceExhausted, e));
@@ -106,9 +106,7 @@ impl Watchers {
                     Err(e) => break Some(lost(e)),
                 }
             };
-            let why = ended.unwrap_or_else(|| {
-                connect::Error::new(Code::NotFound, "the watched directory is gone")
-            });
+            let why = ended.unwrap_or_else(gone);
             *watcher.failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(why);
             // Kept a while for a poll to learn why it ended, then forgotten.
             tokio::time::sleep(std::time::Duration::from_secs(60)).await;
@@ -139,6 +137,53 @@ impl Watchers {
         Ok(json!({ "events": events }))
     }
 
+    /// `WatchDir`: `start`, then each event as `filesystem`, until the client leaves (the watch
+    /// is cancelled) or the watch ends (the stream's end says why).
+    pub async fn stream(
+        mut agent: Agent,
+        user: &str,
+        request: &[u8],
+    ) -> Result<mpsc::Receiver<Event>, connect::Error> {
+        let dir = arm(&mut agent, user, super::process::stream_request(request)?).await?;
+        let (tx, rx) = mpsc::channel(64);
+        let _ = tx.try_send(Event::Message(connect::envelope(&json!({ "start": {} }))));
+        tokio::spawn(async move {
+            let mut last = None;
+            let why = 'watch: loop {
+                let frame = tokio::select! {
+                    frame = agent.conn.recv() => frame,
+                    () = tx.closed() => break None,
+                };
+                match frame {
+                    Ok(Some(Frame::Events(events))) => {
+                        for e in events.iter().flat_map(|e| mapped(&dir, e)) {
+                            if last.as_ref() == Some(&e) {
+                                continue;
+                            }
+                            last = Some(e.clone());
+                            let message = connect::envelope(&json!({ "filesystem": e }));
+                            if tx.send(Event::Message(message)).await.is_err() {
+                                break 'watch None;
+                            }
+                        }
+                    }
+                    Ok(Some(Frame::Done)) => break Some(gone()),
+                    Ok(Some(Frame::Error(e))) => {
+                        break Some(connect::Error::new(code_of(e.kind), e.message));
+                    }
+                    Ok(Some(_)) => {}
+                    Ok(None) => break Some(lost("closed the connection")),
+                    Err(e) => break Some(lost(e)),
+                }
+            };
+            match why {
+                Some(why) => drop(tx.send(Event::End(Some(why))).await),
+                None => drop(agent.conn.send(&Frame::Cancel).await),
+            }
+        });
+        Ok(rx)
+    }
+
     pub fn remove(&self, sandbox: &str, body: &[u8]) -> Result<Value, connect::Error> {
         let (id, w) = self.get(sandbox, body)?;
         self.lock().remove(&id);
@@ -149,7 +194,26 @@ impl Watchers {
     }
 }
 
-/// A silkd event as envd's: `name` relative to the watched directory; a rename is the old
+fn gone() -> connect::Error {
+    connect::Error::new(Code::NotFound, "the watched directory is gone")
+}
+
+/// Starts silkd's `Watch` of the request's directory on the agent's connection, answering once
+/// it is armed (so a change made after the answer is seen): the directory, absolute.
+async fn arm(agent: &mut Agent, user: &str, req: CreateRequest) -> Result<String, connect::Error> {
+    let path = super::files::absolute(&req.path, user);
+    let watch = WatchRequest { path: path.clone(), recursive: req.recursive };
+    agent.conn.send(&Frame::Watch(watch)).await.map_err(lost)?;
+    match agent.conn.recv().await.map_err(lost)? {
+        Some(Frame::Ready) => Ok(path.trim_end_matches('/').to_string()),
+        Some(Frame::Error(e)) => Err(connect::Error::new(code_of(e.kind), e.message)),
+        other => Err(lost(format!("unexpected answer to Watch: {other:?}"))),
+    }
+}
+
+/// A silkd event as envd's (an event the same as the one before it is dropped, as inotify
+/// coalesces them: the write of a file made for a user, then given to it, is one `WRITE`):
+/// `name` relative to the watched directory; a rename is the old
 /// name's `RENAME` and the new name's `CREATE`, as envd reports it. silkd writes a file whole
 /// into a staging name beside it and renames it into place: that shows as the file's `CREATE`
 /// and `WRITE`, as envd's own write does, and the staging name never shows.

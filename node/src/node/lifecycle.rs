@@ -559,7 +559,9 @@ impl Node {
         let now = now_ms();
         rec.enter(Phase::Running, now).map_err(conflict)?;
         rec.intent = from_archive.map(|a| Intent::Unpublish(a.to_string()));
-        if from_archive.is_some() {
+        // From an archive, or after its lease ran out asleep (`on_expire: hibernate`): a new
+        // lease, or the reaper would put it back to sleep at once.
+        if from_archive.is_some() || rec.deadline_ms <= now {
             rec.deadline_ms = lease_end(now, rec.lease_seconds);
         }
         if let Err(e) = self.put_record(&rec).await {

@@ -13,13 +13,21 @@ impl Node {
         let since = now.saturating_sub(r.state_since_ms) / 1000;
         let retention = |s: &u64| since >= *s;
         if r.deadline_ms <= now {
-            return match (r.on_expire, r.state()) {
+            match (r.on_expire, r.state()) {
                 (OnExpire::Archive, SandboxState::Archived) => {
-                    self.cfg.archive_retention_seconds.filter(retention).map(|_| Due::Release)
+                    return self
+                        .cfg
+                        .archive_retention_seconds
+                        .filter(retention)
+                        .map(|_| Due::Release);
                 }
-                (OnExpire::Archive, _) => Some(Due::Archive),
-                (OnExpire::Destroy, _) => Some(Due::Release),
-            };
+                (OnExpire::Archive, _) => return Some(Due::Archive),
+                (OnExpire::Destroy, _) => return Some(Due::Release),
+                (OnExpire::Hibernate, SandboxState::Claimed) => return Some(Due::Hibernate),
+                // Asleep: from here on as any hibernated sandbox (archived after
+                // `archive_after_seconds`, released after the retention).
+                (OnExpire::Hibernate, _) => {}
+            }
         }
         match r.state() {
             SandboxState::Claimed => {
@@ -70,7 +78,11 @@ impl Node {
                 Due::Release => self.release_locked(&id).await.map(|()| "released"),
                 Due::Archive => self.archive_locked(live, memory).await.map(|_| "archived"),
                 Due::Hibernate => {
-                    self.hibernate_locked(live, memory).await.map(|_| "hibernated (idle)")
+                    let why = if live.record.deadline_ms <= now_ms() { "lease" } else { "idle" };
+                    let done = self.hibernate_locked(live, memory).await;
+                    done.map(|_| {
+                        if why == "lease" { "hibernated (lease)" } else { "hibernated (idle)" }
+                    })
                 }
             };
             match done {

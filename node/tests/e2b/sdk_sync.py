@@ -2,12 +2,15 @@
 listener: E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY come from the Rust test that runs this.
 Every check prints "ok <what>"; the first that fails raises, and the test reports it."""
 
+import hashlib
+import io
 import os
 
 from e2b import (
     CommandExitException,
     PtySize,
     FileNotFoundException,
+    InvalidArgumentException,
     Sandbox,
     SandboxException,
     TimeoutException,
@@ -23,6 +26,15 @@ def check(cond, what):
 
 s = Sandbox.create(timeout=300, metadata={"suite": "e2b", "k": "v w"}, envs={"FROM_CREATE": "yes"})
 check(s.sandbox_id.startswith("sb-"), "create")
+
+r = s.commands.run("whoami; pwd")
+check(r.stdout == "user\n/home/user\n", "run: as E2B's default user, in its home")
+check(s.commands.run("whoami", user="root").stdout == "root\n", "run: as the user named")
+try:
+    s.commands.run("true", user="nosuch")
+    check(False, "an unknown user raises")
+except InvalidArgumentException:
+    check(True, "run: an unknown user is InvalidArgumentException")
 
 r = s.commands.run("echo hi; echo err >&2")
 check((r.stdout, r.stderr, r.exit_code) == ("hi\n", "err\n", 0), "run: stdout, stderr, exit code")
@@ -58,6 +70,9 @@ check(s.commands.kill(h.pid) is False, "commands.kill of a gone command is False
 h = s.commands.run("read line; echo got $line", background=True, stdin=True)
 s.commands.send_stdin(h.pid, "hello\n")
 check(h.wait().stdout == "got hello\n", "send_stdin")
+h = s.commands.run("head -c 6", background=True, stdin=True)
+s.commands.stream_input(h.pid, ["abc", b"def"])
+check(h.wait().stdout == "abcdef", "stream_input")
 h = s.commands.run("cat", background=True, stdin=True)
 s.commands.send_stdin(h.pid, "abc")
 s.commands.close_stdin(h.pid)
@@ -74,8 +89,21 @@ check(b"30 100" in out and b"pty-42" in out, "pty: create, resize, input, output
 s.files.write("/tmp/a.txt", "hello")
 check(s.files.read("/tmp/a.txt") == "hello", "files: write and read text")
 blob = os.urandom(3 << 20)
-s.files.write("/root/b.bin", blob)
-check(bytes(s.files.read("/root/b.bin", format="bytes")) == blob, "files: 3 MiB of bytes round trip")
+s.files.write("b.bin", blob)
+check(bytes(s.files.read("/home/user/b.bin", format="bytes")) == blob, "files: 3 MiB of bytes round trip, a relative path in the user's home")
+big = os.urandom(1 << 20) * 50
+s.files.write("/tmp/big.bin", io.BytesIO(big))
+digest = hashlib.sha256()
+for chunk in s.files.read("/tmp/big.bin", format="stream"):
+    digest.update(chunk)
+check(digest.hexdigest() == hashlib.sha256(big).hexdigest(), "files: a 50 MiB stream each way")
+check(s.commands.run("sha256sum /tmp/big.bin").stdout.split()[0] == digest.hexdigest(), "files: the sandbox has those 50 MiB")
+s.commands.run("rm /tmp/big.bin")
+s.files.write("gz.txt", "zipped " * 1000, gzip=True)
+check(s.files.read("gz.txt") == "zipped " * 1000, "files: a gzip upload")
+s.files.write("notes.txt", "mine")
+r = s.commands.run("echo more >> notes.txt; stat -c %U notes.txt; cat notes.txt")
+check(r.stdout == "user\nminemore\n", "files: what the user writes is the user's")
 written = s.files.write_files([{"path": "/tmp/m/1.txt", "data": "one"}, {"path": "/tmp/m/2.txt", "data": b"two"}])
 check([w.path for w in written] == ["/tmp/m/1.txt", "/tmp/m/2.txt"], "files: write_files (multipart)")
 check(s.commands.run("cat /tmp/m/1.txt /tmp/m/2.txt").stdout == "onetwo", "files: what write_files wrote")
@@ -83,6 +111,7 @@ check(s.files.exists("/tmp/a.txt") and not s.files.exists("/tmp/none"), "files: 
 info = s.files.get_info("/tmp/a.txt")
 check((info.size, info.type.value, info.path) == (5, "file", "/tmp/a.txt"), "files: get_info")
 check(s.files.make_dir("/tmp/d/e") is True, "files: make_dir")
+check(s.commands.run("stat -c %U /tmp/d/e").stdout == "user\n", "files: make_dir makes the user's directory")
 check(s.files.make_dir("/tmp/d/e") is False, "files: make_dir of an existing dir is False")
 moved = s.files.rename("/tmp/a.txt", "/tmp/d/a.txt")
 check(moved.path == "/tmp/d/a.txt", "files: rename")
@@ -120,13 +149,13 @@ check(Sandbox.list(query=SandboxQuery(metadata={"k": "other"})).next_items() == 
 s.set_timeout(120)
 check(True, "set_timeout")
 
-s.commands.run("echo forked-from > /root/origin")
+s.commands.run("echo forked-from > ~/origin")
 kids = s.fork(count=2, timeout=120)
 check(len(kids) == 2 and all(isinstance(k, Sandbox) for k in kids), "fork: two children")
 for k in kids:
-    check(k.commands.run("cat /root/origin; echo $FROM_CREATE").stdout == "forked-from\nyes\n", "fork: a child has the files and the envVars")
-kids[0].commands.run("echo mine > /root/origin")
-check(kids[1].commands.run("cat /root/origin").stdout == "forked-from\n", "fork: children diverge")
+    check(k.commands.run("cat ~/origin; echo $FROM_CREATE").stdout == "forked-from\nyes\n", "fork: a child has the files and the envVars")
+kids[0].commands.run("echo mine > ~/origin")
+check(kids[1].commands.run("cat ~/origin").stdout == "forked-from\n", "fork: children diverge")
 for k in kids:
     k.kill()
 snap = s.create_snapshot(name="before-pause")
@@ -134,7 +163,7 @@ check(snap.snapshot_id.startswith("ck_") and snap.names == ["before-pause"], "cr
 listed_snaps = [x.snapshot_id for x in Sandbox.list_snapshots(sandbox_id=s.sandbox_id).next_items()]
 check(snap.snapshot_id in listed_snaps, "list_snapshots")
 from_snap = Sandbox.create(template=snap.snapshot_id, timeout=120)
-check(from_snap.commands.run("cat /root/origin").stdout == "forked-from\n", "create from a snapshot")
+check(from_snap.commands.run("cat ~/origin").stdout == "forked-from\n", "create from a snapshot")
 from_snap.kill()
 check(Sandbox.delete_snapshot(snap.snapshot_id) is True, "delete_snapshot")
 check(Sandbox.delete_snapshot(snap.snapshot_id) is False, "delete_snapshot of a gone one is False")
@@ -142,8 +171,19 @@ check(Sandbox.delete_snapshot(snap.snapshot_id) is False, "delete_snapshot of a 
 check(s.pause() is True, "pause")
 check(Sandbox.get_info(s.sandbox_id).state.value == "paused", "paused in get_info")
 again = Sandbox.connect(s.sandbox_id)
-check(again.files.read("/root/b.bin", format="bytes") == blob, "connect resumes it, files kept")
+check(again.files.read("b.bin", format="bytes") == blob, "connect resumes it, files kept")
 check(again.commands.run("echo back").stdout == "back\n", "connect: commands run again")
+
+p = Sandbox.create(timeout=2, lifecycle={"on_timeout": "pause"})
+p.files.write("/tmp/kept", "asleep")
+for _ in range(300):
+    if Sandbox.get_info(p.sandbox_id).state.value == "paused":
+        break
+    time.sleep(0.1)
+check(Sandbox.get_info(p.sandbox_id).state.value == "paused", "lifecycle on_timeout pause: paused at the timeout")
+check(p.files.read("/tmp/kept") == "asleep", "a call resumes it (auto-resume), its files kept")
+check(Sandbox.get_info(p.sandbox_id).state.value == "running", "running again, with a new timeout")
+p.kill()
 
 check(s.kill() is True, "kill")
 check(Sandbox.kill(s.sandbox_id) is False, "kill of a gone sandbox is False")

@@ -367,3 +367,15 @@ pub async fn rename<W: AsyncWrite + Unpin>(
     std::fs::rename(&from, &to).map_err(|e| io_error(&from, e))?;
     Ok(wr.send(&Frame::Done).await?)
 }
+
+pub async fn chown<W: AsyncWrite + Unpin>(
+    path: String,
+    user: String,
+    wr: &mut FrameWriter<W>,
+) -> CallResult {
+    let path = checked_path(&path)?;
+    let user = crate::users::lookup(&user)?;
+    std::os::unix::fs::lchown(&path, Some(user.uid), Some(user.gid))
+        .map_err(|e| io_error(&path, e))?;
+    Ok(wr.send(&Frame::Done).await?)
+}

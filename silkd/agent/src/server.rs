@@ -265,6 +265,7 @@ where
         Frame::Git(req) => git::git(agent, req, rd, wr).await,
         Frame::PortForward { port } => forward::forward(port, rd, wr).await,
         Frame::Quiesce => Ok(()), // answered by `serve`
+        Frame::Chown { path, user } => files::chown(path, user, wr).await,
         reply @ (Frame::Stdout(_)
         | Frame::Stderr(_)
         | Frame::Exit(_)

@@ -46,7 +46,7 @@ fn lookup_in(who: &str, passwd: &str, group: &str) -> Result<User, WireError> {
         }
         (None, None) => {
             return Err(WireError::new(
-                ErrorKind::NotFound,
+                ErrorKind::BadRequest,
                 format!("no user {who:?} in /etc/passwd"),
             ));
         }
@@ -86,6 +86,6 @@ mod tests {
         assert_eq!(bob.groups, vec![1000, 10]);
         assert_eq!(lookup_in("0", p, g).unwrap().name, "root");
         assert_eq!(lookup_in("4242", p, g).unwrap().uid, 4242);
-        assert_eq!(lookup_in("mallory", p, g).unwrap_err().kind, ErrorKind::NotFound);
+        assert_eq!(lookup_in("mallory", p, g).unwrap_err().kind, ErrorKind::BadRequest);
     }
 }

@@ -136,7 +136,7 @@ async fn exec_errors_are_typed_and_the_connection_survives() {
     if let Frame::Exec(e) = &mut req {
         e.command.user = Some("no-such-user".into());
     }
-    assert_eq!(c.call(req).await.error_kind(), Some(ErrorKind::NotFound));
+    assert_eq!(c.call(req).await.error_kind(), Some(ErrorKind::BadRequest), "an unknown user");
     assert_eq!(c.exec(&["true"]).await.exit().code, 0);
 }
 

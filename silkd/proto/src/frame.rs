@@ -168,6 +168,12 @@ pub enum Frame {
     /// foreground processes end as on any hang-up), then `Done`, then this connection closes
     /// too, so the sandbox holds no socket of the host's when it is dumped.
     Quiesce,
+    /// Give a path (not following a final symlink) to a user (see [`Command::user`]) and its
+    /// primary group: what a client writing files on a user's behalf asks after the write.
+    Chown {
+        path: String,
+        user: String,
+    },
 }
 
 /// How a process ended. `code` follows the shell convention: 128 + signal when killed.
@@ -570,6 +576,7 @@ impl Frame {
             Frame::Events(_) => "Events",
             Frame::GitReply(_) => "GitReply",
             Frame::Quiesce => "Quiesce",
+            Frame::Chown { .. } => "Chown",
         }
     }
 
@@ -627,5 +634,6 @@ impl Frame {
         "Events",
         "GitReply",
         "Quiesce",
+        "Chown",
     ];
 }

@@ -8,7 +8,7 @@ use bytes::{Bytes, BytesMut};
 use silk_proto::*;
 
 /// Pinned so that adding a variant is a deliberate act here too.
-const VARIANTS: usize = 52;
+const VARIANTS: usize = 53;
 
 fn stat() -> FileStat {
     FileStat {
@@ -157,6 +157,7 @@ fn samples() -> Vec<Frame> {
             truncated: false,
         })),
         Frame::Quiesce,
+        Frame::Chown { path: "/home/user/a".into(), user: "user".into() },
     ]
 }
 
