@@ -33,6 +33,8 @@ pub enum Code {
     Moving,
     AgentUnavailable,
     PeerUnavailable,
+    /// The ports route: nothing inside the sandbox accepted the connection on that port.
+    PortClosed,
     /// The target of a move refused the sandbox with a code this node does not know (a known
     /// one is passed on as it is).
     MoveRefused,
@@ -77,6 +79,7 @@ impl Code {
             Moving => "moving",
             AgentUnavailable => "agent_unavailable",
             PeerUnavailable => "peer_unavailable",
+            PortClosed => "port_closed",
             MoveRefused => "move_refused",
             SandboxNotReady => "sandbox_not_ready",
             BadTemplate => "bad_template",
@@ -134,6 +137,7 @@ mod tests {
             Moving,
             AgentUnavailable,
             PeerUnavailable,
+            PortClosed,
             MoveRefused,
             SandboxNotReady,
             BadTemplate,

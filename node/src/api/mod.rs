@@ -17,7 +17,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::extract::{DefaultBodyLimit, FromRef, FromRequest, Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 use silk_proto::{Command, Connection, ExecRequest, Frame};
@@ -33,6 +33,7 @@ mod fleetwide;
 mod lifecycle;
 pub mod limit;
 pub mod openapi;
+mod ports;
 pub mod relay;
 mod tenants;
 
@@ -71,6 +72,9 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
         .route("/v1/sandboxes/{id}/promote", post(lifecycle::promote))
         .route("/v1/sandboxes/{id}/move", post(lifecycle::move_sandbox))
         .route("/v1/sandboxes/{id}/agent", get(relay::agent))
+        .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy_root))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy_root))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), edge::owner));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
@@ -191,7 +195,7 @@ pub fn status(e: &NodeError) -> StatusCode {
         PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
-        PeerUnavailable | MoveRefused | StoreRefused => StatusCode::BAD_GATEWAY,
+        PeerUnavailable | PortClosed | MoveRefused | StoreRefused => StatusCode::BAD_GATEWAY,
         BadTemplate | WarmupFailed | ExecFailed => StatusCode::UNPROCESSABLE_ENTITY,
         Unsupported => StatusCode::NOT_IMPLEMENTED,
         EngineFailed | StoreCorrupt | StoreFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,

@@ -104,6 +104,23 @@ fn paths_and_schemas(limits: Limits) -> Value {
         "delete": op("Release: destroy the sandbox", (204, json!({ "description": "released" })), &[401, 404], None),
     });
     sandbox["parameters"] = id.clone();
+    // The ports route passes any method through; each is described the same way.
+    let mut ports = json!({});
+    let port = json!({ "name": "port", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 1, "maximum": 65535 } });
+    let rest =
+        json!({ "name": "path", "in": "path", "required": true, "schema": { "type": "string" } });
+    for method in ["get", "post", "put", "patch", "delete"] {
+        let passed = json!({ "description": "the answer of the server on that port inside the sandbox, passed through (any status; 101 for an upgrade)" });
+        ports[method] = op(
+            "HTTP or WebSocket to 127.0.0.1:{port} inside the sandbox, over silkd's port forward (sandbox token, root or its tenant's key; never passed to the sandbox)",
+            (200, passed),
+            &[400, 401, 404, 502, 503],
+            None,
+        );
+    }
+    let mut ports_root = ports.clone();
+    ports["parameters"] = json!([id[0], port, rest]);
+    ports_root["parameters"] = json!([id[0], port]);
     let id = &id;
     json!({
         "openapi": "3.1.0",
@@ -175,6 +192,8 @@ fn paths_and_schemas(limits: Limits) -> Value {
                 "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
                 "delete": op("Delete a promoted template", (204, json!({ "description": "deleted" })), &[401, 404, 409], None),
             },
+            "/v1/sandboxes/{id}/ports/{port}": ports_root,
+            "/v1/sandboxes/{id}/ports/{port}/{path}": ports,
             "/v1/sandboxes/{id}/agent": { "parameters": id, "get": op("Upgrade: silkd — after 101, a byte relay to the sandbox's silkd", (101, json!({ "description": "switching protocols" })), &[401, 404, 426, 503], None) },
         }
     })
