@@ -65,9 +65,13 @@ pub(super) async fn owner(State(e2b): State<E2b>, req: Request, next: Next) -> R
             let woken =
                 crate::node::detached(async move { node.wake_orphan(&orphan, Some(&root)).await })
                     .await;
+            // Woken, or it is nowhere: the call is answered here, in the shape its plane uses
+            // for a sandbox that is gone (envd's 502 "not found", the control plane's 404).
             return match woken {
-                Ok(_) => next.run(req).await,
-                Err(e) => HttpError::new(crate::api::status(&e), e.message).into_response(),
+                Err(e) if crate::api::status(&e) != StatusCode::NOT_FOUND => {
+                    HttpError::new(crate::api::status(&e), e.message).into_response()
+                }
+                _ => next.run(req).await,
             };
         }
     };

@@ -2,7 +2,7 @@
 TLS; the test sets E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY and SSL_CERT_FILE). Each call may
 reach any node: one that does not hold the sandbox forwards the call to the one that does."""
 
-from e2b import Sandbox
+from e2b import Sandbox, SandboxNotRunningException, SandboxUnreachableException
 
 
 def check(cond, what):
@@ -31,4 +31,10 @@ check(again.files.read("f3.txt") == "2/3", "connect resumes it, files kept")
 for b in boxes:
     check(Sandbox.get_info(b.sandbox_id).sandbox_id == b.sandbox_id, "get_info from any node")
     check(b.kill() is True, "kill through the balancer")
+for _ in range(3):  # whichever node the balancer picks: the sandbox is gone everywhere
+    try:
+        boxes[0].files.read("f0.txt")
+        check(False, "a killed sandbox's files cannot be read")
+    except (SandboxNotRunningException, SandboxUnreachableException):
+        check(True, "a killed sandbox is not running, from any node")
 print("done", flush=True)
