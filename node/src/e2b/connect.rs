@@ -174,7 +174,7 @@ pub fn timeout_ms(header: Option<&str>) -> Option<u64> {
 /// The reader's contract, checked on arbitrary input by the fuzz target (`node/fuzz`) and by a
 /// seeded pass in the tests: no panic, never more held than one message's bound, the same
 /// answer however the bytes are cut (the first byte says where), and every JSON message
-/// re-framed reads back the same.
+/// re-framed reads back byte for byte.
 #[cfg(any(test, fuzzing))]
 pub fn check_reader(data: &[u8]) {
     fn read(parts: &[&[u8]]) -> (Vec<Bytes>, Option<Code>) {
@@ -199,9 +199,11 @@ pub fn check_reader(data: &[u8]) {
     assert_eq!(read(&[&rest[..cut], &rest[cut..]]), whole);
     for m in whole.0 {
         if let Ok(v) = serde_json::from_slice::<serde_json::Value>(&m) {
+            // The framing is checked, not serde_json's float parsing (not exact by default: the
+            // first fuzz campaign found 6.666666666666665e52 read back one ulp off).
             let (again, error) = read(&[&envelope(&v)]);
             assert!(error.is_none());
-            assert_eq!(serde_json::from_slice::<serde_json::Value>(&again[0]).unwrap(), v);
+            assert_eq!(again[0], serde_json::to_vec(&v).unwrap());
         }
     }
 }
