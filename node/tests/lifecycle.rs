@@ -1,58 +1,16 @@
 //! Lifecycle end to end on a real node (jail engine, local store; S3 where named): hibernate and
-//! wake, checkpoint and branch, fork, promote, archive, idle hibernation, and kill -9 at every
-//! step of hibernate, archive and checkpoint.
+//! wake, checkpoint and branch, fork, promote, archive, leases that run out, idle hibernation
+//! (kill -9 mid-step: kill9.rs).
 
 mod common;
 
 use common::*;
-use serde_json::{Value, json};
+use serde_json::json;
 
-const ONE_WARM: &str = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
+#[path = "lifecycle/boxes.rs"]
+mod boxes;
 
-/// A tree with nested directories, modes, a symlink, an empty file, 4 MiB of noise and a
-/// deleted template file.
-const WRITE_TREE: &str = "mkdir -p /srv/t/a/b && echo one > /srv/t/a/one && printf '' > /srv/t/empty \
-    && head -c 4194304 /dev/urandom > /srv/t/a/b/noise && chmod 640 /srv/t/a/one \
-    && ln -s a/one /srv/t/link && rm /etc/hosts";
-
-/// Everything a user would notice about the tree: paths, types, modes, sizes, link targets and
-/// contents.
-const HASH_TREE: &str = "cd /srv/t && { find . -printf '%p %y %m %s %l\\n' | sort; \
-    find . -type f -print0 | sort -z | xargs -0 sha256sum; test -e /etc/hosts && echo hosts; } | sha256sum";
-
-struct Box {
-    id: String,
-    token: String,
-}
-
-fn claim(node: &Sandboxd, body: &str) -> Box {
-    let v = node.claim(body);
-    Box { id: v["id"].as_str().unwrap().into(), token: v["token"].as_str().unwrap().into() }
-}
-
-fn child(v: &Value) -> Box {
-    Box { id: v["id"].as_str().unwrap().into(), token: v["token"].as_str().unwrap().into() }
-}
-
-fn sh(node: &Sandboxd, b: &Box, script: &str) -> String {
-    let v = node.exec(&b.id, &b.token, script);
-    assert_eq!(v["exit_code"], 0, "{script}: {v}");
-    v["stdout"].as_str().unwrap().trim().to_string()
-}
-
-fn post(node: &Sandboxd, b: &Box, verb: &str, body: &str) -> (u16, Value) {
-    node.req("POST", &format!("/v1/sandboxes/{}/{verb}", b.id), Some(&b.token), Some(body))
-}
-
-fn state(node: &Sandboxd, b: &Box) -> String {
-    let (status, v) = node.req("GET", &format!("/v1/sandboxes/{}", b.id), Some(&b.token), None);
-    assert_eq!(status, 200, "{v}");
-    v["state"].as_str().unwrap().to_string()
-}
-
-fn running(node: &Sandboxd, b: &Box) -> bool {
-    node.sandbox_processes(&b.id) > 0
-}
+use boxes::*;
 
 #[test]
 fn hibernate_frees_the_host_and_any_access_wakes_it_with_the_same_files() {
@@ -253,12 +211,6 @@ fn checkpoints_branch_and_forks_are_independent_copies() {
 }
 
 /// Files under `dir`, recursively.
-fn files_under(dir: &std::path::Path) -> usize {
-    std::fs::read_dir(dir).map_or(0, |entries| {
-        entries.flatten().map(|e| if e.path().is_dir() { files_under(&e.path()) } else { 1 }).sum()
-    })
-}
-
 #[test]
 fn store_gc_collects_the_chunks_of_deleted_checkpoints_and_keeps_the_rest() {
     let node = Sandboxd::start(&format!(
@@ -532,79 +484,4 @@ fn lifecycle_calls_on_one_sandbox_are_serialised() {
         assert!(status == 200 || status == 201, "{status} {v}");
     }
     assert_eq!(sh(&node, &b, "sha256sum /root/big"), sum);
-}
-
-/// Runs `verb` with the node set to kill itself at `point`, restarts it, and checks the
-/// sandbox is in `expect` with its files intact.
-fn crash_at(point: &str, verb: &str, expect: &str) -> (Sandboxd, Box, String) {
-    let mut node = Sandboxd::start(ONE_WARM);
-    node.crash_at = Some(point.to_string());
-    node.restart();
-    let b = claim(&node, "{}");
-    sh(&node, &b, WRITE_TREE);
-    let before = sh(&node, &b, HASH_TREE);
-    let answer =
-        try_http(node.addr, "POST", &format!("/v1/sandboxes/{}/{verb}", b.id), Some(&b.token), "");
-    assert!(answer.is_none(), "{point}: the node answered {answer:?} instead of crashing");
-    node.wait_crash_and_restart();
-    assert_eq!(state(&node, &b), expect, "after a crash at {point}");
-    let snapshots: Vec<_> =
-        std::fs::read_dir(node.data().join("snapshots")).unwrap().flatten().collect();
-    assert_eq!(snapshots.len(), usize::from(expect == "hibernated"), "{point}: {snapshots:?}");
-    assert_eq!(std::fs::read_dir(node.data().join("scratch")).unwrap().count(), 0);
-    assert_eq!(sh(&node, &b, HASH_TREE), before, "{point}: files intact");
-    assert_eq!(state(&node, &b), "claimed");
-    (node, b, before)
-}
-
-#[test]
-fn kill_9_mid_hibernate_leaves_a_sandbox_that_starts_again() {
-    crash_at("hibernate:stopped", "hibernate", "claimed");
-}
-
-#[test]
-fn kill_9_mid_archive_rolls_back_or_completes() {
-    // Its first step captures the files into a tar and removes the box.
-    crash_at("capture:intent", "archive", "claimed");
-    crash_at("capture:captured", "archive", "hibernated");
-    crash_at("archive:intent", "archive", "hibernated");
-    crash_at("archive:uploaded", "archive", "archived");
-}
-
-#[test]
-fn kill_9_mid_wake_from_an_archive_leaves_no_stale_archive_to_wake_again() {
-    let mut node = Sandboxd::start(ONE_WARM);
-    let b = claim(&node, "{}");
-    sh(&node, &b, WRITE_TREE);
-    let before = sh(&node, &b, HASH_TREE);
-    assert_eq!(post(&node, &b, "archive", "").0, 200);
-    node.crash_at = Some("wake:journalled".into());
-    node.restart();
-    let path = format!("/v1/sandboxes/{}/wake", b.id);
-    let answer = try_http(node.addr, "POST", &path, Some(&b.token), "");
-    assert!(answer.is_none(), "the node answered {answer:?} instead of crashing");
-    node.wait_crash_and_restart();
-    assert_eq!(state(&node, &b), "claimed");
-    assert_eq!(sh(&node, &b, HASH_TREE), before);
-    // Running here again, it is no longer archived in the store: no other node could wake
-    // an old copy of it.
-    let store = node.data().join("store");
-    assert_eq!(files_under(&store.join("archives")), 0);
-    assert_eq!(files_under(&store.join("claims")), 0);
-}
-
-#[test]
-fn kill_9_mid_checkpoint_leaves_the_source_and_a_whole_checkpoint_or_none() {
-    let (node, b, _) = crash_at("checkpoint:captured", "checkpoint", "claimed");
-    let (_, list) = node.req("GET", "/v1/checkpoints", Some(ROOT), None);
-    assert_eq!(list["checkpoints"].as_array().unwrap().len(), 0, "{list}");
-    drop((node, b));
-    let (node, b, before) = crash_at("checkpoint:uploaded", "checkpoint", "claimed");
-    let (_, list) =
-        node.req("GET", &format!("/v1/sandboxes/{}/checkpoints", b.id), Some(&b.token), None);
-    let ck = list["checkpoints"][0]["id"].as_str().expect("the uploaded checkpoint is listed");
-    let (status, v) =
-        node.req("POST", &format!("/v1/checkpoints/{ck}/claim"), Some(ROOT), Some(""));
-    assert_eq!(status, 201, "{v}");
-    assert_eq!(sh(&node, &child(&v), HASH_TREE), before);
 }
