@@ -36,6 +36,26 @@ pub struct ClaimRequest {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub on_expire: OnExpire,
+    /// Lane `egress`: what the sandbox may reach. It can only narrow its pool's policy (root
+    /// may widen it); left out: the pool's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressPolicy>,
+}
+
+/// What a sandbox in lane `egress` may reach: names it may resolve and connect to, and IPv4
+/// networks it may connect to without a name. A name is allowed when an `allow` pattern
+/// matches it and no `deny` pattern does. Patterns: `example.com` (that name), `*.example.com`
+/// (any name under it, not itself), `*` (any name), `203.0.113.0/24` (those addresses).
+/// Whatever a policy says, the node's guard refuses link-local, loopback, private ranges the
+/// operator did not open, other sandboxes and the node's own addresses.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct EgressPolicy {
+    #[serde(default)]
+    pub allow: Vec<String>,
+    #[serde(default)]
+    pub deny: Vec<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/renew`.
@@ -172,6 +192,10 @@ pub struct PoolConfig {
     /// loaded). Files only where the node keeps no memory.
     #[serde(default)]
     pub memory_golden: bool,
+    /// Lane `egress`: the policy of this pool's claims (they may narrow it); left out: the
+    /// node's default, which allows nothing unless the operator set one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressPolicy>,
 }
 
 fn small() -> Size {
@@ -232,6 +256,9 @@ pub struct Sandbox {
     /// The node's mesh name: only in a move's answer (the node it moved to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Lane `egress`: the policy it runs under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<EgressPolicy>,
     /// The tenant that owns it; left out for root's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant: Option<String>,

@@ -35,6 +35,8 @@ pub enum Code {
     PeerUnavailable,
     /// The ports route: nothing inside the sandbox accepted the connection on that port.
     PortClosed,
+    /// A claim's egress policy allows more than its pool's (only root may widen it).
+    EgressWider,
     /// The target of a move refused the sandbox with a code this node does not know (a known
     /// one is passed on as it is).
     MoveRefused,
@@ -80,6 +82,7 @@ impl Code {
             AgentUnavailable => "agent_unavailable",
             PeerUnavailable => "peer_unavailable",
             PortClosed => "port_closed",
+            EgressWider => "egress_wider",
             MoveRefused => "move_refused",
             SandboxNotReady => "sandbox_not_ready",
             BadTemplate => "bad_template",
@@ -138,6 +141,7 @@ mod tests {
             AgentUnavailable,
             PeerUnavailable,
             PortClosed,
+            EgressWider,
             MoveRefused,
             SandboxNotReady,
             BadTemplate,

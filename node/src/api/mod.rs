@@ -184,6 +184,7 @@ pub fn status(e: &NodeError) -> StatusCode {
     match e.code {
         BadRequest => StatusCode::BAD_REQUEST,
         Unauthorized => StatusCode::UNAUTHORIZED,
+        EgressWider => StatusCode::FORBIDDEN,
         NotFound | TemplateNotFound | PeerNotFound | NoRoute => StatusCode::NOT_FOUND,
         MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         Conflict | BaseUnavailable | MemorySnapshotFailed => StatusCode::CONFLICT,

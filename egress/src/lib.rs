@@ -1,0 +1,215 @@
+//! The egress lane's node side. A sandbox in lane `egress` has a veth to the node (the engine
+//! makes it); the node's nftables table ([`nft`]) sends every TCP connection it opens to the
+//! node's transparent [`proxy`] and its DNS to the node's [`resolver`], and drops the rest.
+//! The resolver answers only names the sandbox's [`policy`] allows, and remembers the
+//! addresses they resolved to; the proxy connects (from the node's own namespace) only to an
+//! address this sandbox resolved for an allowed name, or one its policy names, and never to
+//! one the [`guard`] refuses.
+//!
+//! Why a proxy and not forwarding with NAT and per-sandbox address sets: one place decides
+//! every connection (policy, guard, limits, counters) in code that tests without sockets, and
+//! neither a lookup nor a claim has to change a firewall set; the cost is a user-space copy,
+//! measured in `bench` against a direct connection.
+
+pub mod dns;
+pub mod guard;
+pub mod lanes;
+pub mod nft;
+pub mod policy;
+mod proxy;
+mod resolver;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+pub use guard::{Denied, Guard, Net};
+pub use lanes::{Lease, Leases};
+pub use policy::Policy;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EgressError {
+    #[error("nftables: {0}")]
+    Nft(String),
+    #[error("{0}: {1}")]
+    Io(String, std::io::Error),
+}
+
+/// How the node runs its lane.
+#[derive(Debug, Clone)]
+pub struct EgressConfig {
+    /// The nftables table (one per node: its data directory names it).
+    pub table: String,
+    /// Every sandbox-facing interface's name starts with it.
+    pub prefix: String,
+    /// The lane's network: the gateway and every sandbox address.
+    pub lane: Net,
+    /// Where the resolver asks (the node's own resolvers when empty).
+    pub upstream_dns: Vec<SocketAddr>,
+    /// Private networks opened to sandboxes (their policies must still allow them).
+    pub opened: Vec<Net>,
+    /// More addresses no sandbox may reach (the store's, the mesh's).
+    pub node_addresses: Vec<Ipv4Addr>,
+    /// Connections one sandbox may have open at once.
+    pub max_connections: usize,
+    /// How long a connection out may take to open.
+    pub connect_timeout: Duration,
+}
+
+/// What `/metrics` shows of the lane.
+#[derive(Debug, Default)]
+pub struct Counters {
+    /// From sandboxes, and to them.
+    pub bytes_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub connections: AtomicU64,
+    pub open: AtomicU64,
+    pub lookups: AtomicU64,
+    denied: [AtomicU64; Denied::ALL.len()],
+}
+
+impl Counters {
+    fn deny(&self, why: Denied) {
+        self.denied[why as usize].fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn denied(&self, why: Denied) -> u64 {
+        self.denied[why as usize].load(Ordering::Relaxed)
+    }
+}
+
+/// What the proxy and the resolver share.
+struct Shared {
+    cfg: EgressConfig,
+    leases: Arc<dyn Leases>,
+    lanes: Mutex<Lanes>,
+    guard: Mutex<Guard>,
+    counters: Arc<Counters>,
+}
+
+use lanes::Lanes;
+
+impl Shared {
+    fn lanes(&self) -> std::sync::MutexGuard<'_, Lanes> {
+        self.lanes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The lease of the sandbox at `peer`, if it is one of the lane's.
+    fn lease(&self, peer: SocketAddr) -> Option<(Ipv4Addr, Lease)> {
+        let SocketAddr::V4(v4) = peer else { return None };
+        let addr = *v4.ip();
+        if !self.cfg.lane.contains(addr) {
+            return None;
+        }
+        self.leases.lease(addr).map(|l| (addr, l))
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").field("cfg", &self.cfg).finish_non_exhaustive()
+    }
+}
+
+/// The running lane: its proxy and resolver tasks live as long as the tokio runtime.
+#[derive(Debug, Clone)]
+pub struct Egress {
+    shared: Arc<Shared>,
+}
+
+impl Egress {
+    /// Binds the proxy and the resolver, writes the nftables table, starts both.
+    pub async fn start(cfg: EgressConfig, leases: Arc<dyn Leases>) -> Result<Egress, EgressError> {
+        let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
+        let listener = tokio::net::TcpListener::bind(any)
+            .await
+            .map_err(|e| EgressError::Io("bind the egress proxy".into(), e))?;
+        let udp = tokio::net::UdpSocket::bind(any)
+            .await
+            .map_err(|e| EgressError::Io("bind the lane's resolver".into(), e))?;
+        let port = |a: std::io::Result<SocketAddr>| a.map(|a| a.port());
+        let proxy_port = port(listener.local_addr()).map_err(|e| EgressError::Io("proxy".into(), e))?;
+        let dns_port = port(udp.local_addr()).map_err(|e| EgressError::Io("resolver".into(), e))?;
+        let mut cfg = cfg;
+        if cfg.upstream_dns.is_empty() {
+            cfg.upstream_dns = resolver::system_servers();
+        }
+        let table = cfg.table.clone();
+        let prefix = cfg.prefix.clone();
+        tokio::task::spawn_blocking(move || nft::install(&table, &prefix, proxy_port, dns_port))
+            .await
+            .map_err(|e| EgressError::Nft(e.to_string()))??;
+        let guard = Mutex::new(guard_of(&cfg));
+        let shared = Arc::new(Shared {
+            cfg,
+            leases,
+            lanes: Mutex::default(),
+            guard,
+            counters: Arc::default(),
+        });
+        tokio::spawn(proxy::serve(shared.clone(), listener));
+        tokio::spawn(resolver::serve(shared.clone(), Arc::new(udp)));
+        tokio::spawn(sweep(Arc::downgrade(&shared)));
+        tracing::info!(lane = %shared.cfg.lane, proxy_port, dns_port, "egress lane ready");
+        Ok(Egress { shared })
+    }
+
+    pub fn counters(&self) -> &Counters {
+        &self.shared.counters
+    }
+
+    /// Packets nftables dropped (UDP but DNS, ICMP, IPv6, spoofed sources).
+    pub fn dropped(&self) -> u64 {
+        nft::dropped(&self.shared.cfg.table).unwrap_or(0)
+    }
+
+    pub fn config(&self) -> &EgressConfig {
+        &self.shared.cfg
+    }
+}
+
+fn guard_of(cfg: &EgressConfig) -> Guard {
+    let mut node = local_addresses();
+    node.extend(&cfg.node_addresses);
+    Guard { lane: Some(cfg.lane), node, opened: cfg.opened.clone() }
+}
+
+/// Every IPv4 address of this node's interfaces (in its network namespace).
+pub fn local_addresses() -> Vec<Ipv4Addr> {
+    let mut out = vec![];
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list`, freed below; every pointer is checked before use.
+    unsafe {
+        if libc::getifaddrs(&mut list) != 0 {
+            return out;
+        }
+        let mut at = list;
+        while !at.is_null() {
+            let a = (*at).ifa_addr;
+            if !a.is_null() && i32::from((*a).sa_family) == libc::AF_INET {
+                let sin = &*(a as *const libc::sockaddr_in);
+                out.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
+            }
+            at = (*at).ifa_next;
+        }
+        libc::freeifaddrs(list);
+    }
+    out
+}
+
+/// Once a minute: forgets expired lookups and released sandboxes, re-reads the node's
+/// addresses (an interface may have come up).
+async fn sweep(shared: std::sync::Weak<Shared>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    loop {
+        tick.tick().await;
+        let Some(s) = shared.upgrade() else { return };
+        let fresh = guard_of(&s.cfg);
+        *s.guard.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+        let leases = s.leases.clone();
+        s.lanes().sweep(Instant::now(), |addr, id| {
+            leases.lease(addr).is_some_and(|l| l.sandbox == id)
+        });
+    }
+}

@@ -1,0 +1,96 @@
+//! The transparent proxy: nftables redirects every TCP connection a sandbox opens here; the
+//! proxy reads where it was going (`SO_ORIGINAL_DST`), asks [`Lanes::open`], and either
+//! connects there from the node and copies both ways, or resets the sandbox's connection.
+
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::Shared;
+
+
+pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((conn, peer)) => {
+                tokio::spawn(handle(shared.clone(), conn, peer));
+            }
+            Err(e) => {
+                tracing::warn!("egress proxy accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Where nftables' redirect found the connection going.
+fn original_dst(conn: &TcpStream) -> Option<SocketAddrV4> {
+    let mut addr: libc::sockaddr_in = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    const SO_ORIGINAL_DST: libc::c_int = 80;
+    // SAFETY: getsockopt writes at most `len` bytes into `addr`.
+    let rc = unsafe {
+        libc::getsockopt(
+            conn.as_raw_fd(),
+            libc::SOL_IP,
+            SO_ORIGINAL_DST,
+            (&mut addr as *mut libc::sockaddr_in).cast(),
+            &mut len,
+        )
+    };
+    (rc == 0 && i32::from(addr.sin_family) == libc::AF_INET).then(|| {
+        SocketAddrV4::new(
+            Ipv4Addr::from(u32::from_be(addr.sin_addr.s_addr)),
+            u16::from_be(addr.sin_port),
+        )
+    })
+}
+
+/// Closes the sandbox's side with a reset: what a refused connection looks like from inside.
+fn reset(conn: TcpStream) {
+    let _ = conn.set_linger(Some(std::time::Duration::ZERO));
+    drop(conn);
+}
+
+async fn handle(shared: Arc<Shared>, conn: TcpStream, peer: SocketAddr) {
+    // Not from a claimed sandbox of the lane (a warm one, or someone reaching the port from
+    // outside): nothing to do for it.
+    let Some((addr, lease)) = shared.lease(peer) else { return reset(conn) };
+    let Some(dst) = original_dst(&conn) else { return reset(conn) };
+    let counters = &shared.counters;
+    let decided = {
+        let guard = shared.guard.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        shared.lanes().open(addr, &lease, *dst.ip(), &guard, shared.cfg.max_connections, Instant::now())
+    };
+    if let Err(why) = decided {
+        counters.deny(why);
+        tracing::debug!(sandbox = lease.sandbox, %dst, reason = why.as_str(), "egress refused");
+        return reset(conn);
+    }
+    counters.connections.fetch_add(1, Ordering::Relaxed);
+    counters.open.fetch_add(1, Ordering::Relaxed);
+    let upstream = tokio::time::timeout(shared.cfg.connect_timeout, TcpStream::connect(dst)).await;
+    match upstream {
+        Ok(Ok(mut up)) => {
+            let _ = up.set_nodelay(true);
+            let _ = conn.set_nodelay(true);
+            let mut conn = conn;
+            if let Ok((out, back)) = tokio::io::copy_bidirectional(&mut conn, &mut up).await {
+                counters.bytes_out.fetch_add(out, Ordering::Relaxed);
+                counters.bytes_in.fetch_add(back, Ordering::Relaxed);
+            }
+        }
+        Ok(Err(e)) => {
+            tracing::debug!(sandbox = lease.sandbox, %dst, "egress connect: {e}");
+            reset(conn);
+        }
+        Err(_) => reset(conn),
+    }
+    counters.open.fetch_sub(1, Ordering::Relaxed);
+    shared.lanes().closed(addr);
+}
+
