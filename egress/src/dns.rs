@@ -160,7 +160,10 @@ pub(crate) mod tests {
         let raw = query("files.pythonhosted.org", TYPE_A);
         let a = answer(&raw, &[([198, 51, 100, 10], 300), ([198, 51, 100, 11], 20)]);
         let got = addresses(&a, 0x1234).unwrap();
-        assert_eq!(got, [("198.51.100.10".parse().unwrap(), 300), ("198.51.100.11".parse().unwrap(), 20)]);
+        assert_eq!(
+            got,
+            [("198.51.100.10".parse().unwrap(), 300), ("198.51.100.11".parse().unwrap(), 20)]
+        );
         assert_eq!(addresses(&a, 0x9999), None, "another query's answer");
         assert_eq!(addresses(&raw, 0x1234), None, "not an answer");
     }

@@ -57,7 +57,13 @@ impl Lanes {
     }
 
     /// Remembers that an allowed name resolved to `ips` for the sandbox at `addr`.
-    pub fn resolved(&mut self, addr: Ipv4Addr, lease: &Lease, ips: &[(Ipv4Addr, u32)], now: Instant) {
+    pub fn resolved(
+        &mut self,
+        addr: Ipv4Addr,
+        lease: &Lease,
+        ips: &[(Ipv4Addr, u32)],
+        now: Instant,
+    ) {
         let e = self.entry(addr, lease);
         for (ip, ttl) in ips {
             let until = now + Duration::from_secs(u64::from(*ttl)).clamp(MIN_TTL, MAX_TTL);
@@ -118,7 +124,10 @@ mod tests {
     use crate::guard::Net;
 
     fn lease(id: &str, allow: &[&str]) -> Lease {
-        let p = silk_api::EgressPolicy { allow: allow.iter().map(|s| s.to_string()).collect(), deny: vec![] };
+        let p = silk_api::EgressPolicy {
+            allow: allow.iter().map(|s| s.to_string()).collect(),
+            deny: vec![],
+        };
         Lease { sandbox: id.into(), policy: Arc::new(Policy::parse(&p).unwrap()) }
     }
 
@@ -135,9 +144,16 @@ mod tests {
         assert_eq!(lanes.open(a, &la, server, &guard, 8, now), Err(Denied::NotResolved));
         lanes.resolved(a, &la, &[(server, 1)], now);
         assert_eq!(lanes.open(a, &la, server, &guard, 8, now), Ok(()));
-        assert_eq!(lanes.open(b, &lb, server, &guard, 8, now), Err(Denied::NotResolved), "another sandbox's lookup");
+        assert_eq!(
+            lanes.open(b, &lb, server, &guard, 8, now),
+            Err(Denied::NotResolved),
+            "another sandbox's lookup"
+        );
         // A TTL of 1 s is kept for MIN_TTL, not longer.
-        assert_eq!(lanes.open(a, &la, server, &guard, 8, now + MIN_TTL - Duration::from_secs(1)), Ok(()));
+        assert_eq!(
+            lanes.open(a, &la, server, &guard, 8, now + MIN_TTL - Duration::from_secs(1)),
+            Ok(())
+        );
         assert_eq!(lanes.open(a, &la, server, &guard, 8, now + MIN_TTL), Err(Denied::NotResolved));
         // The address changes hands: nothing the old sandbox resolved carries over.
         let next = lease("sb-c", &["pypi.org"]);
@@ -173,7 +189,9 @@ mod tests {
     fn resolved_addresses_are_bounded_and_swept() {
         let (mut lanes, now) = (Lanes::default(), Instant::now());
         let (a, l) = (ip("10.88.0.2"), lease("sb-a", &["*"]));
-        let many: Vec<_> = (0..MAX_RESOLVED as u32 + 10).map(|n| (Ipv4Addr::from(0x0b00_0000 + n), 60 + n)).collect();
+        let many: Vec<_> = (0..MAX_RESOLVED as u32 + 10)
+            .map(|n| (Ipv4Addr::from(0x0b00_0000 + n), 60 + n))
+            .collect();
         lanes.resolved(a, &l, &many, now);
         assert_eq!(lanes.entries[&a].resolved.len(), MAX_RESOLVED);
         assert!(!lanes.entries[&a].resolved.contains_key(&many[0].0), "the soonest to expire went");

@@ -82,7 +82,8 @@ impl Counters {
 /// What the proxy and the resolver share.
 struct Shared {
     cfg: EgressConfig,
-    leases: Arc<dyn Leases>,
+    /// Set once the node is up; until then no sandbox holds an address.
+    leases: std::sync::OnceLock<Arc<dyn Leases>>,
     lanes: Mutex<Lanes>,
     guard: Mutex<Guard>,
     counters: Arc<Counters>,
@@ -102,7 +103,7 @@ impl Shared {
         if !self.cfg.lane.contains(addr) {
             return None;
         }
-        self.leases.lease(addr).map(|l| (addr, l))
+        self.leases.get()?.lease(addr).map(|l| (addr, l))
     }
 }
 
@@ -120,7 +121,7 @@ pub struct Egress {
 
 impl Egress {
     /// Binds the proxy and the resolver, writes the nftables table, starts both.
-    pub async fn start(cfg: EgressConfig, leases: Arc<dyn Leases>) -> Result<Egress, EgressError> {
+    pub async fn start(cfg: EgressConfig) -> Result<Egress, EgressError> {
         let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
         let listener = tokio::net::TcpListener::bind(any)
             .await
@@ -129,7 +130,8 @@ impl Egress {
             .await
             .map_err(|e| EgressError::Io("bind the lane's resolver".into(), e))?;
         let port = |a: std::io::Result<SocketAddr>| a.map(|a| a.port());
-        let proxy_port = port(listener.local_addr()).map_err(|e| EgressError::Io("proxy".into(), e))?;
+        let proxy_port =
+            port(listener.local_addr()).map_err(|e| EgressError::Io("proxy".into(), e))?;
         let dns_port = port(udp.local_addr()).map_err(|e| EgressError::Io("resolver".into(), e))?;
         let mut cfg = cfg;
         if cfg.upstream_dns.is_empty() {
@@ -143,7 +145,7 @@ impl Egress {
         let guard = Mutex::new(guard_of(&cfg));
         let shared = Arc::new(Shared {
             cfg,
-            leases,
+            leases: std::sync::OnceLock::new(),
             lanes: Mutex::default(),
             guard,
             counters: Arc::default(),
@@ -153,6 +155,11 @@ impl Egress {
         tokio::spawn(sweep(Arc::downgrade(&shared)));
         tracing::info!(lane = %shared.cfg.lane, proxy_port, dns_port, "egress lane ready");
         Ok(Egress { shared })
+    }
+
+    /// Who holds the lane's addresses, from now on.
+    pub fn serve_leases(&self, leases: Arc<dyn Leases>) {
+        let _ = self.shared.leases.set(leases);
     }
 
     pub fn counters(&self) -> &Counters {
@@ -167,6 +174,17 @@ impl Egress {
     pub fn config(&self) -> &EgressConfig {
         &self.shared.cfg
     }
+}
+
+/// The nftables table and the interface prefix of the node on `data_dir`: nodes sharing a host
+/// keep theirs apart (an interface name is at most 15 bytes: the prefix, then 8 hex digits).
+pub fn names(data_dir: &std::path::Path) -> (String, String) {
+    let hash = blake3_hex(data_dir.as_os_str().as_encoded_bytes());
+    (format!("silkmesh_{}", &hash[..12]), format!("sm{}", &hash[..5]))
+}
+
+fn blake3_hex(bytes: &[u8]) -> String {
+    blake3::hash(bytes).to_hex().to_string()
 }
 
 fn guard_of(cfg: &EgressConfig) -> Guard {
@@ -207,9 +225,8 @@ async fn sweep(shared: std::sync::Weak<Shared>) {
         let Some(s) = shared.upgrade() else { return };
         let fresh = guard_of(&s.cfg);
         *s.guard.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
-        let leases = s.leases.clone();
-        s.lanes().sweep(Instant::now(), |addr, id| {
-            leases.lease(addr).is_some_and(|l| l.sandbox == id)
-        });
+        let Some(leases) = s.leases.get().cloned() else { continue };
+        s.lanes()
+            .sweep(Instant::now(), |addr, id| leases.lease(addr).is_some_and(|l| l.sandbox == id));
     }
 }

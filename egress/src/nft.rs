@@ -89,7 +89,9 @@ mod tests {
     #[test]
     fn the_ruleset_names_the_prefix_and_ports() {
         let r = super::ruleset("silkmesh_abc", "smabc", 4001, 4002);
-        assert!(r.contains("iifname \"smabc*\" meta nfproto ipv4 meta l4proto tcp redirect to :4001"));
+        assert!(
+            r.contains("iifname \"smabc*\" meta nfproto ipv4 meta l4proto tcp redirect to :4001")
+        );
         assert!(r.contains("udp dport 53 redirect to :4002"));
         assert!(r.starts_with("table inet silkmesh_abc\ndelete table inet silkmesh_abc\n"));
     }

@@ -26,7 +26,8 @@ impl Pattern {
         if text == "*" {
             return Ok(Pattern::Any);
         }
-        if text.starts_with(|c: char| c.is_ascii_digit()) && text.contains(['.', '/'])
+        if text.starts_with(|c: char| c.is_ascii_digit())
+            && text.contains(['.', '/'])
             && text.bytes().all(|b| b.is_ascii_digit() || b == b'.' || b == b'/')
         {
             return Net::parse(text).map(Pattern::Net);
@@ -35,7 +36,8 @@ impl Pattern {
             Some(rest) => (true, rest),
             None => (false, text),
         };
-        let name = normalise(name).ok_or_else(|| format!("{text:?} is not a name, *.name, * or an IPv4 network"))?;
+        let name = normalise(name)
+            .ok_or_else(|| format!("{text:?} is not a name, *.name, * or an IPv4 network"))?;
         Ok(if under { Pattern::Under(format!(".{name}")) } else { Pattern::Name(name) })
     }
 
@@ -115,7 +117,10 @@ impl Policy {
     pub fn narrowed(&self, asked: &Policy) -> Result<Policy, String> {
         let allow = if asked.allow.is_empty() { self.allow.clone() } else { asked.allow.clone() };
         if let Some(wider) = allow.iter().find(|a| !self.allow.iter().any(|p| p.covers(a))) {
-            return Err(format!("egress.allow entry {} is not within the pool's policy", show(wider)));
+            return Err(format!(
+                "egress.allow entry {} is not within the pool's policy",
+                show(wider)
+            ));
         }
         let mut deny = self.deny.clone();
         deny.extend(asked.deny.iter().filter(|d| !self.deny.contains(d)).cloned());
@@ -192,12 +197,15 @@ mod tests {
     #[test]
     fn a_claim_may_only_narrow_its_pool() {
         let pool = policy(&["*.example.com", "pypi.org", "203.0.113.0/24"], &["bad.example.com"]);
-        let ok = pool.narrowed(&policy(&["a.example.com", "*.b.example.com", "203.0.113.16/28"], &["x.org"])).unwrap();
+        let ok = pool
+            .narrowed(&policy(&["a.example.com", "*.b.example.com", "203.0.113.16/28"], &["x.org"]))
+            .unwrap();
         assert_eq!(ok.to_api().deny, ["bad.example.com", "x.org"]);
         assert!(!ok.allows_name("bad.example.com"), "the pool's denials stay");
         // Nothing asked: the pool's allow list.
         assert_eq!(pool.narrowed(&Policy::nothing()).unwrap().allow, pool.allow);
-        for wider in [&["*"][..], &["example.com"], &["*.com"], &["github.com"], &["203.0.0.0/16"]] {
+        for wider in [&["*"][..], &["example.com"], &["*.com"], &["github.com"], &["203.0.0.0/16"]]
+        {
             assert!(pool.narrowed(&policy(wider, &[])).is_err(), "{wider:?} widened");
         }
         let everything = policy(&["*"], &[]);

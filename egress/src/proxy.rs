@@ -12,7 +12,6 @@ use tokio::net::{TcpListener, TcpStream};
 
 use crate::Shared;
 
-
 pub(crate) async fn serve(shared: Arc<Shared>, listener: TcpListener) {
     loop {
         match listener.accept().await {
@@ -52,6 +51,8 @@ fn original_dst(conn: &TcpStream) -> Option<SocketAddrV4> {
 
 /// Closes the sandbox's side with a reset: what a refused connection looks like from inside.
 fn reset(conn: TcpStream) {
+    // A zero linger does not block the drop (the deprecation is about a non-zero one).
+    #[allow(deprecated)]
     let _ = conn.set_linger(Some(std::time::Duration::ZERO));
     drop(conn);
 }
@@ -64,7 +65,14 @@ async fn handle(shared: Arc<Shared>, conn: TcpStream, peer: SocketAddr) {
     let counters = &shared.counters;
     let decided = {
         let guard = shared.guard.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        shared.lanes().open(addr, &lease, *dst.ip(), &guard, shared.cfg.max_connections, Instant::now())
+        shared.lanes().open(
+            addr,
+            &lease,
+            *dst.ip(),
+            &guard,
+            shared.cfg.max_connections,
+            Instant::now(),
+        )
     };
     if let Err(why) = decided {
         counters.deny(why);
@@ -93,4 +101,3 @@ async fn handle(shared: Arc<Shared>, conn: TcpStream, peer: SocketAddr) {
     counters.open.fetch_sub(1, Ordering::Relaxed);
     shared.lanes().closed(addr);
 }
-

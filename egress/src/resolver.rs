@@ -1,5 +1,5 @@
 //! The resolver sandboxes ask (nftables redirects their port-53 UDP here). A name the
-//! sandbox's policy does not allow is answered `REFUSED` without going upstream; an allowed
+//! sandbox's policy does not allow is answered `NXDOMAIN` (a client fails at once; `REFUSED` makes glibc retry) without going upstream; an allowed
 //! one is asked upstream, and the IPv4 addresses of the answer are remembered for the sandbox
 //! until their TTL ends. AAAA is answered empty: the lane has no IPv6.
 
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use tokio::net::UdpSocket;
 
 use crate::Shared;
-use crate::dns::{self, RCODE_NXDOMAIN, RCODE_REFUSED, RCODE_SERVFAIL, TYPE_AAAA};
+use crate::dns::{self, RCODE_NXDOMAIN, RCODE_SERVFAIL, TYPE_AAAA};
 use crate::guard::Denied;
 
 /// How long one upstream server gets to answer.
@@ -49,7 +49,7 @@ async fn answer(shared: Arc<Shared>, socket: Arc<UdpSocket>, raw: Vec<u8>, from:
     let reply = if !lease.policy.allows_name(&query.name) {
         shared.counters.deny(Denied::Name);
         tracing::debug!(sandbox = lease.sandbox, name = query.name, "lookup refused");
-        dns::reply(&raw, &query, RCODE_REFUSED)
+        dns::reply(&raw, &query, RCODE_NXDOMAIN)
     } else if query.qtype == TYPE_AAAA {
         dns::reply(&raw, &query, 0)
     } else {

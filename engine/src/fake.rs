@@ -130,6 +130,7 @@ impl FakeEngine {
             running: true,
             created_ms: 0,
             memory: MemoryKept::default(),
+            address: None,
         };
         st.boxes.insert(id.clone(), FakeBox { info: info.clone(), files });
         Ok(info)

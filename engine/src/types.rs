@@ -243,6 +243,9 @@ pub struct BoxInfo {
     /// For the start that made it running: whether its processes came back from memory.
     #[serde(default)]
     pub memory: MemoryKept,
+    /// Its address in the egress lane (lane `egress` only; it keeps it while it hibernates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::Ipv4Addr>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -80,6 +80,8 @@ pub struct ClaimRecord {
     pub intent: Option<Intent>,
     /// The tenant that owns it (its key may act on it, its quotas count it); none: root's.
     pub tenant: Option<String>,
+    /// Lane `egress`: the policy it runs under (fixed at the claim; its copies keep it).
+    pub egress: Option<silk_api::EgressPolicy>,
 }
 
 /// Where a claimed sandbox is: one value, so no record can be hibernated with an archive, or
@@ -230,6 +232,9 @@ pub struct ClaimSpec {
     pub on_expire: OnExpire,
     /// The tenant the claim is for (its quota counts it); none: root's.
     pub tenant: Option<String>,
+    /// Lane `egress`: the policy asked for, then (from [`Node::claim`](crate::node::Node)) the
+    /// one it runs under.
+    pub egress: Option<silk_api::EgressPolicy>,
 }
 
 impl ClaimSpec {
@@ -241,6 +246,7 @@ impl ClaimSpec {
     ) -> Result<ClaimSpec, NodeError> {
         let ttl_seconds = checked_ttl(req.ttl_seconds, default_ttl, max_ttl)?;
         check_metadata(&req.metadata)?;
+        crate::egress::check_asked(&req.egress)?;
         let template = req.template.unwrap_or_else(|| "host".into());
         if template.is_empty() || template.len() > 128 {
             return Err(NodeError::bad_request("template must be 1-128 bytes"));
@@ -253,6 +259,7 @@ impl ClaimSpec {
             metadata: req.metadata,
             on_expire: req.on_expire,
             tenant: None,
+            egress: req.egress,
         })
     }
 }
@@ -378,6 +385,7 @@ mod tests {
             state_since_ms: 0,
             intent: None,
             tenant: None,
+            egress: None,
         }
     }
 

@@ -85,6 +85,48 @@ pub struct Config {
     pub metrics_token: Option<String>,
     /// Serve the API over TLS (plain HTTP when unset).
     pub tls: Option<TlsSection>,
+    /// The egress lane (docs/network.md).
+    pub egress: EgressSection,
+}
+
+/// `[egress]`: the network lane `egress` gives sandboxes (docs/network.md).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EgressSection {
+    /// Offer lane `egress` (it also needs `nft` and `ip`; without them it is off, and says why).
+    pub enabled: bool,
+    /// The lane's addresses: its first is the gateway, the others go to sandboxes. Nodes on one
+    /// host need lanes that do not overlap.
+    pub cidr: String,
+    /// The policy of pools that set none: allows nothing when unset.
+    pub default: Option<silk_api::EgressPolicy>,
+    /// Private networks (10/8, 172.16/12, 192.168/16, 100.64/10 or parts) sandboxes may reach
+    /// when their policy allows them too; the guard refuses them otherwise.
+    pub open_private: Vec<String>,
+    /// Where the lane's resolver asks (this host's resolv.conf servers when empty).
+    pub dns: Vec<SocketAddr>,
+    /// Connections one sandbox may have open at once.
+    pub max_connections: usize,
+    /// Bandwidth each way per size tier, Mbit/s (0: unlimited).
+    pub small_mbit: u32,
+    pub medium_mbit: u32,
+    pub large_mbit: u32,
+}
+
+impl Default for EgressSection {
+    fn default() -> Self {
+        EgressSection {
+            enabled: true,
+            cidr: "10.88.0.0/16".into(),
+            default: None,
+            open_private: vec![],
+            dns: vec![],
+            max_connections: 256,
+            small_mbit: 100,
+            medium_mbit: 250,
+            large_mbit: 1000,
+        }
+    }
 }
 
 /// `[tls]`: the API's certificate (PEM chain and key), and a CA whose certificates clients
@@ -262,6 +304,7 @@ impl Default for Config {
                 idle_hibernate_seconds: None,
                 memory: silk_api::Memory::Auto,
                 memory_golden: false,
+                egress: None,
             }],
             store: StoreConfig::default(),
             archive_after_seconds: None,
@@ -270,6 +313,7 @@ impl Default for Config {
             mesh: None,
             e2b: None,
             tls: None,
+            egress: EgressSection::default(),
             lookups_per_minute: 1200,
             lookup_burst: 100,
             metrics_token: None,
@@ -370,6 +414,7 @@ impl Config {
         if self.store.fs.is_some() && self.store.s3.is_some() {
             return bad("set at most one of [store.fs] and [store.s3]".into());
         }
+        crate::egress::validate(&self.egress, &self.pools).map_err(ConfigError::Invalid)?;
         for p in &self.pools {
             if p.template != "host" && !self.templates.contains_key(&p.template) {
                 return bad(format!("pool template {:?} is not defined", p.template));

@@ -16,6 +16,7 @@ pub mod claims;
 pub mod config;
 mod durable;
 pub mod e2b;
+pub mod egress;
 pub mod error;
 pub mod fleet;
 pub mod journal;
@@ -59,11 +60,19 @@ pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
     // Sandboxes' files, checkpoints and the journal live here: root's only.
     std::fs::create_dir_all(&cfg.data_dir)?;
     std::fs::set_permissions(&cfg.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-    let engine = Arc::new(jail_engine(&cfg)?);
+    // The lane's firewall before any sandbox can use it: without it the engine offers no lane.
+    let egress = egress::start(&cfg).await;
+    let mut jail = jail_config(&cfg)?;
+    jail.lane = egress.as_ref().and_then(|_| egress::lane_net(&cfg));
+    let engine = Arc::new(JailEngine::new(jail)?);
     let mesh = cfg.mesh.clone();
     // The controller first: it takes the journal's lock, so a second process on this data
     // directory stops there, before it could join the mesh in this node's name.
     let node = Node::open(cfg, engine).await?;
+    if let Some(egress) = egress {
+        egress.serve_leases(Arc::new(egress::NodeLeases(Arc::downgrade(&node))));
+        let _ = node.egress.set(egress);
+    }
     let (peers, incoming) = match &mesh {
         Some(m) => {
             let (peers, incoming) = fleet::start(&node.cfg, m).await?;
@@ -87,10 +96,6 @@ pub fn tool_paths(cfg: &Config) -> anyhow::Result<(PathBuf, PathBuf)> {
     let silkd = cfg.silkd.clone().unwrap_or_else(|| exe_dir.join("silkd"));
     let launcher = cfg.launcher.clone().unwrap_or_else(|| exe_dir.join("silk-jail"));
     Ok((silkd, launcher))
-}
-
-fn jail_engine(cfg: &Config) -> anyhow::Result<JailEngine> {
-    Ok(JailEngine::new(jail_config(cfg)?)?)
 }
 
 /// The jail engine's configuration for a node's config (the same for `start` and `clean`).
@@ -136,7 +141,9 @@ pub fn clean(cfg: &Config) -> anyhow::Result<usize> {
         ),
         Err(std::fs::TryLockError::Error(e)) => return Err(e.into()),
     }
-    Ok(silk_engine::jail::remove_all(jail_config(cfg)?)?)
+    let removed = silk_engine::jail::remove_all(jail_config(cfg)?)?;
+    egress::remove_table(cfg);
+    Ok(removed)
 }
 
 /// Serves the API on `listener` (and peers' calls, in a mesh) until `shutdown` resolves.

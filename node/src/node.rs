@@ -40,6 +40,7 @@ use crate::state::{SandboxState, Transitions};
 mod catalog;
 mod claiming;
 pub mod fleet;
+mod lane;
 mod lifecycle;
 mod pools;
 mod reaper;
@@ -76,6 +77,8 @@ pub struct Node {
     pub name: String,
     /// The other nodes, when this one is in a mesh.
     fleet: std::sync::OnceLock<Arc<dyn Fleet>>,
+    /// Lane `egress`, when this node offers it.
+    pub(crate) egress: std::sync::OnceLock<silk_egress::Egress>,
     /// Every tenant of the fleet, as the shared store says.
     pub tenants: crate::tenants::Tenants,
     /// Calls that changed something (written by the HTTP layer).
@@ -121,6 +124,8 @@ pub struct Live {
     pub agent: AgentAddr,
     /// The layers it runs on (unknown for a sandbox adopted while archived).
     pub base: Option<Base>,
+    /// Its address in lane `egress`.
+    pub address: Option<std::net::Ipv4Addr>,
     pub activity: Arc<Activity>,
 }
 
@@ -212,7 +217,8 @@ impl Live {
         if info.memory.kept || info.memory.why_not.is_some() {
             activity.set_memory(info.memory.clone());
         }
-        Live { record, agent: info.agent.clone(), base: Some(info.base.clone()), activity }
+        let (agent, base, address) = (info.agent.clone(), Some(info.base.clone()), info.address);
+        Live { record, agent, base, address, activity }
     }
 }
 
@@ -328,6 +334,7 @@ impl Node {
             started: Instant::now(),
             name,
             fleet: std::sync::OnceLock::new(),
+            egress: std::sync::OnceLock::new(),
             tenants,
             audit,
             usage,

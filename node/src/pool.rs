@@ -46,6 +46,8 @@ pub struct Pool {
     pub memory: silk_api::Memory,
     /// Its sandboxes clone the template's memory golden.
     pub memory_golden: bool,
+    /// Lane `egress`: its claims' policy (`None`: the node's default).
+    pub egress: Option<silk_api::EgressPolicy>,
     pub target: usize,
     pub ready: VecDeque<BoxInfo>,
     /// Starts in flight.
@@ -67,6 +69,7 @@ impl Pool {
             idle_hibernate: None,
             memory: silk_api::Memory::Auto,
             memory_golden: false,
+            egress: None,
             target: warm,
             ready: VecDeque::new(),
             starting: 0,
@@ -167,6 +170,7 @@ mod tests {
             running: true,
             created_ms: 0,
             memory: Default::default(),
+            address: None,
         }
     }
 

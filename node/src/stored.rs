@@ -19,10 +19,46 @@ use crate::claims::{ClaimRecord, Intent, OnExpire, Phase, Tier};
 use crate::state::SandboxState;
 
 /// The journal format these types are.
-pub const VERSION: u32 = 3;
+pub const VERSION: u32 = 4;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StoredClaim {
+    id: String,
+    token_hash: String,
+    template: String,
+    size: StoredSize,
+    lane: StoredLane,
+    tier: StoredTier,
+    state: StoredState,
+    created_ms: u64,
+    deadline_ms: u64,
+    on_expire: StoredOnExpire,
+    metadata: BTreeMap<String, String>,
+    lease_seconds: u64,
+    idle_hibernate_seconds: Option<u64>,
+    from_checkpoint: Option<String>,
+    forked_from: Option<String>,
+    state_since_ms: u64,
+    stopped: Option<StoredSnapshot>,
+    archive: Option<String>,
+    intent: Option<StoredIntent>,
+    /// The tenant that owns the claim; none: root's. (JSON written before format 3 has none.)
+    #[serde(default)]
+    tenant: Option<String>,
+    /// Lane `egress`: its policy (format 4; JSON before it has none).
+    #[serde(default)]
+    egress: Option<StoredEgress>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StoredEgress {
+    allow: Vec<String>,
+    deny: Vec<String>,
+}
+
+/// A claim as journal format 3 wrote it: [`StoredClaim`] without its egress policy.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct StoredClaimV3 {
     id: String,
     token_hash: String,
     template: String,
@@ -73,9 +109,39 @@ pub struct StoredClaimV2 {
 
 impl crate::journal::Record for StoredClaim {
     const VERSION: u32 = VERSION;
-    type Previous = StoredClaimV2;
-    fn upgrade(c: StoredClaimV2) -> StoredClaim {
+    type Previous = StoredClaimV3;
+    fn upgrade(c: StoredClaimV3) -> StoredClaim {
         StoredClaim {
+            id: c.id,
+            token_hash: c.token_hash,
+            template: c.template,
+            size: c.size,
+            lane: c.lane,
+            tier: c.tier,
+            state: c.state,
+            created_ms: c.created_ms,
+            deadline_ms: c.deadline_ms,
+            on_expire: c.on_expire,
+            metadata: c.metadata,
+            lease_seconds: c.lease_seconds,
+            idle_hibernate_seconds: c.idle_hibernate_seconds,
+            from_checkpoint: c.from_checkpoint,
+            forked_from: c.forked_from,
+            state_since_ms: c.state_since_ms,
+            stopped: c.stopped,
+            archive: c.archive,
+            intent: c.intent,
+            tenant: c.tenant,
+            egress: None,
+        }
+    }
+}
+
+impl crate::journal::Past for StoredClaimV3 {
+    const VERSION: u32 = 3;
+    type Before = StoredClaimV2;
+    fn upgrade(c: StoredClaimV2) -> StoredClaimV3 {
+        StoredClaimV3 {
             id: c.id,
             token_hash: c.token_hash,
             template: c.template,
@@ -97,6 +163,14 @@ impl crate::journal::Record for StoredClaim {
             intent: c.intent,
             tenant: None,
         }
+    }
+}
+
+impl crate::journal::Past for StoredClaimV2 {
+    const VERSION: u32 = 2;
+    type Before = crate::journal::NoOlder;
+    fn upgrade(before: crate::journal::NoOlder) -> StoredClaimV2 {
+        match before {}
     }
 }
 
@@ -333,6 +407,10 @@ impl From<&ClaimRecord> for StoredClaim {
                 Intent::Unpublish(a) => StoredIntent::Unpublish(a.clone()),
             }),
             tenant: r.tenant.clone(),
+            egress: r
+                .egress
+                .as_ref()
+                .map(|e| StoredEgress { allow: e.allow.clone(), deny: e.deny.clone() }),
         }
     }
 }
@@ -384,6 +462,7 @@ impl TryFrom<StoredClaim> for ClaimRecord {
             state_since_ms: r.state_since_ms,
             intent,
             tenant: r.tenant,
+            egress: r.egress.map(|e| silk_api::EgressPolicy { allow: e.allow, deny: e.deny }),
         })
     }
 }

@@ -259,6 +259,9 @@ impl Drop for Node {
         }
         self.kill9();
         remove_sandboxes(&self.data().join("engine"), &self.silkd, &self.launcher);
+        // Its egress lane's nftables table (in the network namespace this thread is in, which
+        // is the node's: it started from this thread).
+        let _ = silk_egress::nft::remove(&silk_egress::names(&self.data()).0);
     }
 }
 

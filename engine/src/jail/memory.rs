@@ -29,6 +29,18 @@ const MAX_ENTRY: u64 = 64 << 30;
 
 /// The key that authenticates memory images: given by the node (derived from its fleet's API
 /// token, so every node of a fleet shares it), else one of this data directory's own.
+/// Lane `egress` keeps files only: CRIU would have to recreate the jail's veth with the node's
+/// end (it can only restore a veth given the other end), and its open connections are the
+/// node proxy's, which a restore elsewhere or later cannot bring back.
+fn no_egress(spec: &crate::BoxSpec) -> std::result::Result<(), String> {
+    match spec.lane {
+        crate::Lane::Egress => {
+            Err("lane egress keeps files only (its network is the node's)".into())
+        }
+        crate::Lane::None => Ok(()),
+    }
+}
+
 pub(super) fn memory_key(data_dir: &Path, given: Option<[u8; 32]>) -> Result<[u8; 32]> {
     if let Some(key) = given {
         return Ok(key);
@@ -76,6 +88,7 @@ impl JailEngine {
     ) -> std::result::Result<Duration, String> {
         self.criu()?;
         let record = self.record(id).map_err(|e| e.to_string())?;
+        no_egress(&record.info.spec)?;
         probe::quiesce(&record.info.agent, Duration::from_secs(5))
             .map_err(|e| format!("silkd could not close its connections: {e}"))?;
         // Frozen here rather than by CRIU, at a moment no thread is inside a fork: CRIU cannot
@@ -322,6 +335,7 @@ impl JailEngine {
         spec: &crate::BoxSpec,
     ) -> std::result::Result<crate::BoxInfo, String> {
         let criu = self.criu()?;
+        no_egress(spec)?;
         let dir = self.box_dir(id);
         let images = dir.join("memory");
         let json = std::fs::read(images.join("memory.json"))
@@ -392,6 +406,7 @@ impl JailEngine {
             running: true,
             created_ms: super::host::now_ms(),
             memory: crate::MemoryKept::yes(),
+            address: None,
         };
         let saved = self.save(&super::Record {
             info: info.clone(),
@@ -419,6 +434,7 @@ impl JailEngine {
         id: &SandboxId,
         spec: &crate::BoxSpec,
     ) -> std::result::Result<crate::BoxInfo, String> {
+        no_egress(spec)?;
         let mine = self.box_dir(id).join("memory");
         let linked = (|| {
             std::fs::DirBuilder::new().mode(0o700).create(&mine)?;

@@ -42,6 +42,7 @@ mod host;
 mod ids;
 pub mod launch;
 mod memory;
+mod net;
 mod outside;
 pub mod seccomp;
 mod snapshot;
@@ -67,6 +68,7 @@ pub(crate) use host::start_time;
 use host::{image_defaults, log_tail, now_ms, partial_path};
 pub use ids::user_namespace;
 use launch::{AGENT_NAME, LaunchSpec, Lower, USERNS_FD};
+pub use net::LaneNet;
 pub use outside::{recorded_boxes, remove_all};
 
 /// The default host uid/gid of a sandbox's root: inside systemd's range for containers
@@ -104,6 +106,8 @@ pub struct JailConfig {
     /// The key memory images in snapshots are authenticated with; every node that should
     /// restore another's images needs the same (`None`: one of this data directory's own).
     pub memory_key: Option<[u8; 32]>,
+    /// The egress lane's addresses and bandwidth (`None`: lane `egress` is not offered).
+    pub lane: Option<LaneNet>,
 }
 
 impl JailConfig {
@@ -124,6 +128,7 @@ impl JailConfig {
             memory: true,
             criu: None,
             memory_key: None,
+            lane: None,
         }
     }
 }
@@ -141,6 +146,8 @@ pub struct JailEngine {
     memory_key: [u8; 32],
     /// Names this engine's cgroups and staging directories apart from other engines'.
     instance: String,
+    /// The egress lane's addresses, when it is offered.
+    addresses: Option<net::Addresses>,
 }
 
 /// What a new box starts from besides its base's layers.
@@ -213,7 +220,12 @@ impl JailEngine {
             tracing::info!("sandboxes keep their files, not their memory: {why}");
         }
         let memory_key = memory::memory_key(&cfg.data_dir, cfg.memory_key)?;
-        let engine = JailEngine { cfg, cgroups, ids, userns, disks, criu, memory_key, instance };
+        let addresses = cfg.lane.clone().map(|lane| {
+            let taken = recorded_boxes(&cfg.data_dir).into_iter().filter_map(|b| b.address);
+            net::Addresses::new(lane, taken)
+        });
+        let engine =
+            JailEngine { cfg, cgroups, ids, userns, disks, criu, memory_key, instance, addresses };
         engine.remove_incomplete()?;
         engine.thaw_all();
         engine.stop_unconfined();
@@ -280,9 +292,29 @@ impl JailEngine {
         seed: Seed<'_>,
         bounded: bool,
     ) -> Result<BoxInfo> {
-        if spec.lane != Lane::None {
-            return Err(EngineError::Unsupported { what: "the egress lane", engine: "jail" });
+        let address = match (spec.lane, &self.addresses) {
+            (Lane::None, _) => None,
+            (Lane::Egress, Some(addresses)) => Some(addresses.take()?),
+            (Lane::Egress, None) => {
+                return Err(EngineError::Unsupported { what: "the egress lane", engine: "jail" });
+            }
+        };
+        let made = self.create_at(base, id, spec, seed, bounded, address);
+        if let (Err(_), Some(addr), Some(addresses)) = (&made, address, &self.addresses) {
+            addresses.give_back(addr);
         }
+        made
+    }
+
+    fn create_at(
+        &self,
+        base: Base,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        seed: Seed<'_>,
+        bounded: bool,
+        address: Option<std::net::Ipv4Addr>,
+    ) -> Result<BoxInfo> {
         let dir = self.box_dir(id);
         match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
             Ok(()) => {}
@@ -291,7 +323,7 @@ impl JailEngine {
             }
             Err(e) => return Err(EngineError::io("mkdir box")(e)),
         }
-        let started = self.start(base, id, spec, seed, &dir, bounded);
+        let started = self.start(base, id, spec, seed, &dir, bounded, address);
         if started.is_err() {
             let _ = self.cgroups.remove(id);
             let _ = disk::remove_box(&dir);
@@ -307,6 +339,7 @@ impl JailEngine {
         seed: Seed<'_>,
         dir: &Path,
         bounded: bool,
+        address: Option<std::net::Ipv4Addr>,
     ) -> Result<BoxInfo> {
         if bounded {
             self.disks.make(dir, spec.size).map_err(EngineError::io("make the sandbox's disk"))?;
@@ -334,7 +367,7 @@ impl JailEngine {
             Ok(info) => return Ok(info),
             Err(why) => memory.why_not = why,
         }
-        let mut info = self.launch_box(base, id, spec, dir)?;
+        let mut info = self.launch_box(base, id, spec, dir, address)?;
         info.memory = memory;
         Ok(info)
     }
@@ -347,6 +380,7 @@ impl JailEngine {
         id: &SandboxId,
         spec: &BoxSpec,
         dir: &Path,
+        address: Option<std::net::Ipv4Addr>,
     ) -> Result<BoxInfo> {
         let files = disk::files_dir(dir);
         let (upper, work, root) = (files.join("upper"), files.join("work"), dir.join("root"));
@@ -365,6 +399,7 @@ impl JailEngine {
             log: dir.join("agent.log"),
             root_id: self.ids.base,
             silkd_args: image_defaults(&base.template),
+            resolv_conf: self.lane().filter(|_| address.is_some()).map(net::resolv_conf),
         };
         let launch_path = dir.join("launch.json");
         let json =
@@ -382,12 +417,19 @@ impl JailEngine {
             running: true,
             created_ms: now_ms(),
             memory: MemoryKept::default(),
+            address,
         };
         self.save(&Record {
             info: info.clone(),
             start_time: started,
             id_base: Some(self.ids.base),
         })?;
+        if let (Some(lane), Some(addr)) = (self.lane(), address)
+            && let Err(e) = net::attach(lane, pid, addr, spec.size)
+        {
+            let _ = self.kill(id, Some(pid));
+            return Err(EngineError::NotReady(format!("wiring the egress lane: {e}")));
+        }
         if let Err(e) = probe::info(&info.agent, self.cfg.ready_timeout) {
             let log = log_tail(&dir.join("agent.log"));
             let _ = self.kill(id, Some(pid));
@@ -448,6 +490,7 @@ impl JailEngine {
     /// Kills the jail (PID 1 first: the kernel then kills the whole pid namespace) and removes
     /// its cgroups.
     fn kill(&self, id: &SandboxId, pid: Option<u32>) -> Result<()> {
+        let address = self.record(id).ok().and_then(|r| r.info.address);
         if let Some(pid) = pid {
             // SAFETY: plain syscall; callers pass a pid checked against its recorded start time.
             unsafe { libc::kill(pid as i32, libc::SIGKILL) };
@@ -456,7 +499,15 @@ impl JailEngine {
         if let Some(pid) = pid {
             host::wait_exited(pid);
         }
+        if let (Some(lane), Some(addr)) = (self.lane(), address) {
+            net::detach(lane, addr);
+        }
         Ok(())
+    }
+
+    /// The egress lane, when it is offered.
+    fn lane(&self) -> Option<&LaneNet> {
+        self.addresses.as_ref().map(|a| &a.lane)
     }
 
     fn live_pid(&self, record: &Record) -> Option<u32> {
@@ -477,7 +528,7 @@ impl Engine for JailEngine {
     fn capabilities(&self) -> Caps {
         Caps {
             memory_snapshot: self.criu.is_ok(),
-            egress: false,
+            egress: self.addresses.is_some(),
             disk_limit: self.disks.mechanism() != DiskMechanism::None,
             disk_mechanism: self.disks.mechanism(),
         }
@@ -574,6 +625,9 @@ impl Engine for JailEngine {
     fn destroy(&self, id: &SandboxId) -> Result<()> {
         let record = self.record(id)?;
         self.kill(id, self.live_pid(&record))?;
+        if let (Some(addresses), Some(addr)) = (&self.addresses, record.info.address) {
+            addresses.give_back(addr);
+        }
         disk::remove_box(&self.box_dir(id)).map_err(EngineError::io(format!("remove sandbox {id}")))
     }
 

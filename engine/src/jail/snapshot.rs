@@ -182,7 +182,7 @@ impl JailEngine {
                 }
             }
         }
-        let resumed = self.launch_box(info.base, id, &info.spec, &dir);
+        let resumed = self.launch_box(info.base, id, &info.spec, &dir, info.address);
         if resumed.is_err() {
             // Its files stay: a failed resume leaves a stopped sandbox, never a lost one.
             let _ = self.cgroups.remove(id);

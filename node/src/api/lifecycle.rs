@@ -111,8 +111,10 @@ pub(super) async fn branch(
     };
     let mut spec =
         ClaimSpec::validate(request, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
-    // A branch belongs to the checkpoint's tenant, and counts against its quota.
+    // A branch belongs to the checkpoint's tenant, and counts against its quota; it runs
+    // under the egress policy its source did.
     spec.tenant = tenant;
+    spec.egress = ck.egress.clone();
     let n = node.clone();
     let claimed = detached(async move { n.branch(&id, spec, memory).await }).await?;
     let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };

@@ -236,6 +236,7 @@ fn row(node: &Node, r: &ClaimRecord) -> silk_api::Sandbox {
         token: None,
         claim_micros: None,
         node: None,
+        egress: r.egress.clone(),
         tenant: r.tenant.clone(),
     }
 }

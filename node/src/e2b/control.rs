@@ -131,6 +131,7 @@ async fn create(State(e2b): State<E2b>, headers: HeaderMap, raw: axum::body::Byt
         // at the timeout; any call resumes it (E2B's auto-resume, always on here).
         on_expire: if req.auto_pause { OnExpire::Hibernate } else { OnExpire::Destroy },
         tenant,
+        egress: None,
     };
     let claimed = if snapshot {
         super::copies::branch(&e2b, &headers, &req.template_id, spec).await?

@@ -40,8 +40,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
-use serde::Serialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, warn};
 
@@ -66,9 +66,30 @@ fn header(version: u32) -> [u8; HEADER_LEN] {
 pub trait Record: Serialize + DeserializeOwned + Clone + Send + 'static {
     /// The format version of logs of this record.
     const VERSION: u32;
-    /// The record as format `VERSION - 1` wrote it.
-    type Previous: DeserializeOwned;
+    /// The record as format `VERSION - 1` wrote it (and, through its own `Before`, older ones).
+    type Previous: Past;
     fn upgrade(previous: Self::Previous) -> Self;
+}
+
+/// A record as an older format wrote it: logs in it are read and upgraded step by step.
+pub trait Past: DeserializeOwned {
+    /// The format version it was.
+    const VERSION: u32;
+    /// The format before it ([`NoOlder`] where none is read any more).
+    type Before: Past;
+    fn upgrade(before: Self::Before) -> Self;
+}
+
+/// The end of a record's history: no older log is read.
+#[derive(Debug, Deserialize)]
+pub enum NoOlder {}
+
+impl Past for NoOlder {
+    const VERSION: u32 = 0;
+    type Before = NoOlder;
+    fn upgrade(before: NoOlder) -> NoOlder {
+        before
+    }
 }
 /// Length and checksum in front of every payload.
 const FRAME_HEADER: usize = 8;

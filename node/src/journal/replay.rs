@@ -24,14 +24,8 @@ pub(super) fn replay<T: Record>(buf: &[u8]) -> Result<Replay<T>, (usize, String)
     if version == T::VERSION {
         return replay_as::<T>(buf);
     }
-    if version.checked_add(1) != Some(T::VERSION) {
-        let reason = format!(
-            "format version {version}; this build reads {} (and {version} - 1 before it)",
-            T::VERSION
-        );
-        return Err((8, reason));
-    }
-    let old = replay_as::<T::Previous>(buf)?;
+    let old = replay_past::<T::Previous>(version, buf)
+        .map_err(|(at, why)| (at, format!("{why}; this build writes {}", T::VERSION)))?;
     let mut replay = Replay {
         values: BTreeMap::new(),
         encoded: BTreeMap::new(),
@@ -46,6 +40,20 @@ pub(super) fn replay<T: Record>(buf: &[u8]) -> Result<Replay<T>, (usize, String)
         replay.values.insert(key, value);
     }
     Ok(replay)
+}
+
+/// Replays a log in format `version` as `P`s: read as the format it is, then upgraded step by
+/// step.
+fn replay_past<P: Past>(version: u32, buf: &[u8]) -> Result<Replay<P>, (usize, String)> {
+    if P::VERSION == 0 || version > P::VERSION {
+        return Err((8, format!("format version {version} is not one this build reads")));
+    }
+    if version == P::VERSION {
+        return replay_as::<P>(buf);
+    }
+    let before = replay_past::<P::Before>(version, buf)?;
+    let values = before.values.into_iter().map(|(k, v)| (k, P::upgrade(v))).collect();
+    Ok(Replay { values, encoded: BTreeMap::new(), valid_len: before.valid_len, upgraded: true })
 }
 
 /// Replays the frames of a log whose records are `T`s.

@@ -25,6 +25,14 @@ struct OldRec {
     seq: u64,
 }
 
+impl Past for OldRec {
+    const VERSION: u32 = 1;
+    type Before = NoOlder;
+    fn upgrade(before: NoOlder) -> OldRec {
+        match before {}
+    }
+}
+
 fn rec(seq: u64) -> Rec {
     Rec { seq, note: format!("note-{seq}") }
 }

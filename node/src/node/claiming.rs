@@ -21,6 +21,8 @@ impl Node {
         peer_has_warm: bool,
     ) -> Result<Option<Claimed>, NodeError> {
         let t0 = Instant::now();
+        let mut spec = spec;
+        self.settle_egress(&mut spec)?;
         let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
         let (admitted, warm, idle) = {
             let mut st = self.lock();
@@ -224,5 +226,6 @@ pub(super) fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Ti
         state_since_ms: now,
         intent: None,
         tenant: spec.tenant.clone(),
+        egress: spec.egress.clone().filter(|_| spec.lane == silk_engine::Lane::Egress),
     }
 }

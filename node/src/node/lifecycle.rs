@@ -68,6 +68,8 @@ pub struct CheckpointInfo {
     token_hash: String,
     /// The tenant of the sandbox it was taken from (none: root's).
     pub tenant: Option<String>,
+    /// The egress policy of the sandbox it was taken from: its branches run under it.
+    pub egress: Option<silk_api::EgressPolicy>,
 }
 
 impl std::ops::Deref for CheckpointInfo {
@@ -580,6 +582,7 @@ impl Node {
         let woken = Live {
             record: rec,
             agent: info.agent.clone(),
+            address: info.address,
             base: Some(info.base),
             activity: live.activity.clone(),
         };

@@ -22,6 +22,7 @@ impl Node {
             pool.idle_hibernate = p.idle_hibernate_seconds;
             pool.memory = p.memory;
             pool.memory_golden = p.memory_golden;
+            pool.egress = p.egress.clone();
             pool.warm_max = p.warm_max.unwrap_or(p.warm * 2).max(p.warm);
             pool.target = pool.target.clamp(pool.warm, pool.warm_max);
             next.insert(key, pool);
@@ -50,6 +51,7 @@ impl Node {
                 idle_hibernate_seconds: p.idle_hibernate,
                 memory: p.memory,
                 memory_golden: p.memory_golden,
+                egress: p.egress.clone(),
             })
             .collect()
     }

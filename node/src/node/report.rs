@@ -78,7 +78,7 @@ impl Node {
             st.pools.values().map(|p| (format!("pool=\"{}\"", p.key), p.target as u64)).collect();
         let claims = vec![(String::new(), st.slots.len() as u64)];
         drop(st);
-        self.metrics.render(&[
+        let mut out = self.metrics.render(&[
             ("silkmesh_pool_warm", "Warm sandboxes ready, by pool.", warm),
             ("silkmesh_pool_target", "Current warm target, by pool.", target),
             ("silkmesh_claims_live", "Claims held on this node.", claims),
@@ -87,7 +87,11 @@ impl Node {
                 "Records in the claims journal.",
                 vec![(String::new(), self.journal.len() as u64)],
             ),
-        ])
+        ]);
+        if let Some(egress) = self.egress() {
+            crate::egress::render_metrics(egress, &mut out);
+        }
+        out
     }
 
     /// Entries in each of the controller's tables (tests check none grows without bound).

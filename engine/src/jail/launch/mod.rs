@@ -18,7 +18,7 @@
 //! | hostname, loopback up | |
 //! | `pivot_root` into the root, old root detached | reaching any host path |
 //! | enter the engine's user namespace (root inside = an unprivileged host id), drop supplementary groups | every capability acting on the host; files the sandbox makes being host-root-owned |
-//! | `/etc/hostname` and `/etc/machine-id` written *after* all of the above, as the sandbox's root, never through a symlink | the launcher writing host files through symlinks the sandbox planted |
+//! | `/etc/hostname`, `/etc/machine-id` (and in lane `egress` `/etc/resolv.conf`) written *after* all of the above, as the sandbox's root, never through a symlink | the launcher writing host files through symlinks the sandbox planted |
 //! | capability bounding set, `no_new_privs`, seccomp | what the namespaces leave (see `seccomp.rs`) |
 //!
 //! The parent learns through a close-on-exec pipe whether the child reached `exec` (EOF) or
@@ -69,6 +69,9 @@ pub struct LaunchSpec {
     /// Extra silkd arguments (an image's default env, working directory and user).
     #[serde(default)]
     pub silkd_args: Vec<String>,
+    /// `/etc/resolv.conf`, written as the sandbox's root (lane `egress`: the node's resolver).
+    #[serde(default)]
+    pub resolv_conf: Option<String>,
 }
 
 /// One read-only layer of the overlay.
@@ -153,6 +156,7 @@ struct Plan {
     machine_id: CString,
     hostname: CString,
     hostname_line: CString,
+    resolv_conf: Option<CString>,
     log: CString,
     exe: CString,
     /// Owns the strings `argv_ptrs` points into.
@@ -255,6 +259,7 @@ fn plan(spec: &LaunchSpec) -> Plan {
         machine_id: cs(&machine_id),
         hostname: cs(&spec.hostname),
         hostname_line: cs(&format!("{}\n", spec.hostname)),
+        resolv_conf: spec.resolv_conf.as_deref().map(cs),
         log: c(&spec.log),
         exe: cs("/run/silkd"),
         argv_ptrs: argv.iter().map(|a| a.as_ptr()).chain([std::ptr::null()]).collect(),
@@ -549,6 +554,9 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
         // The sandbox's own files, written with the sandbox's own rights, never through a link.
         write_file(c"/etc/hostname", p.hostname_line.as_bytes(), 0o644);
         write_file(c"/etc/machine-id", p.machine_id.as_bytes(), 0o444);
+        if let Some(conf) = &p.resolv_conf {
+            write_file(c"/etc/resolv.conf", conf.as_bytes(), 0o644);
+        }
         libc::umask(0o022);
         check!("drop capabilities", drop_caps());
         check!("no_new_privs", libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));

@@ -119,6 +119,11 @@ impl Node {
         meta.insert("sandbox".into(), source.id.clone());
         meta.insert("template".into(), source.template.clone());
         meta.insert("token_hash".into(), source.token_hash.clone());
+        if let Some(e) = &source.egress
+            && let Ok(json) = serde_json::to_string(e)
+        {
+            meta.insert("egress".into(), json);
+        }
         if let Some(t) = &source.tenant {
             // Whose quota the bytes count against, and whose key may see a checkpoint.
             meta.insert("tenant".into(), t.clone());

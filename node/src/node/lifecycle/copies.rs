@@ -49,7 +49,8 @@ impl Node {
             freeze_ms: snap.freeze_ms,
         };
         let token_hash = live.record.token_hash.clone();
-        Ok(CheckpointInfo { checkpoint, token_hash, tenant: live.record.tenant.clone() })
+        let (tenant, egress) = (live.record.tenant.clone(), live.record.egress.clone());
+        Ok(CheckpointInfo { checkpoint, token_hash, tenant, egress })
     }
 
     /// Refuses a checkpoint of `tenant` past its `max_checkpoints` or `max_store_bytes` (what
@@ -142,7 +143,8 @@ impl Node {
             freeze_ms: None,
         };
         let tenant = m.meta.get("tenant").cloned();
-        Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant })
+        let egress = m.meta.get("egress").and_then(|j| serde_json::from_str(j).ok());
+        Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant, egress })
     }
 
     /// The checkpoint, if `bearer` may use it: the root token, the token of the sandbox it was
@@ -228,6 +230,7 @@ impl Node {
             metadata: src.metadata.clone(),
             on_expire: src.on_expire,
             tenant: src.tenant.clone(),
+            egress: src.egress.clone(),
         };
         let mut claims = vec![];
         let mut out = vec![];

@@ -85,7 +85,8 @@ impl Node {
         // Not running here: nowhere yet (a wake tells where).
         let agent =
             found.map_or(silk_engine::AgentAddr::Unix(Default::default()), |b| b.agent.clone());
+        let address = found.and_then(|b| b.address);
         let activity = crate::node::Activity::new();
-        Some((Live { record: rec, agent, base, activity }, changed))
+        Some((Live { record: rec, agent, base, address, activity }, changed))
     }
 }
