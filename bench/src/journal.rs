@@ -34,9 +34,9 @@ struct Claim(String, String, u64, String, [(String, String); 4]);
 
 impl sandboxd::journal::Record for Claim {
     const VERSION: u32 = 1;
-    type Previous = Claim;
-    fn upgrade(previous: Claim) -> Claim {
-        previous
+    type Previous = sandboxd::journal::NoOlder;
+    fn upgrade(previous: sandboxd::journal::NoOlder) -> Claim {
+        match previous {}
     }
 }
 

@@ -1,5 +1,6 @@
 //! The lane's nftables table: TCP from sandboxes to the proxy, their DNS to the resolver,
-//! everything else of theirs dropped. One static table per node, written once at start: a
+//! everything else of theirs dropped (and counted) before routing, whether or not the host
+//! forwards packets. One static table per node, written once at start: a
 //! sandbox's own setup adds no rule (its interface matches the node's prefix), so a refill does
 //! no firewall work and a claim none at all.
 //!
@@ -31,6 +32,11 @@ table inet {table} {{
     type nat hook prerouting priority dstnat; policy accept;
     {sb} meta nfproto ipv4 meta l4proto tcp redirect to :{proxy}
     {sb} meta nfproto ipv4 udp dport 53 redirect to :{dns}
+  }}
+  chain gate {{
+    type filter hook prerouting priority filter; policy accept;
+    {sb} ct status dnat accept
+    {sb} counter name dropped drop
   }}
   chain input {{
     type filter hook input priority filter; policy accept;

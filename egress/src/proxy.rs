@@ -5,10 +5,13 @@
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
 
 use crate::Shared;
 
@@ -83,14 +86,17 @@ async fn handle(shared: Arc<Shared>, conn: TcpStream, peer: SocketAddr) {
     counters.open.fetch_add(1, Ordering::Relaxed);
     let upstream = tokio::time::timeout(shared.cfg.connect_timeout, TcpStream::connect(dst)).await;
     match upstream {
-        Ok(Ok(mut up)) => {
+        Ok(Ok(up)) => {
             let _ = up.set_nodelay(true);
             let _ = conn.set_nodelay(true);
-            let mut conn = conn;
-            if let Ok((out, back)) = tokio::io::copy_bidirectional(&mut conn, &mut up).await {
-                counters.bytes_out.fetch_add(out, Ordering::Relaxed);
-                counters.bytes_in.fetch_add(back, Ordering::Relaxed);
-            }
+            let (conn_read, conn_write) = conn.into_split();
+            let (up_read, up_write) = up.into_split();
+            let (out_done, out_watch) = tokio::sync::watch::channel(false);
+            let (back_done, back_watch) = tokio::sync::watch::channel(false);
+            tokio::join!(
+                pump(conn_read, up_write, &counters.bytes_out, out_done, back_watch),
+                pump(up_read, conn_write, &counters.bytes_in, back_done, out_watch),
+            );
         }
         Ok(Err(e)) => {
             tracing::debug!(sandbox = lease.sandbox, %dst, "egress connect: {e}");
@@ -100,4 +106,45 @@ async fn handle(shared: Arc<Shared>, conn: TcpStream, peer: SocketAddr) {
     }
     counters.open.fetch_sub(1, Ordering::Relaxed);
     shared.lanes().closed(addr);
+}
+
+/// Once one direction has ended, how long the other may stay silent before the connection is
+/// dropped: a sandbox whose process exited leaves a half-closed connection that a server which
+/// never closes would otherwise hold open (and count against the sandbox's limit) for ever.
+const HALF_CLOSED_IDLE: Duration = Duration::from_secs(30);
+
+/// Copies one direction, counting its bytes as they pass; at its end, shuts the write side (a
+/// half-close passed on) and says so to the other direction through `done`.
+async fn pump(
+    mut from: impl AsyncRead + Unpin,
+    mut to: impl AsyncWrite + Unpin,
+    bytes: &AtomicU64,
+    done: watch::Sender<bool>,
+    mut other: watch::Receiver<bool>,
+) {
+    let mut buf = vec![0u8; 64 << 10];
+    loop {
+        let read = if *other.borrow() {
+            match tokio::time::timeout(HALF_CLOSED_IDLE, from.read(&mut buf)).await {
+                Ok(read) => read,
+                Err(_) => break,
+            }
+        } else {
+            tokio::select! {
+                read = from.read(&mut buf) => read,
+                _ = other.changed() => continue,
+            }
+        };
+        match read {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).await.is_err() {
+                    break;
+                }
+                bytes.fetch_add(n as u64, Ordering::Relaxed);
+            }
+        }
+    }
+    let _ = to.shutdown().await;
+    let _ = done.send(true);
 }

@@ -190,6 +190,13 @@ fn auth_hides_sandboxes_from_wrong_tokens() {
 }
 
 #[test]
+fn a_node_without_the_egress_lane_says_so() {
+    let node = Sandboxd::start("[egress]\nenabled = false\n");
+    let (got, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some(r#"{"lane": "egress"}"#));
+    assert_eq!((got, v["error"]["code"].as_str()), (501, Some("unsupported")), "{v}");
+}
+
+#[test]
 fn bad_input_gets_the_right_4xx() {
     let node = Sandboxd::start(&format!("max_body_bytes = 2000\n{ONE_WARM}"));
     let cases: Vec<(&str, u16, &str)> = vec![
@@ -200,7 +207,9 @@ fn bad_input_gets_the_right_4xx() {
         (r#"{"ttl_seconds": -1}"#, 400, "bad_request"),
         ("not json", 400, "bad_request"),
         (r#"{"template": "nope"}"#, 404, "template_not_found"),
-        (r#"{"lane": "egress"}"#, 501, "unsupported"),
+        (r#"{"egress": {"allow": ["a.test"]}}"#, 400, "bad_request"),
+        (r#"{"lane": "egress", "egress": {"allow": ["not a name"]}}"#, 400, "bad_request"),
+        (r#"{"lane": "egress", "egress": {"allow": [], "alow": []}}"#, 400, "bad_request"),
     ];
     for (body, status, code) in cases {
         let (got, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some(body));

@@ -323,7 +323,7 @@ impl JailEngine {
             }
             Err(e) => return Err(EngineError::io("mkdir box")(e)),
         }
-        let started = self.start(base, id, spec, seed, &dir, bounded, address);
+        let started = self.start(base, id, spec, seed, bounded, address);
         if started.is_err() {
             let _ = self.cgroups.remove(id);
             let _ = disk::remove_box(&dir);
@@ -337,10 +337,10 @@ impl JailEngine {
         id: &SandboxId,
         spec: &BoxSpec,
         seed: Seed<'_>,
-        dir: &Path,
         bounded: bool,
         address: Option<std::net::Ipv4Addr>,
     ) -> Result<BoxInfo> {
+        let dir = &self.box_dir(id);
         if bounded {
             self.disks.make(dir, spec.size).map_err(EngineError::io("make the sandbox's disk"))?;
         }

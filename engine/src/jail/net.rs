@@ -141,6 +141,13 @@ pub(super) fn attach(lane: &LaneNet, pid: u32, addr: Ipv4Addr, size: Size) -> Re
              link set {dev} up\n"
         ),
     )?;
+    // No IPv6 on either end: the lane carries none (nftables drops it), and a silent link
+    // sends no router solicitations to count as refused.
+    let no_v6 = |dev: &str| format!("/proc/sys/net/ipv6/conf/{dev}/disable_ipv6");
+    let _ = std::fs::write(no_v6(&dev), "1");
+    let mut jail = inside("sh", pid)?;
+    jail.args(["-c", &format!("cat > {}", no_v6("eth0"))]);
+    run(jail, "1")?;
     let mut jail = inside("ip", pid)?;
     jail.args(["-batch", "-"]);
     run(

@@ -149,7 +149,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
                 "delete": op("Take claims again", (200, ok_json("NodeInfo")), &[401], None),
             },
             "/v1/sandboxes": {
-                "post": op("Claim a sandbox: warm hit, clone from golden, or cold boot", (201, ok_json("Sandbox")), &[400, 401, 404, 413, 415, 422, 429, 500, 501, 503, 507], Some("ClaimRequest?")),
+                "post": op("Claim a sandbox: warm hit, clone from golden, or cold boot", (201, ok_json("Sandbox")), &[400, 401, 403, 404, 413, 415, 422, 429, 500, 501, 503, 507], Some("ClaimRequest?")),
                 "get": queries(op("The caller's sandboxes on every node (this one's with scope=node), oldest first, paged; filter with metadata=key=value (repeatable)", (200, ok_json("SandboxList")), &[400, 401], None), &[("metadata", json!({ "type": "string" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 1000 })), ("cursor", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]),
             },
             "/v1/sandboxes/{id}": sandbox,

@@ -379,6 +379,7 @@ async fn digests_keep_their_journal_encoding() {
         state_since_ms: 4,
         intent: Some(Intent::Hibernate(Box::new(snap))),
         tenant: Some("team-a".into()),
+        egress: Some(silk_api::EgressPolicy { allow: vec!["pypi.org".into()], deny: vec![] }),
     };
     let dir = tempfile::tempdir().expect("tempdir");
     type Stored = crate::stored::StoredClaim;

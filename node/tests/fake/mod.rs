@@ -68,6 +68,7 @@ pub fn spec(ttl_seconds: u64) -> ClaimSpec {
         metadata: BTreeMap::new(),
         on_expire: OnExpire::Destroy,
         tenant: None,
+        egress: None,
     }
 }
 
