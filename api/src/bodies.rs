@@ -58,6 +58,19 @@ pub struct EgressPolicy {
     pub deny: Vec<String>,
 }
 
+/// `POST /v1/sandboxes/{id}/previews`: a URL a browser opens without the sandbox token.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct PreviewRequest {
+    #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 65535))]
+    pub port: u16,
+    /// How long the URL works; left out: an hour. At most a day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[cfg_attr(feature = "schema", schema(minimum = 1, maximum = 86400))]
+    pub ttl_seconds: Option<u64>,
+}
+
 /// `POST /v1/sandboxes/{id}/renew`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(ToSchema))]
@@ -215,6 +228,18 @@ pub struct Pools {
 }
 
 // ---- answers ----
+
+/// A preview: `url` opens port `port` of the sandbox until `expires_ms`; its first visit sets
+/// a cookie (so the page's own requests carry it) and drops the token from the address.
+/// `DELETE /v1/sandboxes/{id}/previews/{token}` revokes it; a released sandbox's are all gone.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+pub struct Preview {
+    pub token: String,
+    pub url: String,
+    pub port: u16,
+    pub expires_ms: u64,
+}
 
 /// One claim as the node reports it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

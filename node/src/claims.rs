@@ -82,6 +82,8 @@ pub struct ClaimRecord {
     pub tenant: Option<String>,
     /// Lane `egress`: the policy it runs under (fixed at the claim; its copies keep it).
     pub egress: Option<silk_api::EgressPolicy>,
+    /// Its live preview URLs (their tokens' hashes); copies start with none.
+    pub previews: Vec<crate::previews::Grant>,
 }
 
 /// Where a claimed sandbox is: one value, so no record can be hibernated with an archive, or
@@ -386,6 +388,7 @@ mod tests {
             intent: None,
             tenant: None,
             egress: None,
+            previews: vec![],
         }
     }
 

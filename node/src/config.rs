@@ -87,6 +87,21 @@ pub struct Config {
     pub tls: Option<TlsSection>,
     /// The egress lane (docs/network.md).
     pub egress: EgressSection,
+    /// Preview URLs (docs/network.md).
+    pub previews: PreviewsSection,
+}
+
+/// `[previews]`: how preview URLs look. With `domain` set they are `{port}-{id}.{domain}`
+/// (point a wildcard DNS name and certificate at the nodes or their load balancer); without
+/// it they are paths under the address the preview was asked at.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct PreviewsSection {
+    pub domain: Option<String>,
+    /// `http` or `https` in the URLs (default: the API's).
+    pub scheme: Option<String>,
+    /// A port to put in host-based URLs (default: none, the scheme's).
+    pub port: Option<u16>,
 }
 
 /// `[egress]`: the network lane `egress` gives sandboxes (docs/network.md).
@@ -314,6 +329,7 @@ impl Default for Config {
             e2b: None,
             tls: None,
             egress: EgressSection::default(),
+            previews: PreviewsSection::default(),
             lookups_per_minute: 1200,
             lookup_burst: 100,
             metrics_token: None,

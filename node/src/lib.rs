@@ -24,6 +24,7 @@ pub mod listen;
 pub mod metrics;
 pub mod node;
 pub mod pool;
+pub mod previews;
 pub mod state;
 pub mod stored;
 pub mod tenants;
@@ -174,6 +175,11 @@ pub async fn serve(
         };
         tokio::spawn(listen::serve(listener, router, tls.clone(), shutdown));
     }
+    // Preview hosts reach sandboxes' ports (a peer forwards such calls already routed).
+    let router = match node.cfg.previews.domain.clone() {
+        Some(domain) => api::previews::hosts(router, domain),
+        None => router,
+    };
     let served = listen::serve(listener, router, tls, async move {
         shutdown.await;
         let _ = stop.send(true);

@@ -43,6 +43,7 @@ pub mod fleet;
 mod lane;
 mod lifecycle;
 mod pools;
+mod previews;
 mod reaper;
 mod report;
 mod slots;
@@ -79,6 +80,8 @@ pub struct Node {
     fleet: std::sync::OnceLock<Arc<dyn Fleet>>,
     /// Lane `egress`, when this node offers it.
     pub(crate) egress: std::sync::OnceLock<silk_egress::Egress>,
+    /// The fleet's preview key, once read from the store.
+    preview_key: tokio::sync::OnceCell<[u8; 32]>,
     /// Every tenant of the fleet, as the shared store says.
     pub tenants: crate::tenants::Tenants,
     /// Calls that changed something (written by the HTTP layer).
@@ -335,6 +338,7 @@ impl Node {
             name,
             fleet: std::sync::OnceLock::new(),
             egress: std::sync::OnceLock::new(),
+            preview_key: tokio::sync::OnceCell::new(),
             tenants,
             audit,
             usage,

@@ -48,6 +48,16 @@ pub struct StoredClaim {
     /// Lane `egress`: its policy (format 4; JSON before it has none).
     #[serde(default)]
     egress: Option<StoredEgress>,
+    /// Live preview URLs: their tokens' hashes (format 4).
+    #[serde(default)]
+    previews: Vec<StoredGrant>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct StoredGrant {
+    hash: String,
+    port: u16,
+    expires_ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -133,6 +143,7 @@ impl crate::journal::Record for StoredClaim {
             intent: c.intent,
             tenant: c.tenant,
             egress: None,
+            previews: vec![],
         }
     }
 }
@@ -411,6 +422,15 @@ impl From<&ClaimRecord> for StoredClaim {
                 .egress
                 .as_ref()
                 .map(|e| StoredEgress { allow: e.allow.clone(), deny: e.deny.clone() }),
+            previews: r
+                .previews
+                .iter()
+                .map(|g| StoredGrant {
+                    hash: g.hash.clone(),
+                    port: g.port,
+                    expires_ms: g.expires_ms,
+                })
+                .collect(),
         }
     }
 }
@@ -463,6 +483,15 @@ impl TryFrom<StoredClaim> for ClaimRecord {
             intent,
             tenant: r.tenant,
             egress: r.egress.map(|e| silk_api::EgressPolicy { allow: e.allow, deny: e.deny }),
+            previews: r
+                .previews
+                .into_iter()
+                .map(|g| crate::previews::Grant {
+                    hash: g.hash,
+                    port: g.port,
+                    expires_ms: g.expires_ms,
+                })
+                .collect(),
         })
     }
 }

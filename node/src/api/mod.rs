@@ -34,6 +34,7 @@ mod lifecycle;
 pub mod limit;
 pub mod openapi;
 mod ports;
+pub mod previews;
 pub mod relay;
 mod tenants;
 
@@ -75,6 +76,8 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
         .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy_root))
         .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy_root))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/previews", post(previews::create))
+        .route("/v1/sandboxes/{id}/previews/{token}", axum::routing::delete(previews::revoke))
         .route_layer(axum::middleware::from_fn_with_state(api.clone(), edge::owner));
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))

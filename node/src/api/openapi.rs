@@ -112,11 +112,12 @@ fn paths_and_schemas(limits: Limits) -> Value {
     for method in ["get", "post", "put", "patch", "delete"] {
         let passed = json!({ "description": "the answer of the server on that port inside the sandbox, passed through (any status; 101 for an upgrade)" });
         ports[method] = op(
-            "HTTP or WebSocket to 127.0.0.1:{port} inside the sandbox, over silkd's port forward (sandbox token, root or its tenant's key; never passed to the sandbox)",
+            "HTTP or WebSocket to 127.0.0.1:{port} inside the sandbox, over silkd's port forward (sandbox token, root, its tenant's key, or a preview token in ?token= or the silkmesh_preview cookie; never passed to the sandbox)",
             (200, passed),
             &[400, 401, 404, 502, 503],
             None,
         );
+        ports[method]["responses"]["303"] = json!({ "description": "a preview's first visit (?token=): to the same address without the token, with the cookie that carries it" });
     }
     let mut ports_root = ports.clone();
     ports["parameters"] = json!([id[0], port, rest]);
@@ -192,6 +193,8 @@ fn paths_and_schemas(limits: Limits) -> Value {
                 "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
                 "delete": op("Delete a promoted template", (204, json!({ "description": "deleted" })), &[401, 404, 409], None),
             },
+            "/v1/sandboxes/{id}/previews": { "parameters": id.clone(), "post": op("A preview URL of a port: opens it to a browser without the sandbox token until it expires (at most a day)", (201, ok_json("Preview")), &[400, 401, 404, 409, 413, 415, 503], Some("PreviewRequest")) },
+            "/v1/sandboxes/{id}/previews/{token}": { "parameters": [id[0], { "name": "token", "in": "path", "required": true, "schema": { "type": "string" } }], "delete": op("Revoke a preview", (204, json!({ "description": "revoked" })), &[401, 404], None) },
             "/v1/sandboxes/{id}/ports/{port}": ports_root,
             "/v1/sandboxes/{id}/ports/{port}/{path}": ports,
             "/v1/sandboxes/{id}/agent": { "parameters": id, "get": op("Upgrade: silkd — after 101, a byte relay to the sandbox's silkd", (101, json!({ "description": "switching protocols" })), &[401, 404, 426, 503], None) },

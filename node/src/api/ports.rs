@@ -8,6 +8,10 @@
 //! less the hop-by-hop ones and less `Authorization` (the sandbox token is never shown to the
 //! code inside); `Host` is `localhost:{port}` (dev servers check it), the client's goes in
 //! `X-Forwarded-Host`.
+//!
+//! Who may: the sandbox token, root, its tenant's key, or a preview token of this port (see
+//! `crate::previews`; it is never passed in either). A preview's first visit (`?token=`) is
+//! answered `303` to the same address without the token, with the cookie that carries it.
 
 use std::sync::Arc;
 
@@ -21,8 +25,37 @@ use silk_proto::{Frame, FrameReader, FrameWriter};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::bearer;
+use super::previews::PreviewHost;
 use crate::error::{Code, NodeError};
 use crate::node::{Active, Node};
+use crate::previews::{self, Carried};
+
+/// The answer to a preview's first visit: the same address without the token, and the cookie
+/// that carries it from now on (for this port's path, or the whole preview host), as long as
+/// the token lasts.
+fn first_visit(req: &Request, id: &str, port: u16, token: &str) -> Response {
+    let host = req.extensions().get::<PreviewHost>();
+    let path = host.map_or_else(|| req.uri().path().to_string(), |h| h.path.clone());
+    let cookie_path = match host {
+        Some(_) => "/".to_string(),
+        None => format!("/v1/sandboxes/{id}/ports/{port}/"),
+    };
+    let query =
+        previews::query_without_token(req.uri()).map(|q| format!("?{q}")).unwrap_or_default();
+    let max_age = previews::Token::parse(token)
+        .map_or(0, |t| t.expires_ms.saturating_sub(crate::node::now_ms()) / 1000);
+    let cookie = format!(
+        "{}={token}; Path={cookie_path}; Max-Age={max_age}; HttpOnly; SameSite=Lax",
+        previews::COOKIE
+    );
+    Response::builder()
+        .status(StatusCode::SEE_OTHER)
+        .header(header::LOCATION, format!("{path}{query}"))
+        .header(header::SET_COOKIE, cookie)
+        .header(header::CACHE_CONTROL, "no-store")
+        .body(Body::empty())
+        .expect("a valid answer")
+}
 
 pub async fn proxy_root(
     State(node): State<Arc<Node>>,
@@ -47,12 +80,29 @@ async fn serve(
     path: String,
     mut req: Request,
 ) -> Result<Response, NodeError> {
-    node.authorized(&id, bearer(req.headers()))?;
     let port: u16 = port
         .parse()
         .ok()
         .filter(|p| *p != 0)
         .ok_or_else(|| NodeError::bad_request(format!("port {port:?}: 1-65535")))?;
+    if let Err(denied) = node.authorized(&id, bearer(req.headers())) {
+        match previews::carried(req.uri(), req.headers()) {
+            Some(Carried::Query(token)) if node.preview_allows(&id, port, &token).await => {
+                return Ok(first_visit(&req, &id, port, &token));
+            }
+            Some(Carried::Cookie(token)) if node.preview_allows(&id, port, &token).await => {}
+            _ => return Err(denied),
+        }
+    }
+    // Whatever the preview brought stays here.
+    let query = previews::query_without_token(req.uri());
+    match previews::cookies_without_preview(req.headers()) {
+        Some(rest) => {
+            let v = HeaderValue::from_str(&rest).map_err(|_| NodeError::bad_request("cookie"))?;
+            req.headers_mut().insert(header::COOKIE, v);
+        }
+        None => drop(req.headers_mut().remove(header::COOKIE)),
+    }
     let closed = |why: String| NodeError::new(Code::PortClosed, format!("port {port}: {why}"));
     // A hibernated sandbox wakes, as on the relay.
     let (live, agent) = node.open_agent(&id).await?;
@@ -112,7 +162,7 @@ async fn serve(
 
     let client_upgrade = req.extensions_mut().remove::<hyper::upgrade::OnUpgrade>();
     let upgrading = req.headers().contains_key(header::UPGRADE);
-    let query = req.uri().query().map(|q| format!("?{q}")).unwrap_or_default();
+    let query = query.map(|q| format!("?{q}")).unwrap_or_default();
     *req.uri_mut() = format!("/{path}{query}")
         .parse()
         .map_err(|e| NodeError::bad_request(format!("path: {e}")))?;

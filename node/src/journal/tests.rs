@@ -380,6 +380,7 @@ async fn digests_keep_their_journal_encoding() {
         intent: Some(Intent::Hibernate(Box::new(snap))),
         tenant: Some("team-a".into()),
         egress: Some(silk_api::EgressPolicy { allow: vec!["pypi.org".into()], deny: vec![] }),
+        previews: vec![crate::previews::Grant { hash: "ab".repeat(32), port: 8080, expires_ms: 5 }],
     };
     let dir = tempfile::tempdir().expect("tempdir");
     type Stored = crate::stored::StoredClaim;

@@ -227,5 +227,6 @@ pub(super) fn new_record(info: &BoxInfo, token: &str, spec: &ClaimSpec, tier: Ti
         intent: None,
         tenant: spec.tenant.clone(),
         egress: spec.egress.clone().filter(|_| spec.lane == silk_engine::Lane::Egress),
+        previews: vec![],
     }
 }
