@@ -117,6 +117,18 @@ pub enum Lane {
     Egress,
 }
 
+impl std::str::FromStr for Lane {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Lane, String> {
+        match s {
+            "none" => Ok(Lane::None),
+            "egress" => Ok(Lane::Egress),
+            other => Err(format!("lane {other:?}: none or egress")),
+        }
+    }
+}
+
 /// Whether an operation that stops or copies a sandbox keeps its processes' memory: `auto`
 /// (where the engine can, else files only, saying why), `required` (fail with
 /// `409 memory_snapshot_failed` instead, changing nothing) or `off` (files only: processes

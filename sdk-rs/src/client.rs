@@ -154,6 +154,8 @@ impl Client {
             client: self.clone(),
             template: template.into(),
             size: None,
+            lane: None,
+            egress: None,
             ttl: None,
             metadata: BTreeMap::new(),
             auto_release: false,
@@ -252,6 +254,8 @@ pub struct ClaimBuilder {
     client: Client,
     template: String,
     size: Option<Size>,
+    lane: Option<Lane>,
+    egress: Option<EgressPolicy>,
     ttl: Option<Duration>,
     metadata: BTreeMap<String, String>,
     auto_release: bool,
@@ -260,6 +264,20 @@ pub struct ClaimBuilder {
 impl ClaimBuilder {
     pub fn size(mut self, size: Size) -> Self {
         self.size = Some(size);
+        self
+    }
+
+    /// The network lane (`none` when unset: loopback only).
+    pub fn lane(mut self, lane: Lane) -> Self {
+        self.lane = Some(lane);
+        self
+    }
+
+    /// Lane `egress` with this policy (it may only narrow the pool's, unless the client is
+    /// root): names it may resolve and reach, `*.suffix` wildcards, IPv4 networks.
+    pub fn egress(mut self, policy: EgressPolicy) -> Self {
+        self.lane = Some(Lane::Egress);
+        self.egress = Some(policy);
         self
     }
 
@@ -288,6 +306,12 @@ impl ClaimBuilder {
         }
         if let Some(ttl) = self.ttl {
             body["ttl_seconds"] = json!(ttl.as_secs().max(1));
+        }
+        if let Some(lane) = self.lane {
+            body["lane"] = json!(lane);
+        }
+        if let Some(egress) = &self.egress {
+            body["egress"] = json!(egress);
         }
         let c = &self.client;
         let claimed: Claimed =
@@ -321,7 +345,9 @@ impl Claimed {
     }
 }
 
-pub use silk_api::{NodeInfo, PoolConfig, PoolStatus, SandboxState, Size, Tier};
+pub use silk_api::{
+    EgressPolicy, Lane, NodeInfo, PoolConfig, PoolStatus, Preview, SandboxState, Size, Tier,
+};
 
 /// One claim as the node reports it.
 pub type SandboxInfo = silk_api::Sandbox;

@@ -45,8 +45,8 @@ mod search;
 mod tls;
 
 pub use client::{
-    ClaimBuilder, Client, ClientBuilder, Listing, NodeInfo, PoolConfig, PoolStatus, SandboxInfo,
-    SandboxState, Size, Tier,
+    ClaimBuilder, Client, ClientBuilder, EgressPolicy, Lane, Listing, NodeInfo, PoolConfig,
+    PoolStatus, Preview, SandboxInfo, SandboxState, Size, Tier,
 };
 pub use conn::ConnStats;
 pub use error::{Error, Result};

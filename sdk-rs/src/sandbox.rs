@@ -130,6 +130,24 @@ impl Sandbox {
         Ok(r.deadline_ms)
     }
 
+    /// A URL that opens port `port` to a browser without this sandbox's token, for `ttl`
+    /// (whole seconds, at most a day; an hour when `None`).
+    pub async fn preview(&self, port: u16, ttl: Option<Duration>) -> Result<crate::Preview> {
+        let mut body = json!({ "port": port });
+        if let Some(ttl) = ttl {
+            body["ttl_seconds"] = json!(ttl.as_secs().max(1));
+        }
+        let path = self.path("/previews")?;
+        self.inner.client.call(Method::POST, &path, Some(self.token()), Some(&body)).await
+    }
+
+    /// Revokes a preview made by [`preview`](Self::preview).
+    pub async fn revoke_preview(&self, token: &str) -> Result<()> {
+        let path = self.path(&format!("/previews/{token}"))?;
+        self.inner.client.http().json(Method::DELETE, &path, Some(self.token()), None).await?;
+        Ok(())
+    }
+
     /// The claim as the node reports it now (state, lease deadline).
     pub async fn refresh(&self) -> Result<SandboxInfo> {
         let path = self.path("")?;

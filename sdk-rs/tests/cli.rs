@@ -239,3 +239,67 @@ fn lifecycle_verbs() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("count"), "a clear error");
 }
+
+/// One GET on a fresh connection: the status, the head and the body.
+fn get(addr: &str, path: &str, extra: &str) -> (u16, String, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n{extra}Connection: close\r\n\r\n").unwrap();
+    let mut answer = String::new();
+    s.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), head.to_string(), body.to_string())
+}
+
+#[test]
+fn open_prints_a_preview_url_and_port_forward_reaches_a_port() {
+    let node = Sandboxd::start(ONE_WARM);
+    let claimed = json_of(&sbx(&node).args(["claim", "--json"]).output().unwrap());
+    let id = claimed["id"].as_str().unwrap();
+    let serve = "echo served > /root/page.txt; cd /root && setsid python3 -m http.server 8000 >/dev/null 2>&1 < /dev/null &";
+    let out = sbx(&node).args(["exec", id, "--", "sh", "-c", serve]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // `sbx open`: a URL a browser opens with no token of its own.
+    let url =
+        String::from_utf8(sbx(&node).args(["open", id, "8000"]).output().unwrap().stdout).unwrap();
+    let url = url.trim();
+    let rest = url.strip_prefix("http://").unwrap();
+    let (addr, path) = rest.split_once('/').unwrap();
+    assert_eq!(addr, node.addr.to_string(), "{url}");
+    let page = format!("/{}", path.replace("/?", "/page.txt?"));
+    let (status, head, body) = get(addr, &page, "");
+    assert_eq!(status, 303, "{head}{body}");
+    let cookie = head.lines().find_map(|l| l.strip_prefix("set-cookie: ")).unwrap();
+    let cookie = cookie.split(';').next().unwrap();
+    let location = head.lines().find_map(|l| l.strip_prefix("location: ")).unwrap();
+    silk_testkit::eventually("the server listens", || {
+        get(addr, location, &format!("Cookie: {cookie}\r\n")).0 != 502
+    });
+    let (status, _, body) = get(addr, location, &format!("Cookie: {cookie}\r\n"));
+    assert_eq!((status, body.as_str()), (200, "served\n"));
+
+    // `sbx port-forward`: a local port to the sandbox's, until Ctrl-C.
+    let mut child =
+        sbx(&node).args(["port-forward", id, "0:8000"]).stderr(Stdio::piped()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
+    let local = line.split_whitespace().nth(1).unwrap().to_string();
+    let (status, _, body) = get(&local, "/page.txt", "");
+    assert_eq!((status, body.as_str()), (200, "served\n"), "{line}");
+    // SAFETY: kill(2) on the child this test spawned and has not reaped.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    assert!(child.wait().unwrap().success());
+
+    // `sbx claim --allow`: lane egress under that policy.
+    let claimed = json_of(
+        &sbx(&node)
+            .args(["claim", "--allow", "pypi.org", "--deny", "x.pypi.org", "--json"])
+            .output()
+            .unwrap(),
+    );
+    assert_eq!(claimed["lane"], "egress");
+    assert_eq!(
+        claimed["egress"],
+        serde_json::json!({ "allow": ["pypi.org"], "deny": ["x.pypi.org"] })
+    );
+}

@@ -20,7 +20,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use clap::{Args, Parser, Subcommand};
 use serde_json::json;
-use silkmesh::{Chunk, Client, Exec, Output, Sandbox, SandboxInfo, Size};
+use silkmesh::{Chunk, Client, EgressPolicy, Exec, Lane, Output, Sandbox, SandboxInfo, Size};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// silkmesh sandboxes from the command line.
@@ -80,6 +80,16 @@ struct ClaimOpts {
     /// A metadata label, `key=value` (repeatable).
     #[arg(long = "label", value_parser = key_value)]
     labels: Vec<(String, String)>,
+    /// Network lane: none (loopback only) or egress.
+    #[arg(long)]
+    lane: Option<Lane>,
+    /// Lane egress: a name (`*.suffix`, `*`) or IPv4 network it may reach (repeatable; narrows
+    /// the pool's policy). Implies --lane egress.
+    #[arg(long)]
+    allow: Vec<String>,
+    /// Lane egress: a name or network it may not reach (repeatable).
+    #[arg(long)]
+    deny: Vec<String>,
 }
 
 #[derive(Debug, Args)]
@@ -153,6 +163,22 @@ enum Cmd {
     },
     /// The warm pool configuration.
     Pools,
+    /// Print a preview URL of a port: a browser opens it without the sandbox token.
+    Open {
+        #[command(flatten)]
+        target: Target,
+        port: u16,
+        /// How long it works, in seconds (default an hour, at most a day).
+        #[arg(long)]
+        ttl: Option<u64>,
+    },
+    /// Forward local port LOCAL (on 127.0.0.1) to REMOTE inside the sandbox until Ctrl-C.
+    PortForward {
+        #[command(flatten)]
+        target: Target,
+        /// `LOCAL:REMOTE` (LOCAL 0 picks a free port), or REMOTE for the same local port.
+        ports: String,
+    },
     #[command(flatten)]
     Lifecycle(lifecycle::Lifecycle),
 }
@@ -259,6 +285,31 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             exec(&sandbox, &opts, json).await
         }
         Cmd::Run { claim: claim_opts, opts } => run(&c, &claim_opts, &opts, json).await,
+        Cmd::Open { target, port, ttl } => {
+            let sandbox = c.sandbox(&target.id, target.token.sandbox_token.as_deref()).await?;
+            let preview = sandbox.preview(port, ttl.map(Duration::from_secs)).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&preview)?);
+            } else {
+                println!("{}", preview.url);
+            }
+            Ok(0)
+        }
+        Cmd::PortForward { target, ports } => {
+            let (local, remote) = match ports.split_once(':') {
+                Some((l, r)) => (l.parse()?, r.parse()?),
+                None => (ports.parse()?, ports.parse()?),
+            };
+            let sandbox = c.sandbox(&target.id, target.token.sandbox_token.as_deref()).await?;
+            let forward = sandbox.forward(remote, local).await?;
+            eprintln!(
+                "forwarding {} -> {}:{remote} (Ctrl-C ends it)",
+                forward.local_addr(),
+                target.id
+            );
+            tokio::signal::ctrl_c().await?;
+            Ok(0)
+        }
         Cmd::Shell { target, command } => {
             let sandbox = c.sandbox(&target.id, target.token.sandbox_token.as_deref()).await?;
             shell(&sandbox, command).await
@@ -367,6 +418,12 @@ async fn claim(c: &Client, opts: &ClaimOpts) -> anyhow::Result<Sandbox> {
     }
     for (k, v) in &opts.labels {
         b = b.metadata(k, v);
+    }
+    if let Some(lane) = opts.lane {
+        b = b.lane(lane);
+    }
+    if !opts.allow.is_empty() || !opts.deny.is_empty() {
+        b = b.egress(EgressPolicy { allow: opts.allow.clone(), deny: opts.deny.clone() });
     }
     Ok(b.send().await?)
 }
