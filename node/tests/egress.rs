@@ -1,122 +1,17 @@
-//! Lane `egress`, attacked from inside sandboxes. The test makes two network namespaces:
-//! "upstream", the only way out of "node"'s, with a DNS server (dnsmasq) and servers on
-//! documentation and private addresses that exist only there (`tests/egress/upstream.py`); the
-//! node runs in "node"'s (the test's thread enters it, so the node process it starts does too).
-//! No packet leaves the namespaces the test made. Inside sandboxes `tests/egress/probe.py`
-//! resolves, fetches and connects, and says what happened.
+//! Lane `egress`, attacked from inside sandboxes. The test makes two network namespaces
+//! (`silk_testkit::netns`): "upstream", the only way out of "node"'s, with a DNS server
+//! (dnsmasq) and servers on documentation, private and metadata addresses that exist only
+//! there; the node runs in "node"'s (the test's thread enters it, so the node process it starts
+//! does too). No packet leaves the namespaces the test made. Inside sandboxes the testkit's
+//! probe resolves, fetches and connects, and says what happened.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::os::fd::AsRawFd;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 
 use common::*;
 use serde_json::{Value, json};
-
-/// The two namespaces, their link and their servers; dropped: all gone.
-struct Topology {
-    names: [String; 2],
-    servers: Vec<Child>,
-}
-
-fn ip(args: &str) {
-    let out = Command::new("ip").args(args.split_whitespace()).output().expect("run ip");
-    assert!(out.status.success(), "ip {args}: {}", String::from_utf8_lossy(&out.stderr));
-}
-
-impl Topology {
-    fn new() -> Topology {
-        let tag = std::process::id() % 100_000;
-        let (up, node) = (format!("smt-up-{tag}"), format!("smt-node-{tag}"));
-        let t = Topology { names: [up.clone(), node.clone()], servers: vec![] };
-        ip(&format!("netns add {up}"));
-        ip(&format!("netns add {node}"));
-        ip(&format!("link add smt{tag}n netns {node} type veth peer name smt{tag}u netns {up}"));
-        for (ns, dev, addr) in [(&node, "n", "192.0.2.2/24"), (&up, "u", "192.0.2.1/24")] {
-            ip(&format!("-n {ns} addr add {addr} dev smt{tag}{dev}"));
-            ip(&format!("-n {ns} link set smt{tag}{dev} up"));
-            ip(&format!("-n {ns} link set lo up"));
-        }
-        ip(&format!("-n {node} route add default via 192.0.2.1"));
-        for a in UPSTREAM_ADDRESSES {
-            ip(&format!("-n {up} addr add {a}/32 dev lo"));
-        }
-        t
-    }
-
-    /// Starts `argv` in the upstream namespace.
-    fn serve(&mut self, argv: &[&str]) -> &mut Child {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.names[0]])
-            .args(argv)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start an upstream server");
-        self.servers.push(child);
-        self.servers.last_mut().unwrap()
-    }
-
-    /// Moves the calling thread into the node's namespace.
-    fn enter_node(&self) {
-        let ns = std::fs::File::open(format!("/run/netns/{}", self.names[1])).unwrap();
-        // SAFETY: setns on this thread only, with a namespace file just opened.
-        assert_eq!(unsafe { libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) }, 0);
-    }
-}
-
-impl Drop for Topology {
-    fn drop(&mut self) {
-        for s in &mut self.servers {
-            let _ = s.kill();
-            let _ = s.wait();
-        }
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).status();
-        }
-    }
-}
-
-/// Upstream's addresses: public (documentation ranges), private, and the metadata address.
-const UPSTREAM_ADDRESSES: [&str; 7] = [
-    "198.51.100.10", // allowed.test
-    "198.51.100.11", // denied.test
-    "198.51.100.12", // hold.test: the holding TCP server and the UDP sink
-    "203.0.113.5",   // no name: a raw address
-    "10.200.0.5",    // private.test: a private range nobody opened
-    "10.201.0.5",    // opened.test: a private range the operator opened
-    "169.254.169.254",
-];
-
-fn dnsmasq_args() -> Vec<String> {
-    let names = [
-        ("allowed.test", "198.51.100.10"),
-        ("denied.test", "198.51.100.11"),
-        ("hold.test", "198.51.100.12"),
-        ("private.test", "10.200.0.5"),
-        ("opened.test", "10.201.0.5"),
-        ("meta.test", "169.254.169.254"),
-        ("rebind.test", "127.0.0.1"),
-        ("node.test", "192.0.2.2"),
-    ];
-    let mut args: Vec<String> = [
-        "dnsmasq",
-        "--keep-in-foreground",
-        "--conf-file=/dev/null",
-        "--no-resolv",
-        "--no-hosts",
-        "--bind-interfaces",
-        "--listen-address=192.0.2.1",
-        "--user=root",
-        "--pid-file=",
-    ]
-    .map(String::from)
-    .to_vec();
-    args.extend(names.iter().map(|(n, a)| format!("--address=/{n}/{a}")));
-    args
-}
+use silk_testkit::netns::{Network, PROBE};
 
 const POLICY: &str = r#"{ allow = ["allowed.test", "hold.test", "private.test", "opened.test", "meta.test", "rebind.test", "node.test"] }"#;
 
@@ -129,8 +24,7 @@ fn node_config() -> String {
 
 /// Writes the probe into sandbox `id` once.
 fn install_probe(node: &Sandboxd, id: &str, token: &str) {
-    let probe = include_str!("egress/probe.py");
-    let body = json!({ "argv": ["sh", "-c", "cat > /root/probe.py"], "stdin": probe }).to_string();
+    let body = json!({ "argv": ["sh", "-c", "cat > /root/probe.py"], "stdin": PROBE }).to_string();
     let (status, v) =
         node.req("POST", &format!("/v1/sandboxes/{id}/exec"), Some(token), Some(&body));
     assert_eq!(status, 200, "{v}");
@@ -159,6 +53,11 @@ fn ok_from(addr: &str) -> impl Fn(&Value) -> bool + '_ {
     move |v| v["ok"].as_str().is_some_and(|b| b == format!("hello from {addr}\n"))
 }
 
+/// The lane address the engine gave sandbox `id`.
+fn address(node: &Sandboxd, id: &str) -> std::net::Ipv4Addr {
+    node.boxes().into_iter().find(|x| x.id.as_str() == id).and_then(|x| x.address).unwrap()
+}
+
 fn metric(text: &str, line_start: &str) -> u64 {
     text.lines()
         .find_map(|l| l.strip_prefix(line_start)?.trim().parse().ok())
@@ -167,33 +66,13 @@ fn metric(text: &str, line_start: &str) -> u64 {
 
 #[test]
 fn sandboxes_reach_allowed_names_and_nothing_else() {
-    let mut topology = Topology::new();
-    let mut dns = dnsmasq_args();
-    let dns: Vec<&str> = dns.iter_mut().map(|s| s.as_str()).collect();
-    topology.serve(&dns);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/egress/upstream.py");
-    let servers = [
-        "198.51.100.10",
-        "198.51.100.11",
-        "203.0.113.5",
-        "10.200.0.5",
-        "10.201.0.5",
-        "169.254.169.254",
-    ];
     let received = tempfile::tempdir().unwrap();
     let udp_log = received.path().join("udp.log");
-    let udp_log_arg = udp_log.to_str().unwrap().to_string();
-    let mut argv = vec!["python3", script, "198.51.100.12", &udp_log_arg];
-    argv.extend(servers);
-    let upstream = topology.serve(&argv);
-    let mut ready = String::new();
-    BufReader::new(upstream.stdout.as_mut().unwrap()).read_line(&mut ready).unwrap();
-    assert_eq!(ready, "ready\n");
-    let topology = topology;
+    let net = Network::new(&udp_log);
     // Everything from here on runs in the node's namespace, the node included.
     std::thread::scope(|s| {
         s.spawn(|| {
-            topology.enter_node();
+            net.enter_node();
             attack_from_inside(&udp_log);
         })
         .join()
@@ -202,7 +81,8 @@ fn sandboxes_reach_allowed_names_and_nothing_else() {
 }
 
 fn attack_from_inside(udp_log: &Path) {
-    let node = Sandboxd::start(&node_config());
+    // The API on the node's own address: reachable from the lane's gateway but for the guard.
+    let mut node = Sandboxd::start_at(&format!("{}:0", silk_testkit::netns::NODE_ADDR), &node_config());
     node.wait_warm(1);
     let api = node.addr.port();
 
@@ -252,11 +132,9 @@ fn attack_from_inside(udp_log: &Path) {
     let b = node.claim(r#"{"lane": "egress"}"#);
     let (b_id, b_token) = (b["id"].as_str().unwrap(), b["token"].as_str().unwrap());
     node.exec(b_id, b_token, "setsid python3 -m http.server 8080 >/dev/null 2>&1 < /dev/null &");
-    let address = |sandbox: &str| {
-        node.boxes().into_iter().find(|x| x.id.as_str() == sandbox).and_then(|x| x.address).unwrap()
-    };
-    let b_addr = address(b_id);
-    assert_ne!(b_addr, address(id), "each sandbox has its own address");
+
+    let b_addr = address(&node, b_id);
+    assert_ne!(b_addr, address(&node, id), "each sandbox has its own address");
     eventually("the neighbour serves", || {
         let check = "python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", 8080), 1)' && echo up";
         node.exec(b_id, b_token, check)["stdout"] == "up\n"
@@ -332,6 +210,16 @@ fn attack_from_inside(udp_log: &Path) {
     );
     assert_eq!(status, 400, "{v}");
 
+    // The lane keeps files only: memory asked for is refused, and nothing changes.
+    let path = format!("/v1/sandboxes/{id}/hibernate");
+    let (status, v) = node.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#));
+    assert_eq!((status, v["error"]["code"].as_str()), (409, Some("memory_snapshot_failed")), "{v}");
+
+    // A restarted node (new proxy and resolver ports, the same table) serves running sandboxes.
+    node.restart();
+    let got = probe(&node, id, token, json!([["get", "http://allowed.test/"]]));
+    assert!(ok_from("198.51.100.10")(&got[0]), "after a restart: {got:?}");
+
     // Hibernated and woken, and forked: the policy goes with the claim, each copy has an address.
     let (status, v) = node.req("POST", &format!("/v1/sandboxes/{id}/hibernate"), Some(token), None);
     assert_eq!(status, 200, "{v}");
@@ -349,7 +237,7 @@ fn attack_from_inside(udp_log: &Path) {
     let child = &v["sandboxes"][0].clone();
     let (c_id, c_token) = (child["id"].as_str().unwrap(), child["token"].as_str().unwrap());
     assert_eq!(child["egress"], a["egress"]);
-    assert_ne!(address(c_id), address(id));
+    assert_ne!(address(&node, c_id), address(&node, id));
     let got = probe(
         &node,
         c_id,

@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod netns;
+
 /// The static silkd the suite builds (`SILKD_STATIC`; scripts/test sets it).
 pub fn static_silkd() -> PathBuf {
     let path = std::env::var_os("SILKD_STATIC").map(PathBuf::from).expect(

@@ -1,14 +1,15 @@
 """The egress test's 'internet', run in its upstream namespace (stdlib only): HTTP servers on the
-addresses given (`/` names the address, `/big` is 2 MiB), a TCP server on ADDR:7000 that greets
+addresses given (`/` names the address, `/big` is 2 MiB, `/1m` 1 MiB), a TCP server on ADDR:7000 that greets
 and holds every connection open until its client closes it, and a UDP sink on ADDR:9999 that appends what reaches it to
 LOG. Usage: upstream.py ADDR LOG HTTP_ADDR..."""
 import http.server, socket, socketserver, sys, threading
 
 BIG = b"x" * (2 << 20)
+PAGES = {"/big": BIG, "/1m": BIG[: 1 << 20]}
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = BIG if self.path == "/big" else f"hello from {self.server.server_address[0]}\n".encode()
+        body = PAGES.get(self.path) or f"hello from {self.server.server_address[0]}\n".encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()

@@ -21,6 +21,21 @@ def step(s):
                 except OSError:
                     pass
             return {"greeted": greeted}
+        if kind == "greet":  # n connections, each timed from connect() to its greeting
+            out = []
+            for _ in range(s[3]):
+                t0 = time.monotonic()
+                with socket.create_connection((s[1], s[2]), timeout=5) as c:
+                    assert c.recv(3) == b"hi\n"
+                out.append(time.monotonic() - t0)
+            return out
+        if kind == "fetch":  # n GETs of a URL, each timed
+            out = []
+            for _ in range(s[2]):
+                t0 = time.monotonic()
+                urllib.request.urlopen(s[1], timeout=10).read()
+                out.append(time.monotonic() - t0)
+            return out
         if kind == "udp":
             u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
             u.sendto(b"leak", (s[1], s[2]))
