@@ -12,6 +12,7 @@ mod all;
 mod audit;
 mod cluster;
 mod e2b;
+mod egress;
 mod engine;
 mod fleet;
 mod journal;
@@ -68,6 +69,9 @@ enum Section {
     /// The stock e2b Python SDK vs sdk-rs on one node: create → first run, run, 50 MiB files
     /// (needs root and `scripts/e2b-venv`).
     E2b(e2b::E2bArgs),
+    /// Lane egress beside floors: warm claims, a 1 MiB GET, connection setup, the ports route
+    /// (needs root, nftables, dnsmasq).
+    Egress(egress::EgressArgs),
     /// Internal: the floor's echo server (run as a separate process, like silkd).
     #[command(hide = true)]
     EchoServer { socket: std::path::PathBuf },
@@ -96,5 +100,6 @@ fn main() -> anyhow::Result<()> {
         Section::Fleet(f) => runtime()?.block_on(fleet::run(f)),
         Section::Store(s) => store::run(s),
         Section::E2b(e) => e2b::run(e),
+        Section::Egress(e) => egress::run(e),
     }
 }

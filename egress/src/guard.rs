@@ -86,7 +86,7 @@ pub enum Denied {
     Node,
     /// Unspecified, multicast, reserved.
     Reserved,
-    /// The sandbox has as many connections open as it may.
+    /// The sandbox has as many connections open as it may, or asks the resolver too fast.
     Limit,
     /// Traffic the lane never carries (UDP but DNS, ICMP, IPv6): counted by nftables.
     Protocol,
@@ -122,6 +122,22 @@ impl Denied {
     }
 }
 
+/// Metadata services: link-local (every cloud's 169.254.169.254), Azure's WireServer, Alibaba's
+/// (inside 100.64/10, so refused even where an operator opens that range).
+const METADATA: [Net; 3] = [
+    Net::new(169, 254, 0, 0, 16),
+    Net::new(168, 63, 129, 16, 32),
+    Net::new(100, 100, 100, 200, 32),
+];
+
+/// "This network", IETF protocol assignments, benchmarking, the old class E.
+const RESERVED: [Net; 4] = [
+    Net::new(0, 0, 0, 0, 8),
+    Net::new(192, 0, 0, 0, 24),
+    Net::new(198, 18, 0, 0, 15),
+    Net::new(240, 0, 0, 0, 4),
+];
+
 /// The private ranges (RFC 1918, shared address space) an operator may open.
 const PRIVATE: [Net; 4] = [
     Net::new(10, 0, 0, 0, 8),
@@ -144,7 +160,7 @@ pub struct Guard {
 impl Guard {
     /// `Err` when no policy may let a connection to `ip` through.
     pub fn check(&self, ip: Ipv4Addr) -> Result<(), Denied> {
-        if Net::new(169, 254, 0, 0, 16).contains(ip) {
+        if METADATA.iter().any(|n| n.contains(ip)) {
             return Err(Denied::Metadata);
         }
         if ip.is_loopback() {
@@ -159,8 +175,7 @@ impl Guard {
         if ip.is_unspecified()
             || ip.is_broadcast()
             || ip.is_multicast()
-            || Net::new(0, 0, 0, 0, 8).contains(ip)
-            || Net::new(240, 0, 0, 0, 4).contains(ip)
+            || RESERVED.iter().any(|n| n.contains(ip))
         {
             return Err(Denied::Reserved);
         }
@@ -197,10 +212,14 @@ mod tests {
         let g = Guard {
             lane: Some(Net::parse("10.88.0.0/16").unwrap()),
             node: vec![ip("198.51.100.2")],
-            opened: vec![Net::parse("10.1.0.0/16").unwrap(), Net::parse("10.88.0.0/16").unwrap()],
+            opened: ["10.1.0.0/16", "10.88.0.0/16", "100.64.0.0/10"]
+                .map(|n| Net::parse(n).unwrap())
+                .to_vec(),
         };
         let cases = [
             ("169.254.169.254", Err(Denied::Metadata)),
+            ("168.63.129.16", Err(Denied::Metadata)),
+            ("198.19.0.1", Err(Denied::Reserved)),
             ("127.0.0.1", Err(Denied::Loopback)),
             ("127.8.8.8", Err(Denied::Loopback)),
             ("10.88.0.7", Err(Denied::Sandbox)),
@@ -211,7 +230,8 @@ mod tests {
             ("10.2.0.1", Err(Denied::Private)),
             ("172.20.0.1", Err(Denied::Private)),
             ("192.168.1.1", Err(Denied::Private)),
-            ("100.100.100.200", Err(Denied::Private)),
+            ("100.100.100.200", Err(Denied::Metadata)),
+            ("100.64.0.1", Ok(())),
             ("10.1.2.3", Ok(())),
             ("198.51.100.3", Ok(())),
             ("8.8.8.8", Ok(())),

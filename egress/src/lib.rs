@@ -87,6 +87,9 @@ struct Shared {
     lanes: Mutex<Lanes>,
     guard: Mutex<Guard>,
     counters: Arc<Counters>,
+    /// Where the table sends sandboxes' TCP and DNS (to write it again if it goes).
+    proxy_port: u16,
+    dns_port: u16,
 }
 
 use lanes::Lanes;
@@ -149,6 +152,8 @@ impl Egress {
             lanes: Mutex::default(),
             guard,
             counters: Arc::default(),
+            proxy_port,
+            dns_port,
         });
         tokio::spawn(proxy::serve(shared.clone(), listener));
         tokio::spawn(resolver::serve(shared.clone(), Arc::new(udp)));
@@ -216,15 +221,36 @@ pub fn local_addresses() -> Vec<Ipv4Addr> {
     out
 }
 
-/// Once a minute: forgets expired lookups and released sandboxes, re-reads the node's
-/// addresses (an interface may have come up).
+/// Every few seconds: puts the nftables table back if something removed it (an `nft flush
+/// ruleset`, a firewall service reloading its own rules) and re-reads the node's addresses (an
+/// interface may have come up); once a minute, forgets expired lookups and released sandboxes.
 async fn sweep(shared: std::sync::Weak<Shared>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(60));
-    loop {
+    const EVERY: Duration = Duration::from_secs(5);
+    let mut tick = tokio::time::interval(EVERY);
+    for round in 0u64.. {
         tick.tick().await;
         let Some(s) = shared.upgrade() else { return };
+        let (table, prefix) = (s.cfg.table.clone(), s.cfg.prefix.clone());
+        let (proxy, dns) = (s.proxy_port, s.dns_port);
+        let restored = tokio::task::spawn_blocking(move || {
+            if nft::exists(&table) {
+                return Ok(false);
+            }
+            nft::install(&table, &prefix, proxy, dns).map(|()| true)
+        })
+        .await;
+        match restored {
+            Ok(Ok(true)) => {
+                tracing::warn!(table = s.cfg.table, "the egress table was gone: restored")
+            }
+            Ok(Err(e)) => tracing::error!(table = s.cfg.table, "the egress table is gone: {e}"),
+            _ => {}
+        }
         let fresh = guard_of(&s.cfg);
         *s.guard.lock().unwrap_or_else(|e| e.into_inner()) = fresh;
+        if round % 12 != 11 {
+            continue;
+        }
         let Some(leases) = s.leases.get().cloned() else { continue };
         s.lanes()
             .sweep(Instant::now(), |addr, id| leases.lease(addr).is_some_and(|l| l.sandbox == id));

@@ -83,6 +83,11 @@ pub fn remove(table: &str) -> Result<(), EgressError> {
     nft(&format!("table inet {table}\ndelete table inet {table}\n")).map(drop)
 }
 
+/// Whether the table is there.
+pub fn exists(table: &str) -> bool {
+    nft(&format!("list table inet {table}\n")).is_ok()
+}
+
 /// Packets the table dropped (traffic the lane never carries, spoofed sources).
 pub fn dropped(table: &str) -> Option<u64> {
     let out = nft(&format!("list counter inet {table} dropped\n")).ok()?;

@@ -66,6 +66,12 @@ async fn handle(shared: Arc<Shared>, conn: TcpStream, peer: SocketAddr) {
     let Some((addr, lease)) = shared.lease(peer) else { return reset(conn) };
     let Some(dst) = original_dst(&conn) else { return reset(conn) };
     let counters = &shared.counters;
+    // DNS over TCP to the lane's resolver (a client retrying an answer too large for UDP):
+    // not served, and counted as what it is.
+    if dst.port() == 53 && *dst.ip() == shared.cfg.lane.nth(1) {
+        counters.deny(crate::Denied::Protocol);
+        return reset(conn);
+    }
     let decided = {
         let guard = shared.guard.lock().unwrap_or_else(|e| e.into_inner()).clone();
         shared.lanes().open(
@@ -122,7 +128,7 @@ async fn pump(
     done: watch::Sender<bool>,
     mut other: watch::Receiver<bool>,
 ) {
-    let mut buf = vec![0u8; 64 << 10];
+    let mut buf = vec![0u8; 16 << 10];
     loop {
         let read = if *other.borrow() {
             match tokio::time::timeout(HALF_CLOSED_IDLE, from.read(&mut buf)).await {

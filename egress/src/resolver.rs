@@ -3,9 +3,10 @@
 //! one is asked upstream, and the IPv4 addresses of the answer are remembered for the sandbox
 //! until their TTL ends. AAAA is answered empty: the lane has no IPv6.
 
-use std::net::{SocketAddr, SocketAddrV4};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::net::UdpSocket;
@@ -27,7 +28,64 @@ pub(crate) fn system_servers() -> Vec<SocketAddr> {
         .collect()
 }
 
+/// Lookups one sandbox may make per second, and the burst it may save up: a package manager
+/// resolving its mirrors stays far below; a sandbox flooding the resolver is cut off before its
+/// queries cost the node a task, a lock or an upstream socket.
+const RATE: f64 = 200.0;
+const BURST: f64 = 400.0;
+/// Lookups in flight (waiting on upstream) per sandbox, and on the node in all.
+const IN_FLIGHT_EACH: u32 = 32;
+const IN_FLIGHT_ALL: u32 = 1024;
+/// Senders remembered by the admission control (forgotten, idle first, beyond it).
+const SENDERS: usize = 4096;
+
+/// Who may have a lookup answered now: a token bucket and an in-flight count per sandbox
+/// address, and a node-wide in-flight count. Pure (time is given).
+#[derive(Debug, Default)]
+pub(crate) struct Admission {
+    senders: HashMap<Ipv4Addr, Sender>,
+    in_flight: u32,
+}
+
+#[derive(Debug)]
+struct Sender {
+    tokens: f64,
+    at: Instant,
+    in_flight: u32,
+}
+
+impl Admission {
+    /// Takes a token and an in-flight slot for `from`, or says no (the query is dropped).
+    pub(crate) fn admit(&mut self, from: Ipv4Addr, now: Instant) -> bool {
+        if self.in_flight >= IN_FLIGHT_ALL {
+            return false;
+        }
+        if self.senders.len() >= SENDERS && !self.senders.contains_key(&from) {
+            self.senders.retain(|_, s| s.in_flight > 0);
+        }
+        let s = self.senders.entry(from).or_insert(Sender { tokens: BURST, at: now, in_flight: 0 });
+        s.tokens = (s.tokens + now.duration_since(s.at).as_secs_f64() * RATE).min(BURST);
+        s.at = now;
+        if s.tokens < 1.0 || s.in_flight >= IN_FLIGHT_EACH {
+            return false;
+        }
+        s.tokens -= 1.0;
+        s.in_flight += 1;
+        self.in_flight += 1;
+        true
+    }
+
+    /// Gives back the in-flight slot `admit` took.
+    pub(crate) fn done(&mut self, from: Ipv4Addr) {
+        self.in_flight = self.in_flight.saturating_sub(1);
+        if let Some(s) = self.senders.get_mut(&from) {
+            s.in_flight = s.in_flight.saturating_sub(1);
+        }
+    }
+}
+
 pub(crate) async fn serve(shared: Arc<Shared>, socket: Arc<UdpSocket>) {
+    let admission = Arc::new(Mutex::new(Admission::default()));
     let mut buf = vec![0u8; 1500];
     loop {
         let (n, from) = match socket.recv_from(&mut buf).await {
@@ -37,8 +95,18 @@ pub(crate) async fn serve(shared: Arc<Shared>, socket: Arc<UdpSocket>) {
                 continue;
             }
         };
+        let SocketAddr::V4(sender) = from else { continue };
+        let sender = *sender.ip();
+        if !admission.lock().unwrap_or_else(|e| e.into_inner()).admit(sender, Instant::now()) {
+            shared.counters.deny(Denied::Limit);
+            continue;
+        }
         let raw = buf[..n].to_vec();
-        tokio::spawn(answer(shared.clone(), socket.clone(), raw, from));
+        let (shared, socket, admission) = (shared.clone(), socket.clone(), admission.clone());
+        tokio::spawn(async move {
+            answer(shared, socket, raw, from).await;
+            admission.lock().unwrap_or_else(|e| e.into_inner()).done(sender);
+        });
     }
 }
 
@@ -78,7 +146,8 @@ async fn ask_upstream(servers: &[SocketAddr], raw: &[u8], id: u16) -> Option<Vec
         if sock.connect(server).await.is_err() || sock.send(raw).await.is_err() {
             continue;
         }
-        let mut buf = vec![0u8; 4096];
+        // The largest UDP answer (an upstream honours the size the sandbox's query offered).
+        let mut buf = vec![0u8; 65535];
         let deadline = tokio::time::Instant::now() + UPSTREAM_TIMEOUT;
         while let Ok(Ok(n)) = tokio::time::timeout_at(deadline, sock.recv(&mut buf)).await {
             // Only the answer to this query (a connected socket hears only `server`).
@@ -89,4 +158,63 @@ async fn ask_upstream(servers: &[SocketAddr], raw: &[u8], id: u16) -> Option<Vec
         }
     }
     None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_flooding_sandbox_is_cut_off_and_the_others_are_not() {
+        let (a, b) = (Ipv4Addr::new(10, 88, 0, 2), Ipv4Addr::new(10, 88, 0, 3));
+        let t0 = Instant::now();
+        let mut adm = Admission::default();
+        // In flight: at most IN_FLIGHT_EACH for one sandbox, whatever its tokens.
+        let taken = (0..100).filter(|_| adm.admit(a, t0)).count();
+        assert_eq!(taken, IN_FLIGHT_EACH as usize);
+        assert!(adm.admit(b, t0), "a neighbour is not held up");
+        adm.done(b);
+        for _ in 0..IN_FLIGHT_EACH {
+            adm.done(a);
+        }
+        // Answered at once, it spends its burst, then gets RATE a second.
+        let mut answered = 0;
+        for _ in 0..1000 {
+            if adm.admit(a, t0) {
+                adm.done(a);
+                answered += 1;
+            }
+        }
+        assert_eq!(answered, BURST as usize - IN_FLIGHT_EACH as usize);
+        let later = t0 + Duration::from_millis(100);
+        let more = (0..1000)
+            .filter(|_| {
+                adm.admit(a, later) && {
+                    adm.done(a);
+                    true
+                }
+            })
+            .count();
+        assert_eq!(more, (RATE / 10.0) as usize);
+        assert_eq!(adm.in_flight, 0);
+    }
+
+    #[test]
+    fn the_node_wide_cap_holds_and_senders_are_forgotten() {
+        let t0 = Instant::now();
+        let mut adm = Admission::default();
+        let mut admitted = 0;
+        for i in 0..(IN_FLIGHT_ALL / IN_FLIGHT_EACH + 4) {
+            let from = Ipv4Addr::from(0x0a58_0000 + i);
+            admitted += (0..IN_FLIGHT_EACH).filter(|_| adm.admit(from, t0)).count();
+        }
+        assert_eq!(admitted, IN_FLIGHT_ALL as usize);
+        let mut adm = Admission::default();
+        for i in 0..(SENDERS as u32 * 2) {
+            let from = Ipv4Addr::from(0x0a58_0000 + i);
+            assert!(adm.admit(from, t0));
+            adm.done(from);
+        }
+        assert!(adm.senders.len() <= SENDERS);
+    }
 }

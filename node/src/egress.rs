@@ -174,7 +174,7 @@ pub fn render_metrics(egress: &Egress, out: &mut String) {
     let labels: Vec<(String, u64)> = silk_egress::Denied::ALL
         .iter()
         .map(|d| {
-            let n = if *d == silk_egress::Denied::Protocol { dropped } else { c.denied(*d) };
+            let n = c.denied(*d) + if *d == silk_egress::Denied::Protocol { dropped } else { 0 };
             (format!("reason=\"{}\"", d.as_str()), n)
         })
         .collect();

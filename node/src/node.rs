@@ -43,7 +43,7 @@ pub mod fleet;
 mod lane;
 mod lifecycle;
 mod pools;
-mod previews;
+pub(crate) mod previews;
 mod reaper;
 mod report;
 mod slots;

@@ -85,15 +85,23 @@ pub enum Carried {
     Cookie(String),
 }
 
-/// The preview token a request carries, if any.
-pub fn carried(uri: &Uri, headers: &HeaderMap) -> Option<Carried> {
-    let in_query = uri.query().into_iter().flat_map(|q| q.split('&')).find_map(|pair| {
+impl Carried {
+    pub fn token(&self) -> &str {
+        match self {
+            Carried::Query(t) | Carried::Cookie(t) => t,
+        }
+    }
+}
+
+/// The preview tokens a request carries: its query's, then every cookie of the name (a page
+/// may have set one of its own: each is tried, so it cannot shadow the real one).
+pub fn carried(uri: &Uri, headers: &HeaderMap) -> Vec<Carried> {
+    let in_query = uri.query().into_iter().flat_map(|q| q.split('&')).filter_map(|pair| {
         pair.strip_prefix(QUERY)?.strip_prefix('=').filter(|t| t.starts_with("pv_"))
     });
-    if let Some(t) = in_query {
-        return Some(Carried::Query(t.to_string()));
-    }
-    cookies(headers).find_map(|(k, v)| (k == COOKIE).then(|| Carried::Cookie(v.to_string())))
+    let in_query = in_query.map(|t| Carried::Query(t.to_string()));
+    let in_cookies = cookies(headers).filter(|(k, _)| *k == COOKIE);
+    in_query.chain(in_cookies.map(|(_, v)| Carried::Cookie(v.to_string()))).take(8).collect()
 }
 
 fn cookies(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
@@ -126,16 +134,23 @@ pub fn cookies_without_preview(headers: &HeaderMap) -> Option<String> {
     (!kept.is_empty()).then(|| kept.join("; "))
 }
 
-/// `{port}-{id}.{domain}` (any case, a `:port` after it): the sandbox and port it names.
-pub fn host_route<'a>(host: &'a str, domain: &str) -> Option<(&'a str, u16)> {
+/// `{port}-{id}.{domain}` (the domain in any case, a `:port` after it): the sandbox and port
+/// it names. Ids are lower-case letters, digits and dashes; anything else names none.
+pub fn host_route(host: &str, domain: &str) -> Option<(String, u16)> {
     let host = host
         .rsplit_once(':')
         .filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit()))
         .map_or(host, |(h, _)| h);
-    let label = host.strip_suffix(domain)?.strip_suffix('.')?;
+    let cut = host.len().checked_sub(domain.len() + 1)?;
+    let (label, rest) = (host.get(..cut)?, host.get(cut..)?);
+    if !rest.strip_prefix('.')?.eq_ignore_ascii_case(domain) {
+        return None;
+    }
     let (port, id) = label.split_once('-')?;
     let port = port.parse().ok().filter(|p| *p != 0)?;
-    (!id.is_empty() && !id.contains('.')).then_some((id, port))
+    let id = id.to_ascii_lowercase();
+    let fits = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-';
+    (!id.is_empty() && id.bytes().all(fits)).then_some((id, port))
 }
 
 /// A new key for the fleet's previews.
@@ -176,24 +191,31 @@ mod tests {
     fn the_token_is_found_in_the_query_or_a_cookie_and_taken_out() {
         let uri: Uri = "/a?x=1&token=pv_1_2_3&y=2".parse().unwrap();
         let mut headers = HeaderMap::new();
-        assert_eq!(carried(&uri, &headers), Some(Carried::Query("pv_1_2_3".into())));
+        assert_eq!(carried(&uri, &headers), [Carried::Query("pv_1_2_3".into())]);
         assert_eq!(query_without_token(&uri).as_deref(), Some("x=1&y=2"));
         let only: Uri = "/a?token=pv_1".parse().unwrap();
         assert_eq!(query_without_token(&only), None);
         // An app's own `token` parameter is not a preview's: it stays.
         let app: Uri = "/a?token=abc".parse().unwrap();
-        assert_eq!(carried(&app, &headers), None);
+        assert_eq!(carried(&app, &headers), []);
         assert_eq!(query_without_token(&app).as_deref(), Some("token=abc"));
-        headers.insert(header::COOKIE, "a=1; silkmesh_preview=pv_x; b=2".parse().unwrap());
-        assert_eq!(carried(&"/".parse().unwrap(), &headers), Some(Carried::Cookie("pv_x".into())));
+        // A page's own cookie of the name (set for a parent domain) does not shadow the node's.
+        headers.insert(
+            header::COOKIE,
+            "a=1; silkmesh_preview=pv_page; silkmesh_preview=pv_x; b=2".parse().unwrap(),
+        );
+        let both = [Carried::Cookie("pv_page".into()), Carried::Cookie("pv_x".into())];
+        assert_eq!(carried(&"/".parse().unwrap(), &headers), both);
         assert_eq!(cookies_without_preview(&headers).as_deref(), Some("a=1; b=2"));
     }
 
     #[test]
     fn preview_hosts_name_a_port_and_a_sandbox() {
         let d = "preview.example.com";
-        assert_eq!(host_route("8080-sb-a1-b2.preview.example.com", d), Some(("sb-a1-b2", 8080)));
-        assert_eq!(host_route("3000-sb-x.preview.example.com:443", d), Some(("sb-x", 3000)));
+        let route = |id: &str, port| Some((id.to_string(), port));
+        assert_eq!(host_route("8080-sb-a1-b2.preview.example.com", d), route("sb-a1-b2", 8080));
+        assert_eq!(host_route("3000-sb-x.preview.example.com:443", d), route("sb-x", 3000));
+        assert_eq!(host_route("3000-SB-X.Preview.Example.COM", d), route("sb-x", 3000));
         for bad in [
             "preview.example.com",
             "sb-x.preview.example.com",
@@ -202,6 +224,9 @@ mod tests {
             "8080-a.b.preview.example.com",
             "8080-sbevilpreview.example.com",
             "8080-sb.other.com",
+            "8080-a/v1/x.preview.example.com",
+            "8080-a%2e.preview.example.com",
+            "8080-é.preview.example.com",
         ] {
             assert_eq!(host_route(bad, d), None, "{bad}");
         }

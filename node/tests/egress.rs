@@ -82,7 +82,8 @@ fn sandboxes_reach_allowed_names_and_nothing_else() {
 
 fn attack_from_inside(udp_log: &Path) {
     // The API on the node's own address: reachable from the lane's gateway but for the guard.
-    let mut node = Sandboxd::start_at(&format!("{}:0", silk_testkit::netns::NODE_ADDR), &node_config());
+    let mut node =
+        Sandboxd::start_at(&format!("{}:0", silk_testkit::netns::NODE_ADDR), &node_config());
     node.wait_warm(1);
     let api = node.addr.port();
 
@@ -220,6 +221,26 @@ fn attack_from_inside(udp_log: &Path) {
     let got = probe(&node, id, token, json!([["get", "http://allowed.test/"]]));
     assert!(ok_from("198.51.100.10")(&got[0]), "after a restart: {got:?}");
 
+    // Someone flushes the host's firewall: the node puts its table back within seconds.
+    let tables = || {
+        let out = std::process::Command::new("nft").args(["list", "tables"]).output().unwrap();
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let table = tables()
+        .lines()
+        .find_map(|l| l.strip_prefix("table inet silkmesh_").map(|t| format!("silkmesh_{t}")))
+        .expect("the node's table");
+    let flushed =
+        std::process::Command::new("nft").args(["delete", "table", "inet", &table]).status();
+    assert!(flushed.unwrap().success());
+    let back = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        tables().contains(&table)
+    });
+    assert!(back, "the table was not restored");
+    let got = probe(&node, id, token, json!([["get", format!("http://node.test:{api}/v1/info")]]));
+    assert_eq!(got[0], refused(), "{got:?}");
+
     // Hibernated and woken, and forked: the policy goes with the claim, each copy has an address.
     let (status, v) = node.req("POST", &format!("/v1/sandboxes/{id}/hibernate"), Some(token), None);
     assert_eq!(status, 200, "{v}");
@@ -246,4 +267,28 @@ fn attack_from_inside(udp_log: &Path) {
     );
     assert!(ok_from("198.51.100.10")(&got[0]), "a fork: {got:?}");
     assert_eq!(got[1], no_name());
+
+    // A branch of the narrowed sandbox runs under its narrower policy, at an address of its own.
+    let (status, ck) =
+        node.req("POST", &format!("/v1/sandboxes/{n_id}/checkpoint"), Some(n_token), Some(""));
+    assert_eq!(status, 201, "{ck}");
+    let branch = format!("/v1/checkpoints/{}/claim", ck["id"].as_str().unwrap());
+    let (status, b) = node.req("POST", &branch, Some(ROOT), Some(""));
+    assert_eq!(status, 201, "{b}");
+    let (b_id, b_token) = (b["id"].as_str().unwrap(), b["token"].as_str().unwrap());
+    assert_eq!(b["egress"], narrow["egress"]);
+    assert_ne!(address(&node, b_id), address(&node, n_id));
+    let steps = json!([["resolve", "hold.test"], ["get", "http://allowed.test/"]]);
+    let got = probe(&node, b_id, b_token, steps.clone());
+    assert_eq!(got[0], no_name());
+    assert!(ok_from("198.51.100.10")(&got[1]), "a branch: {got:?}");
+
+    // Archived into the store and woken from it (what a move does on its target node): wired
+    // again, under the same policy.
+    let (status, v) =
+        node.req("POST", &format!("/v1/sandboxes/{n_id}/archive"), Some(n_token), Some(""));
+    assert_eq!((status, v["state"].as_str()), (200, Some("archived")), "{v}");
+    let got = probe(&node, n_id, n_token, steps);
+    assert_eq!(got[0], no_name());
+    assert!(ok_from("198.51.100.10")(&got[1]), "woken from its archive: {got:?}");
 }

@@ -1,8 +1,10 @@
 //! The claims journal as main wrote it when the journal got its own record types (format 2,
 //! written by `Journal<ClaimRecord>` with engine types inside: `fixtures/journal-v2`, one batch
-//! of eight claims in every state and intent, then a delete). This build (format 3: a claim
-//! carries its tenant) reads it whole, upgrades it (its claims are root's), encodes each record
-//! as format 2 did plus the tenant, rewrites the log in format 3, and a node starts on it.
+//! of eight claims in every state and intent, then a delete). This build (format 4: a claim
+//! carries its tenant since format 3, its egress policy and previews since 4) reads it whole,
+//! upgrades it step by step (its claims are root's, with no policy and no previews), encodes
+//! each record as format 2 did plus those, rewrites the log in format 4, and a node starts on
+//! it.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -25,17 +27,17 @@ fn a_journal_in_the_format_on_main_is_read_whole_and_written_the_same() {
     let (journal, stored) = Journal::<StoredClaim>::open(dir.path(), false).unwrap();
     drop(journal);
     // Each record's encoding by this build is the fixture's, byte for byte, and then the
-    // tenant: none (postcard's 0).
+    // tenant, the egress policy (none: postcard's 0s) and the previews (an empty list: 0).
     let bytes = fixture();
     for (id, record) in &stored {
         let encoded = postcard::to_allocvec(&(id, Some(record))).unwrap();
-        let (v2, tenant) = encoded.split_at(encoded.len() - 1);
+        let (v2, added) = encoded.split_at(encoded.len() - 3);
         assert!(bytes.windows(v2.len()).any(|w| w == v2), "{id} encodes differently");
-        assert_eq!(tenant, [0]);
+        assert_eq!(added, [0, 0, 0]);
     }
-    // The log is format 3 now, and reads back the same.
+    // The log is format 4 now, and reads back the same.
     let upgraded = std::fs::read(dir.path().join("journal.log")).unwrap();
-    assert_eq!(upgraded[..12], *b"SLKJRNL\0\x03\0\0\0");
+    assert_eq!(upgraded[..12], *b"SLKJRNL\0\x04\0\0\0");
     let (journal, again) = Journal::<StoredClaim>::open(dir.path(), false).unwrap();
     drop(journal);
     assert_eq!(again, stored);
@@ -120,10 +122,13 @@ fn claims_published_by_the_build_on_main_are_read_and_written_the_same() {
         let record: sandboxd::claims::ClaimRecord =
             serde_json::from_value(json.clone()).unwrap_or_else(|e| panic!("{id}: {e}"));
         assert_eq!(record.tenant, None, "{id}: a claim from before tenants is root's");
-        // Written as before, plus `"tenant": null` (which a build from before ignores).
+        // Written as before, plus `"tenant": null`, `"egress": null` and `"previews": []`
+        // (which a build from before ignores).
         let mut written = serde_json::to_value(&record).unwrap();
-        assert_eq!(written["tenant"].take(), serde_json::Value::Null);
-        written.as_object_mut().unwrap().remove("tenant");
+        let added = written.as_object_mut().unwrap();
+        assert_eq!(added.remove("tenant"), Some(serde_json::Value::Null));
+        assert_eq!(added.remove("egress"), Some(serde_json::Value::Null));
+        assert_eq!(added.remove("previews"), Some(serde_json::json!([])));
         assert_eq!(written, json, "{id} is written differently");
     }
     // A record whose fields make no phase is refused, not misread.

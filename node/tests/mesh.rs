@@ -564,3 +564,47 @@ fn processes_continue_on_the_node_a_sandbox_moves_to_or_wakes_on() {
     eventually("a drops b", || peer_names(&a).is_empty());
     counts_on(&a, id, token, before, &pid);
 }
+
+#[test]
+fn a_preview_opens_through_any_node_of_the_mesh() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    // Redirect mode: a browser would not carry the preview's cookie along a redirect, so the
+    // node that does not hold the sandbox forwards previews whatever its mode.
+    let (a, b) = pair(dir.path(), &store, (41, 42));
+    let c = a.claim("{}");
+    let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
+    let serve = "mkdir -p /srv/www && echo hello-preview > /srv/www/index.html && cd /srv/www && \
+                 setsid python3 -m http.server 8000 >/dev/null 2>&1 < /dev/null &";
+    exec_via(&a, id, token, serve);
+    let port = format!("/v1/sandboxes/{id}/ports/8000/");
+    let direct = format!("GET {port} HTTP/1.1\r\nAuthorization: Bearer {token}\r\n");
+    eventually("the server listens", || raw_answer(a.addr, &direct).0.contains(" 200 "));
+    let (status, p) = a.req(
+        "POST",
+        &format!("/v1/sandboxes/{id}/previews"),
+        Some(token),
+        Some(r#"{"port": 8000}"#),
+    );
+    assert_eq!(status, 201, "{p}");
+    let pv = p["token"].as_str().unwrap();
+
+    // Through b: the first visit is answered there (its signature checked with the fleet's
+    // key from the shared store), the page is the owner's sandbox's.
+    let (status, headers, _) = raw_answer(b.addr, &format!("GET {port}?token={pv} HTTP/1.1\r\n"));
+    assert!(status.contains(" 303 "), "{status}");
+    assert!(headers.contains(&format!("location: {port}")), "{headers:?}");
+    let page = format!("GET {port}index.html HTTP/1.1\r\nCookie: silkmesh_preview={pv}\r\n");
+    let (status, _, body) = raw_answer(b.addr, &page);
+    assert!(status.contains(" 200 ") && body.contains("hello-preview"), "{status} {body}");
+    // Revoked on the owner: refused through b too, and a forged token never leaves b.
+    let revoke = format!("/v1/sandboxes/{id}/previews/{pv}");
+    assert_eq!(a.req("DELETE", &revoke, Some(token), None).0, 204);
+    assert!(raw_answer(b.addr, &page).0.contains(" 404 "), "revoked");
+    let forged = format!(
+        "GET {port} HTTP/1.1\r\nCookie: silkmesh_preview=pv_8000_9999999999999_{}_{}\r\n",
+        "0".repeat(32),
+        "0".repeat(32)
+    );
+    assert!(raw_answer(b.addr, &forged).0.contains(" 404 "), "forged");
+}

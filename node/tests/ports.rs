@@ -174,6 +174,17 @@ fn preview_urls_open_a_port_to_a_browser_until_revoked_expired_or_released() {
         assert!(!seen.contains(&pv) && !seen.contains("silkmesh_preview"), "{seen}");
         assert!(seen.contains("cookie: theme=dark\n"), "{seen}");
     }
+    // The first visit's redirect stays on the host, whatever path it came with.
+    let (status, head, _) =
+        with_headers(node.addr, &format!("//evil.test/x?token={pv}"), &host, "");
+    assert_eq!((status, header(&head, "location")), (303, Some("/evil.test/x")));
+    // The host in any case; a cookie of the name a page set does not lock the visitor out;
+    // the path reaches the server as sent (`%2F` is not a separator, `%3F` not a query).
+    let shadowed = format!("Cookie: silkmesh_preview=pv_1_2_3; silkmesh_preview={pv}\r\n");
+    let loud = host.to_ascii_uppercase();
+    let (status, _, seen) = with_headers(node.addr, "/a%2Fb%3Fc", &loud, &shadowed);
+    assert_eq!((status, seen.lines().next()), (200, Some("/a%2Fb%3Fc")), "{seen}");
+
     // The path form works with the same token (its cookie is scoped to the port's path).
     let path = format!("/v1/sandboxes/{id}/ports/8000/here?token={pv}");
     let (status, head, _) = with_headers(node.addr, &path, "node.test", "");

@@ -27,8 +27,6 @@ const MAC_LEN: usize = 32;
 /// The largest memory entry read back (a sandbox's memory is bounded far below it).
 const MAX_ENTRY: u64 = 64 << 30;
 
-/// The key that authenticates memory images: given by the node (derived from its fleet's API
-/// token, so every node of a fleet shares it), else one of this data directory's own.
 /// Lane `egress` keeps files only: CRIU would have to recreate the jail's veth with the node's
 /// end (it can only restore a veth given the other end), and its open connections are the
 /// node proxy's, which a restore elsewhere or later cannot bring back.
@@ -41,6 +39,8 @@ fn no_egress(spec: &crate::BoxSpec) -> std::result::Result<(), String> {
     }
 }
 
+/// The key that authenticates memory images: given by the node (derived from its fleet's API
+/// token, so every node of a fleet shares it), else one of this data directory's own.
 pub(super) fn memory_key(data_dir: &Path, given: Option<[u8; 32]>) -> Result<[u8; 32]> {
     if let Some(key) = given {
         return Ok(key);

@@ -145,6 +145,14 @@ pub(super) fn attach(lane: &LaneNet, pid: u32, addr: Ipv4Addr, size: Size) -> Re
     // sends no router solicitations to count as refused.
     let no_v6 = |dev: &str| format!("/proc/sys/net/ipv6/conf/{dev}/disable_ipv6");
     let _ = std::fs::write(no_v6(&dev), "1");
+    // Behind the node's nftables table (and for the seconds it takes the node to restore it
+    // when someone flushes it): the host does not route what comes in on the lane, unless an
+    // operator turns forwarding on for every interface later, and drops sources the lane's
+    // routes do not lead back to.
+    for (key, value) in [("forwarding", "0"), ("rp_filter", "1")] {
+        let path = format!("/proc/sys/net/ipv4/conf/{dev}/{key}");
+        std::fs::write(&path, value).map_err(EngineError::io(format!("write {path}")))?;
+    }
     let mut jail = inside("sh", pid)?;
     jail.args(["-c", &format!("cat > {}", no_v6("eth0"))]);
     run(jail, "1")?;

@@ -15,7 +15,9 @@ use hyper_util::rt::TokioIo;
 use super::{Api, bearer};
 use crate::error::{Code, NodeError};
 use crate::fleet::{Located, PeerStream};
+use crate::node::Node;
 use crate::pool::PoolKey;
+use crate::previews::{self, Carried, Token};
 
 /// Whether the request is a redirect's retry (or a forwarded call): serve it here.
 pub fn no_redirect(query: Option<&str>) -> bool {
@@ -74,6 +76,33 @@ pub async fn place_claim(
     forward(peers, &api.node, &peer, req, &mut None).await
 }
 
+/// The port a ports-route request names, and the preview tokens it carries.
+fn preview_of(req: &Request) -> Option<(u16, Vec<Carried>)> {
+    let mut parts = req.uri().path().split('/').skip(4); // "", "v1", "sandboxes", id
+    let port: u16 = match (parts.next(), parts.next()) {
+        (Some("ports"), Some(port)) => port.parse().ok()?,
+        _ => return None,
+    };
+    Some((port, previews::carried(req.uri(), req.headers())))
+}
+
+/// The first of `carried` signed by this fleet's key for `port` of sandbox `id` and not
+/// expired: checked before any peer is asked (the owner checks it was not revoked).
+async fn signed(
+    node: &Node,
+    id: &str,
+    (port, carried): (u16, Vec<Carried>),
+) -> Option<(u16, Carried)> {
+    if carried.is_empty() {
+        return None;
+    }
+    let key = node.preview_key().await.ok()?;
+    let now = crate::node::now_ms();
+    let signed =
+        |c: &Carried| Token::parse(c.token()).is_some_and(|t| t.valid(&key, id, port, now));
+    carried.into_iter().find(signed).map(|c| (port, c))
+}
+
 /// Middleware on every `/v1/sandboxes/{id}…` route: a sandbox held here is served here; one held
 /// by a peer is redirected (or forwarded) there; anything else falls through to the usual 404.
 pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response {
@@ -85,9 +114,22 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
         return next.run(req).await;
     }
     // No work elsewhere before a token was presented: without one the answer is the same 404
-    // (or 401) this node gives for any id it does not hold.
-    let Some(token) = bearer(req.headers()).map(str::to_string) else {
-        return next.run(req).await;
+    // (or 401) this node gives for any id it does not hold. A preview held elsewhere is checked
+    // against the fleet's key first: its first visit is answered here (a cookie and a redirect
+    // reveal nothing of the sandbox); its cookie is the credential the owner is asked with.
+    // Previews are always forwarded: a browser would not take the cookie along a redirect.
+    let is_preview = bearer(req.headers()).is_none();
+    let preview = match (is_preview, preview_of(&req)) {
+        (true, Some(carried)) => signed(&node, &id, carried).await,
+        _ => None,
+    };
+    let token = match (bearer(req.headers()), preview) {
+        (Some(token), _) => token.to_string(),
+        (None, Some((port, Carried::Query(t)))) => {
+            return super::ports::first_visit(&node, &req, &id, port, &t);
+        }
+        (None, Some((_, Carried::Cookie(t)))) => t,
+        (None, None) => return next.run(req).await,
     };
     let token = Some(token);
     let client = req.extensions().get::<crate::listen::ClientAddr>().map(|c| c.0.ip());
@@ -135,7 +177,7 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
         }
     };
     let target = with_no_redirect(req.uri().path_and_query().map_or(path.as_str(), |p| p.as_str()));
-    if !peers.forward {
+    if !peers.forward && !is_preview {
         // The owner's address arrives with its state, a moment after it joins.
         let Some(state) = peer.state.as_ref().filter(|s| !s.api.is_empty()) else {
             let message =

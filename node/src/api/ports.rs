@@ -33,9 +33,17 @@ use crate::previews::{self, Carried};
 /// The answer to a preview's first visit: the same address without the token, and the cookie
 /// that carries it from now on (for this port's path, or the whole preview host), as long as
 /// the token lasts.
-fn first_visit(req: &Request, id: &str, port: u16, token: &str) -> Response {
+pub(super) fn first_visit(
+    node: &Node,
+    req: &Request,
+    id: &str,
+    port: u16,
+    token: &str,
+) -> Response {
     let host = req.extensions().get::<PreviewHost>();
     let path = host.map_or_else(|| req.uri().path().to_string(), |h| h.path.clone());
+    // One leading slash: `//elsewhere.example` would send the browser to another host.
+    let path = format!("/{}", path.trim_start_matches(['/', '\\']));
     let cookie_path = match host {
         Some(_) => "/".to_string(),
         None => format!("/v1/sandboxes/{id}/ports/{port}/"),
@@ -44,8 +52,11 @@ fn first_visit(req: &Request, id: &str, port: u16, token: &str) -> Response {
         previews::query_without_token(req.uri()).map(|q| format!("?{q}")).unwrap_or_default();
     let max_age = previews::Token::parse(token)
         .map_or(0, |t| t.expires_ms.saturating_sub(crate::node::now_ms()) / 1000);
+    let p = &node.cfg.previews;
+    let https = p.scheme.as_deref().map_or(node.cfg.tls.is_some(), |s| s == "https");
+    let secure = if https { "; Secure" } else { "" };
     let cookie = format!(
-        "{}={token}; Path={cookie_path}; Max-Age={max_age}; HttpOnly; SameSite=Lax",
+        "{}={token}; Path={cookie_path}; Max-Age={max_age}; HttpOnly; SameSite=Lax{secure}",
         previews::COOKIE
     );
     Response::builder()
@@ -62,36 +73,46 @@ pub async fn proxy_root(
     Path((id, port)): Path<(String, String)>,
     req: Request,
 ) -> Result<Response, NodeError> {
-    serve(node, id, port, String::new(), req).await
+    serve(node, id, port, req).await
 }
 
 pub async fn proxy(
     State(node): State<Arc<Node>>,
-    Path((id, port, path)): Path<(String, String, String)>,
+    Path((id, port, _)): Path<(String, String, String)>,
     req: Request,
 ) -> Result<Response, NodeError> {
-    serve(node, id, port, path, req).await
+    serve(node, id, port, req).await
+}
+
+/// A preview token among `carried` that opens `port` of `id` here.
+async fn preview(node: &Node, id: &str, port: u16, carried: Vec<Carried>) -> Option<Carried> {
+    for c in carried {
+        if node.preview_allows(id, port, c.token()).await {
+            return Some(c);
+        }
+    }
+    None
 }
 
 async fn serve(
     node: Arc<Node>,
     id: String,
     port: String,
-    path: String,
     mut req: Request,
 ) -> Result<Response, NodeError> {
+    // The path after `/ports/{port}` as the client sent it (not percent-decoded: `%2F` and
+    // `%3F` stay what they were for the server inside).
+    let path = req.uri().path().splitn(7, '/').nth(6).unwrap_or_default().to_string();
     let port: u16 = port
         .parse()
         .ok()
         .filter(|p| *p != 0)
         .ok_or_else(|| NodeError::bad_request(format!("port {port:?}: 1-65535")))?;
     if let Err(denied) = node.authorized(&id, bearer(req.headers())) {
-        match previews::carried(req.uri(), req.headers()) {
-            Some(Carried::Query(token)) if node.preview_allows(&id, port, &token).await => {
-                return Ok(first_visit(&req, &id, port, &token));
-            }
-            Some(Carried::Cookie(token)) if node.preview_allows(&id, port, &token).await => {}
-            _ => return Err(denied),
+        match preview(&node, &id, port, previews::carried(req.uri(), req.headers())).await {
+            Some(Carried::Query(token)) => return Ok(first_visit(&node, &req, &id, port, &token)),
+            Some(Carried::Cookie(_)) => {}
+            None => return Err(denied),
         }
     }
     // Whatever the preview brought stays here.

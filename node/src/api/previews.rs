@@ -76,7 +76,14 @@ pub fn hosts(api: Router, domain: String) -> Router {
                 host.map(str::to_string).or_else(|| req.uri().authority().map(|a| a.to_string()));
             if let Some((id, port)) = host.as_deref().and_then(|h| host_route(h, &domain)) {
                 let path_and_query = req.uri().path_and_query().map_or("/", |p| p.as_str());
-                let routed = format!("/v1/sandboxes/{id}/ports/{port}{path_and_query}");
+                let routed = format!("/v1/sandboxes/{id}/ports/{port}");
+                // A call a peer forwarded here was routed by that peer already.
+                let forwarded = super::edge::no_redirect(req.uri().query())
+                    && req.uri().path().strip_prefix(&routed).is_some_and(|r| r.starts_with('/'));
+                if forwarded {
+                    return api.oneshot(req).await.into_response();
+                }
+                let routed = format!("{routed}{path_and_query}");
                 let path = req.uri().path().to_string();
                 match routed.parse() {
                     Ok(uri) => *req.uri_mut() = uri,

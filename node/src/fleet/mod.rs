@@ -417,6 +417,7 @@ where
             let authorized = live.as_ref().is_some_and(|l| {
                 let r = &l.record;
                 node.may_act(token.as_deref(), r.tenant.as_deref(), &r.token_hash)
+                    || token.as_deref().is_some_and(|t| crate::node::previews::granted(r, t, None))
             });
             PeerReply::Lookup { owned: live.is_some(), authorized, adopting: node.is_adopting(&id) }
         }

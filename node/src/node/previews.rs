@@ -14,7 +14,7 @@ impl Node {
     /// The fleet's preview key: the store's, or (the first node to need one) a new one written
     /// there. Two nodes making the first at the same moment both write; each then uses what the
     /// store holds after its write, so they agree unless the writes interleave exactly.
-    async fn preview_key(&self) -> Result<[u8; 32], NodeError> {
+    pub(crate) async fn preview_key(&self) -> Result<[u8; 32], NodeError> {
         let key = self
             .preview_key
             .get_or_try_init(|| async {
@@ -112,8 +112,16 @@ impl Node {
         if !parsed.valid(&key, id, port, now_ms()) {
             return false;
         }
-        let hash = hash_token(token);
-        let granted = |g: &Grant| g.hash == hash && g.port == port;
-        self.get(id).is_some_and(|l| l.record.previews.iter().any(granted))
+        self.get(id).is_some_and(|l| granted(&l.record, token, Some(port)))
     }
+}
+
+/// Whether `record` holds a live grant of `token` (for `port`, when given): a token this node
+/// issued and nobody revoked. Peers ask it through a lookup before they forward a preview.
+pub(crate) fn granted(record: &ClaimRecord, token: &str, port: Option<u16>) -> bool {
+    let (hash, now) = (hash_token(token), now_ms());
+    record
+        .previews
+        .iter()
+        .any(|g: &Grant| g.hash == hash && g.expires_ms > now && port.is_none_or(|p| p == g.port))
 }
