@@ -175,6 +175,8 @@ pub async fn serve(
         };
         tokio::spawn(listen::serve(listener, router, tls.clone(), shutdown));
     }
+    // The MCP endpoint's SDK clients come back in through this listener.
+    let router = api::mcp::with_mcp(router, node.clone(), listener.local_addr()?);
     // Preview hosts reach sandboxes' ports (a peer forwards such calls already routed).
     let router = match node.cfg.previews.domain.clone() {
         Some(domain) => api::previews::hosts(router, domain),

@@ -38,6 +38,8 @@ mod forward;
 mod git;
 mod http;
 mod lifecycle;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 mod process;
 mod pty;
 mod sandbox;

@@ -32,6 +32,7 @@ pub mod edge;
 mod fleetwide;
 mod lifecycle;
 pub mod limit;
+pub mod mcp;
 pub mod openapi;
 mod ports;
 pub mod previews;

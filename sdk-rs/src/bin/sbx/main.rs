@@ -179,6 +179,10 @@ enum Cmd {
         /// `LOCAL:REMOTE` (LOCAL 0 picks a free port), or REMOTE for the same local port.
         ports: String,
     },
+    /// An MCP server on stdin/stdout: every sandbox verb as a tool, for agent frameworks and
+    /// coding assistants (docs/mcp.md). Sandboxes it creates are renewed while it runs and
+    /// released when it ends, unless created with `keep`.
+    Mcp,
     #[command(flatten)]
     Lifecycle(lifecycle::Lifecycle),
 }
@@ -285,6 +289,18 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             exec(&sandbox, &opts, json).await
         }
         Cmd::Run { claim: claim_opts, opts } => run(&c, &claim_opts, &opts, json).await,
+        Cmd::Mcp => {
+            let session = silkmesh::mcp::Session::new(c.clone());
+            let renewing = session.keep_alive(Duration::from_secs(60));
+            let tools = silkmesh::mcp::Tools::new(c.clone(), Some(session.clone()));
+            silkmesh::mcp::serve_stdio(tools).await?;
+            renewing.abort();
+            let released = session.close().await;
+            if !released.is_empty() {
+                eprintln!("sbx mcp: released {}", released.join(" "));
+            }
+            Ok(0)
+        }
         Cmd::Open { target, port, ttl } => {
             let sandbox = c.sandbox(&target.id, target.token.sandbox_token.as_deref()).await?;
             let preview = sandbox.preview(port, ttl.map(Duration::from_secs)).await?;
