@@ -44,6 +44,7 @@ const SECTIONS: &[(&str, &[&str], &[&str])] = &[
     ("cluster", &[], &["--iters", "1", "--tree-mib", "4"]),
     ("store", &[], &["--size-mib", "64"]),
     ("egress", &[], &["--claims", "3", "--iters", "5"]),
+    ("mcp", &[], &["--iters", "30"]),
 ];
 
 pub fn run(args: AllArgs) -> anyhow::Result<()> {

@@ -17,6 +17,7 @@ mod engine;
 mod fleet;
 mod journal;
 mod lifecycle;
+mod mcp;
 mod memory;
 mod mesh;
 mod node;
@@ -72,6 +73,9 @@ enum Section {
     /// Lane egress beside floors: warm claims, a 1 MiB GET, connection setup, the ports route
     /// (needs root, nftables, dnsmasq).
     Egress(egress::EgressArgs),
+    /// `sandbox_exec` through the MCP server over stdio and HTTP beside sdk-rs (needs root and
+    /// the release `sbx`).
+    Mcp(mcp::McpArgs),
     /// Internal: the floor's echo server (run as a separate process, like silkd).
     #[command(hide = true)]
     EchoServer { socket: std::path::PathBuf },
@@ -101,5 +105,6 @@ fn main() -> anyhow::Result<()> {
         Section::Store(s) => store::run(s),
         Section::E2b(e) => e2b::run(e),
         Section::Egress(e) => egress::run(e),
+        Section::Mcp(m) => runtime()?.block_on(mcp::run(m)),
     }
 }

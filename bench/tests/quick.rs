@@ -6,7 +6,7 @@ fn quick_run_prints_every_table_with_numbers() {
     let silkd = std::env::var_os("SILKD_STATIC")
         .expect("SILKD_STATIC is not set: run the suite through scripts/test");
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_silkbench"));
-    for sibling in ["sandboxd", "silk-jail"] {
+    for sibling in ["sandboxd", "silk-jail", "sbx"] {
         assert!(
             exe.with_file_name(sibling).is_file(),
             "{sibling} missing next to silkbench: build the workspace (scripts/test does)"

@@ -58,17 +58,15 @@ pub fn with_mcp(router: Router, node: Arc<Node>, local: SocketAddr) -> Router {
         cache.insert(key, client.clone());
         Ok(client)
     };
-    let make = Arc::new(make);
     let config = StreamableHttpServerConfig::default()
         .with_legacy_session_mode(false)
         .with_json_response(true)
         // Callers carry a key; a browser page cannot send one across sites without CORS.
         .disable_allowed_hosts();
+    // One server for every request (stateless), so its sandbox handles outlive each.
+    let tools = Tools::per_caller(move |token| make(token));
     let service = StreamableHttpService::new(
-        move || {
-            let make = make.clone();
-            Ok(Tools::per_caller(move |token| make(token)))
-        },
+        move || Ok(tools.clone()),
         NeverSessionManager::default().into(),
         config,
     );

@@ -11,7 +11,8 @@
 mod args;
 mod session;
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::handler::server::wrapper::Parameters;
@@ -46,11 +47,20 @@ enum Clients {
     PerCaller(Arc<MakeClient>),
 }
 
+/// Handles on sandboxes the server has used, by caller (its token; empty for a fixed client)
+/// and id: a later call reuses the handle's relay connections instead of looking the sandbox
+/// up and dialling again (a handle is only a name and a connection pool: a sandbox released or
+/// moved meanwhile answers through it as through a new one).
+type Handles = Mutex<HashMap<(String, String), Sandbox>>;
+/// Handles kept at most (all dropped beyond it).
+const HANDLES: usize = 1024;
+
 /// The MCP server: the tools, and where their SDK client comes from.
 #[derive(Clone)]
 pub struct Tools {
     clients: Clients,
     session: Option<Arc<Session>>,
+    handles: Arc<Handles>,
 }
 
 impl std::fmt::Debug for Tools {
@@ -89,19 +99,28 @@ fn capped(bytes: &[u8], cap: usize) -> (String, bool) {
 impl Tools {
     /// A server acting with `client`'s key; `session` (stdio) keeps what it creates alive.
     pub fn new(client: Client, session: Option<Arc<Session>>) -> Tools {
-        Tools { clients: Clients::Fixed(client), session }
+        Tools { clients: Clients::Fixed(client), session, handles: Arc::default() }
     }
 
     /// A server acting with each caller's bearer token, the client made by `make`.
     pub fn per_caller(
         make: impl Fn(Option<&str>) -> Result<Client, Error> + Send + Sync + 'static,
     ) -> Tools {
-        Tools { clients: Clients::PerCaller(Arc::new(make)), session: None }
+        Tools {
+            clients: Clients::PerCaller(Arc::new(make)),
+            session: None,
+            handles: Arc::default(),
+        }
     }
 
     fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, CallToolResult> {
+        self.caller(ctx).map(|(client, _)| client)
+    }
+
+    /// The caller's SDK client and who it is (its token; empty for a fixed client).
+    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<(Client, String), CallToolResult> {
         match &self.clients {
-            Clients::Fixed(c) => Ok(c.clone()),
+            Clients::Fixed(c) => Ok((c.clone(), String::new())),
             Clients::PerCaller(make) => {
                 let token = ctx
                     .extensions
@@ -110,9 +129,14 @@ impl Tools {
                     .and_then(|v| v.to_str().ok())
                     .and_then(|v| v.strip_prefix("Bearer "))
                     .map(str::trim);
-                make(token).map_err(failed)
+                let client = make(token).map_err(failed)?;
+                Ok((client, token.unwrap_or_default().to_string()))
             }
         }
+    }
+
+    fn handles(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Sandbox>> {
+        self.handles.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn sandbox(
@@ -120,8 +144,22 @@ impl Tools {
         ctx: &RequestContext<RoleServer>,
         id: &str,
     ) -> Result<Sandbox, CallToolResult> {
-        let client = self.client(ctx)?;
-        client.sandbox(id, None).await.map_err(failed)
+        let (client, who) = self.caller(ctx)?;
+        let key = (who, id.to_string());
+        if let Some(sb) = self.handles().get(&key) {
+            return Ok(sb.clone());
+        }
+        let sb = client.sandbox(id, None).await.map_err(failed)?;
+        let mut handles = self.handles();
+        if handles.len() >= HANDLES {
+            handles.clear();
+        }
+        handles.insert(key, sb.clone());
+        Ok(sb)
+    }
+
+    fn forget(&self, id: &str) {
+        self.handles().retain(|(_, held), _| held != id);
     }
 
     /// Runs `work`, sending the caller progress every second while it runs (when it asked for
@@ -225,7 +263,17 @@ impl Tools {
         Parameters(a): Parameters<IdArgs>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<CallToolResult, ErrorData> {
-        result(self.sandbox(&ctx, &a.id).await.map(|sb| done(to_json(sb.info()))))
+        result(
+            async {
+                let sb = self.sandbox(&ctx, &a.id).await?;
+                let info = sb.refresh().await;
+                if info.is_err() {
+                    self.forget(&a.id);
+                }
+                Ok(done(to_json(info.map_err(failed)?)))
+            }
+            .await,
+        )
     }
 
     #[tool(description = "Run a command in a sandbox and wait for it: `command` runs in \
@@ -544,7 +592,9 @@ impl Tools {
         result(
             async {
                 let sb = self.sandbox(&ctx, &a.id).await?;
-                sb.release().await.map_err(failed)?;
+                let released = sb.release().await;
+                self.forget(&a.id);
+                released.map_err(failed)?;
                 if let Some(s) = &self.session {
                     s.released(&a.id);
                 }

@@ -88,6 +88,8 @@ async def scenario(s):
     w = await ok(s, "sandbox_wake", id=sb)
     assert w["state"] == "claimed", w
     assert (await ok(s, "sandbox_exec", id=sb, command="cat /root/w/note.txt"))["stdout"] == "hello tools\n"
+    pv = await ok(s, "sandbox_preview_url", id=sb, port=8000, ttl_seconds=60)
+    assert "token=pv_8000_" in pv["url"] and pv["port"] == 8000, pv
     listed = {x["id"] for x in (await ok(s, "sandbox_list", metadata={"by": "mcp"}))["sandboxes"]}
     assert sb in listed, listed
 
