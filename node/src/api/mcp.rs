@@ -64,7 +64,7 @@ pub fn with_mcp(router: Router, node: Arc<Node>, local: SocketAddr) -> Router {
         // Callers carry a key; a browser page cannot send one across sites without CORS.
         .disable_allowed_hosts();
     // One server for every request (stateless), so its sandbox handles outlive each.
-    let tools = Tools::per_caller(move |token| make(token));
+    let tools = Tools::per_caller(make);
     let service = StreamableHttpService::new(
         move || Ok(tools.clone()),
         NeverSessionManager::default().into(),
