@@ -1,7 +1,8 @@
 //! An MCP server over this SDK: every sandbox verb as a Model Context Protocol tool, for agent
 //! frameworks and coding assistants. Two ways to run it: `sbx mcp` (stdio, with a [`Session`]
 //! that keeps the sandboxes it created alive and releases them when it ends) and a node's `/mcp`
-//! (streamable HTTP, one SDK client per caller's key, nothing kept between requests).
+//! (streamable HTTP, stateless: one SDK client per caller's key, and sandbox handles per caller
+//! kept only to reuse connections).
 //!
 //! Tools take a sandbox `id` and act with the caller's key (root or a tenant's): a sandbox of
 //! another principal is "not found", as on the HTTP API. Every failure — a bad argument, a node
@@ -31,6 +32,8 @@ use crate::{Client, Error, Memory, Sandbox};
 
 /// Output kept per stream of an exec; the rest is dropped and flagged.
 pub const OUTPUT_CAP: usize = 64 << 10;
+/// How long an exec may run when the call names no timeout.
+pub const EXEC_TIMEOUT: u64 = 600;
 /// The most a `sandbox_read_file` returns.
 pub const READ_CAP: u64 = 1 << 20;
 
@@ -83,7 +86,33 @@ fn done(v: Value) -> CallToolResult {
 }
 
 fn to_json(v: impl serde::Serialize) -> Value {
-    serde_json::to_value(v).unwrap_or(Value::Null)
+    let mut v = serde_json::to_value(v).unwrap_or(Value::Null);
+    // The caller's key acts on the sandbox: its own token stays out of agents' transcripts.
+    if let Some(o) = v.as_object_mut() {
+        o.remove("token");
+    }
+    v
+}
+
+/// Runs `run` to its end, keeping at most a little more than [`OUTPUT_CAP`] of each stream (the
+/// rest is read and dropped: a command that prints without end costs no memory).
+async fn collect_capped(
+    run: crate::ExecBuilder,
+) -> Result<(crate::ExitStatus, Vec<u8>, Vec<u8>), Error> {
+    let keep = OUTPUT_CAP + 4;
+    let mut exec = run.start().await?;
+    let (mut out, mut err) = (vec![], vec![]);
+    while let Some(chunk) = exec.next().await? {
+        let (to, bytes) = match &chunk {
+            crate::Chunk::Stdout(b) => (&mut out, b),
+            crate::Chunk::Stderr(b) => (&mut err, b),
+        };
+        let room = keep.saturating_sub(to.len());
+        to.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+    let status =
+        exec.status().ok_or_else(|| Error::Protocol("exec ended without a status".into()))?;
+    Ok((status, out, err))
 }
 
 /// `text`, cut to `cap` bytes at a character boundary; whether it was cut.
@@ -299,18 +328,18 @@ impl Tools {
                 for (k, v) in a.env.unwrap_or_default() {
                     run = run.env(k, v);
                 }
-                if let Some(t) = a.timeout_seconds {
-                    run = run.timeout(Duration::from_secs(t));
-                }
                 if let Some(stdin) = a.stdin {
                     run = run.stdin(stdin);
                 }
-                let out = Self::with_progress(&ctx, "exec", run.run()).await.map_err(failed)?;
-                let (stdout, stdout_truncated) = capped(&out.stdout, OUTPUT_CAP);
-                let (stderr, stderr_truncated) = capped(&out.stderr, OUTPUT_CAP);
+                run = run.timeout(Duration::from_secs(a.timeout_seconds.unwrap_or(EXEC_TIMEOUT)));
+                let (status, out, err) =
+                    Self::with_progress(&ctx, "exec", collect_capped(run)).await.map_err(failed)?;
+                let (stdout, stdout_truncated) = capped(&out, OUTPUT_CAP);
+                let (stderr, stderr_truncated) = capped(&err, OUTPUT_CAP);
                 Ok(done(json!({
-                    "exit_code": out.status.code,
-                    "signal": out.status.signal,
+                    "exit_code": status.code,
+                    "signal": status.signal,
+                    "timed_out": status.timed_out,
                     "stdout": stdout,
                     "stderr": stderr,
                     "stdout_truncated": stdout_truncated,
@@ -363,9 +392,14 @@ impl Tools {
                 let bytes = sb.read_range(&a.path, 0, Some(cap + 1)).await.map_err(failed)?;
                 let truncated = bytes.len() as u64 > cap;
                 let bytes = &bytes[..bytes.len().min(cap as usize)];
-                let (content, encoding) = match std::str::from_utf8(bytes) {
-                    Ok(text) => (text.to_string(), "utf8"),
-                    Err(_) => (base64_encode(bytes), "base64"),
+                // Text cut inside a character at the cap is still text, up to that character.
+                let (content, encoding, bytes) = match std::str::from_utf8(bytes) {
+                    Ok(text) => (text.to_string(), "utf8", bytes),
+                    Err(e) if truncated && e.error_len().is_none() => {
+                        let text = &bytes[..e.valid_up_to()];
+                        (String::from_utf8_lossy(text).into_owned(), "utf8", text)
+                    }
+                    Err(_) => (base64_encode(bytes), "base64", bytes),
                 };
                 Ok(done(json!({
                     "path": a.path, "content": content, "encoding": encoding,
@@ -615,7 +649,21 @@ impl Tools {
             async {
                 let sb = self.sandbox(&ctx, &a.id).await?;
                 let ttl = a.ttl_seconds.map(Duration::from_secs);
-                let p = sb.preview(a.port, ttl).await.map_err(failed)?;
+                let mut p = sb.preview(a.port, ttl).await.map_err(failed)?;
+                // Through a node's /mcp the SDK reached the node at its own address: the URL
+                // gets the host the caller used instead.
+                let original = ctx
+                    .extensions
+                    .get::<::http::request::Parts>()
+                    .and_then(|parts| parts.headers.get("host"))
+                    .and_then(|h| h.to_str().ok());
+                if let (Clients::PerCaller(_), Some(host)) = (&self.clients, original) {
+                    let own = sb.client().url().trim_end_matches('/').to_string();
+                    if let Some(rest) = p.url.strip_prefix(&own) {
+                        let scheme = own.split("://").next().unwrap_or("http");
+                        p.url = format!("{scheme}://{host}{rest}");
+                    }
+                }
                 Ok(done(to_json(p)))
             }
             .await,

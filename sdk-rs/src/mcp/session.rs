@@ -15,10 +15,16 @@ struct Created {
 }
 
 /// The sandboxes one stdio server created.
-#[derive(Debug)]
 pub struct Session {
     client: Client,
     created: Mutex<BTreeMap<String, Created>>,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Not the client: its key stays out of logs.
+        f.debug_struct("Session").field("holding", &self.holding()).finish_non_exhaustive()
+    }
 }
 
 impl Session {
@@ -68,19 +74,28 @@ impl Session {
         })
     }
 
-    /// Releases what it created and was not asked to keep; returns the ids released.
+    /// Releases what it created and was not asked to keep, all at once (a client stopping its
+    /// server gives it little time); returns the ids released.
     pub async fn close(&self) -> Vec<String> {
-        let mut released = vec![];
+        let mut set = tokio::task::JoinSet::new();
         for (id, keep) in self.holding() {
             if keep {
                 continue;
             }
-            let gone = async { self.client.sandbox(&id, None).await?.release().await };
-            match gone.await {
-                Ok(()) | Err(crate::Error::Api { status: 404, .. }) => released.push(id),
-                Err(_) => {} // left to its lease
-            }
+            let client = self.client.clone();
+            set.spawn(async move {
+                let gone = async { client.sandbox(&id, None).await?.release().await };
+                match gone.await {
+                    Ok(()) | Err(crate::Error::Api { status: 404, .. }) => Some(id),
+                    Err(_) => None, // left to its lease
+                }
+            });
         }
+        let mut released = vec![];
+        while let Some(done) = set.join_next().await {
+            released.extend(done.ok().flatten());
+        }
+        released.sort();
         released
     }
 }

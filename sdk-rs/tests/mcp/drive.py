@@ -52,6 +52,7 @@ async def scenario(s):
     r = await s.call_tool("sandbox_create", {"metadata": {"by": "mcp"}}, progress_callback=note)
     assert not r.is_error, r.content
     sb = r.structured_content["id"]
+    assert "token" not in r.structured_content, "a sandbox token given to the agent"
     seen["created"] = sb
     out = await ok(s, "sandbox_exec", id=sb, command="echo hi; echo err >&2; exit 3")
     assert (out["exit_code"], out["stdout"], out["stderr"]) == (3, "hi\n", "err\n"), out
@@ -97,6 +98,10 @@ async def scenario(s):
     assert err and "count" in text, text
     err, _, text = await call(s, "sandbox_exec", id=sb)
     assert err and "command" in text, text
+    err, _, text = await call(s, "sandbox_exec", id=sb, comand="true")
+    assert err and "comand" in text, text
+    slow = await ok(s, "sandbox_exec", id=sb, command="sleep 30", timeout_seconds=1)
+    assert slow["timed_out"], slow
     err, _, text = await call(s, "sandbox_info", id="sb-00000000-000000000000")
     assert err and "not_found" in text, text
 

@@ -290,15 +290,25 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         }
         Cmd::Run { claim: claim_opts, opts } => run(&c, &claim_opts, &opts, json).await,
         Cmd::Mcp => {
+            use tokio::signal::unix::{SignalKind, signal};
+            let (mut int, mut term) =
+                (signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?);
             let session = silkmesh::mcp::Session::new(c.clone());
-            let renewing = session.keep_alive(Duration::from_secs(60));
+            let renewing = session.keep_alive(Duration::from_secs(15));
             let tools = silkmesh::mcp::Tools::new(c.clone(), Some(session.clone()));
-            silkmesh::mcp::serve_stdio(tools).await?;
+            // The client closing stdin, or asking the server to stop (SIGTERM, Ctrl-C): either
+            // way what it created goes with it.
+            let served = tokio::select! {
+                served = silkmesh::mcp::serve_stdio(tools) => served,
+                _ = int.recv() => Ok(()),
+                _ = term.recv() => Ok(()),
+            };
             renewing.abort();
             let released = session.close().await;
             if !released.is_empty() {
                 eprintln!("sbx mcp: released {}", released.join(" "));
             }
+            served?;
             Ok(0)
         }
         Cmd::Open { target, port, ttl } => {
