@@ -608,3 +608,28 @@ fn a_preview_opens_through_any_node_of_the_mesh() {
     );
     assert!(raw_answer(b.addr, &forged).0.contains(" 404 "), "forged");
 }
+
+#[test]
+fn an_mcp_client_moves_a_sandbox_between_nodes_and_keeps_using_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let (a, _b) = pair(dir.path(), &store, (43, 44));
+    let c = a.claim("{}");
+    let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
+    exec_via(&a, id, token, "echo here > /root/moved");
+    // The Python MCP client (sdk-rs/tests/mcp/drive.py) on a's /mcp: sandbox_move to b, then
+    // sandbox_exec through a, which the SDK behind /mcp follows to b.
+    let python = std::env::var("E2B_PYTHON").expect("E2B_PYTHON: run through scripts/test");
+    let drive = concat!(env!("CARGO_MANIFEST_DIR"), "/../sdk-rs/tests/mcp/drive.py");
+    let url = format!("http://{}/mcp", a.addr);
+    let out = std::process::Command::new(python)
+        .arg(drive)
+        .args(["move", &url, ROOT, id, "b"])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let seen: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert!(seen["owner"].as_str().unwrap().starts_with("127.0.0.44:"), "{seen}");
+    assert_eq!(seen["stdout"], "here\n");
+}

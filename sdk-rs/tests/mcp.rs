@@ -45,9 +45,12 @@ fn sbx_mcp_serves_every_verb_over_stdio_and_releases_what_it_made() {
     let env = [("SBX_ADDR", node.url()), ("SBX_TOKEN", ROOT.to_string())];
     let seen = drive(&["stdio", env!("CARGO_BIN_EXE_sbx")], &env);
     assert!(seen["progress"].as_u64().unwrap() >= 2, "progress notifications: {seen}");
-    // The server ended with its client: what it created (and did not release) went with it.
+    // The server ended with its client: what it created (and did not release) went with it,
+    // but for what it was asked to keep.
+    let left = seen["left"].as_str().unwrap();
+    assert_eq!(state(&node, left), None, "released at exit");
     let kept = seen["kept"].as_str().unwrap();
-    assert_eq!(state(&node, kept), None, "released at exit");
+    assert_eq!(state(&node, kept).as_deref(), Some("claimed"), "kept");
 }
 
 #[test]
@@ -57,7 +60,7 @@ fn a_nodes_mcp_endpoint_acts_with_the_callers_key() {
     let seen = drive(&["http", &url, ROOT], &[]);
     assert!(seen["progress"].as_u64().unwrap() >= 2, "{seen}");
     // Stateless: nothing is released for the caller when its requests end.
-    let kept = seen["kept"].as_str().unwrap();
+    let kept = seen["left"].as_str().unwrap();
     assert_eq!(state(&node, kept).as_deref(), Some("claimed"));
 
     // Another principal (a tenant) sees none of root's sandboxes through it.

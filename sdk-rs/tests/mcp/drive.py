@@ -3,6 +3,7 @@
     drive.py stdio SBX_BINARY      -- `sbx mcp` as a subprocess (SBX_ADDR, SBX_TOKEN from the env)
     drive.py http URL KEY          -- a node's /mcp with `Authorization: Bearer KEY`
     drive.py foreign URL KEY ID    -- as KEY, every tool on sandbox ID must say it is not found
+    drive.py move URL KEY ID TO    -- moves sandbox ID to node TO, then runs a command in it
 
 Prints one JSON line of what it saw; any assertion failing exits non-zero with the reason.
 """
@@ -107,8 +108,10 @@ async def scenario(s):
 
     for extra in (br["id"], a, b):
         await ok(s, "sandbox_release", id=extra)
+    kept = await ok(s, "sandbox_create", keep=True)
     seen["progress"] = len(progress)
-    seen["kept"] = sb
+    seen["left"] = sb
+    seen["kept"] = kept["id"]
     return seen
 
 
@@ -118,6 +121,12 @@ async def foreign(s, sb):
         err, _, text = await call(s, tool, id=sb, **args)
         assert err and "not_found" in text, (tool, text)
     return {"refused": 4}
+
+
+async def move(s, sb, to):
+    moved = await ok(s, "sandbox_move", id=sb, to=to)
+    out = await ok(s, "sandbox_exec", id=sb, command="cat /root/moved")
+    return {"owner": moved["owner"], "stdout": out["stdout"]}
 
 
 async def main():
@@ -135,7 +144,12 @@ async def main():
         async with httpx2.AsyncClient(headers=headers, timeout=120) as http:
             async with streamable_http_client(sys.argv[2], http_client=http) as (r, w), ClientSession(r, w) as s:
                 await s.initialize()
-                seen = await (scenario(s) if mode == "http" else foreign(s, sys.argv[4]))
+                if mode == "http":
+                    seen = await scenario(s)
+                elif mode == "foreign":
+                    seen = await foreign(s, sys.argv[4])
+                else:
+                    seen = await move(s, sys.argv[4], sys.argv[5])
     print(json.dumps(seen))
 
 
