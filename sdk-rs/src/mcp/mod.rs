@@ -10,25 +10,30 @@
 //! wrong, never a crash of the server.
 
 mod args;
+mod callers;
+mod output;
 mod session;
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{
-    CallToolResult, Implementation, ProgressNotificationParam, ServerCapabilities, ServerConfig,
-};
+use rmcp::model::{CallToolResult, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_handler, tool_router};
 use serde_json::{Value, json};
 
 pub use args::*;
+use callers::Clients;
+pub use callers::Tools;
 pub use rmcp;
 pub use session::Session;
 
-use crate::{Client, Error, Memory, Sandbox};
+use output::{
+    base64_decode, base64_encode, capped, collect_capped, done, failed, result, to_json,
+    with_progress,
+};
+
+use crate::{Error, Memory};
 
 /// Output kept per stream of an exec; the rest is dropped and flagged.
 pub const OUTPUT_CAP: usize = 64 << 10;
@@ -36,203 +41,6 @@ pub const OUTPUT_CAP: usize = 64 << 10;
 pub const EXEC_TIMEOUT: u64 = 600;
 /// The most a `sandbox_read_file` returns.
 pub const READ_CAP: u64 = 1 << 20;
-
-/// Makes the SDK client of a caller's bearer token.
-type MakeClient = dyn Fn(Option<&str>) -> Result<Client, Error> + Send + Sync;
-
-/// Where a tool call's SDK client comes from.
-#[derive(Clone)]
-enum Clients {
-    /// One client for the whole server (stdio: the key `sbx` was given).
-    Fixed(Client),
-    /// The caller's own key, from its request (the node's `/mcp`): a client per key, made by
-    /// this function from the bearer token (none: the node takes calls without one).
-    PerCaller(Arc<MakeClient>),
-}
-
-/// Handles on sandboxes the server has used, by caller (its token; empty for a fixed client)
-/// and id: a later call reuses the handle's relay connections instead of looking the sandbox
-/// up and dialling again (a handle is only a name and a connection pool: a sandbox released or
-/// moved meanwhile answers through it as through a new one).
-type Handles = Mutex<HashMap<(String, String), Sandbox>>;
-/// Handles kept at most (all dropped beyond it).
-const HANDLES: usize = 1024;
-
-/// The MCP server: the tools, and where their SDK client comes from.
-#[derive(Clone)]
-pub struct Tools {
-    clients: Clients,
-    session: Option<Arc<Session>>,
-    handles: Arc<Handles>,
-}
-
-impl std::fmt::Debug for Tools {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let clients = match &self.clients {
-            Clients::Fixed(c) => c.url().to_string(),
-            Clients::PerCaller(_) => "per caller".into(),
-        };
-        f.debug_struct("Tools").field("clients", &clients).finish_non_exhaustive()
-    }
-}
-
-/// A failure as a tool error: the text names what went wrong.
-fn failed(e: impl std::fmt::Display) -> CallToolResult {
-    CallToolResult::structured_error(json!({ "error": e.to_string() }))
-}
-
-fn done(v: Value) -> CallToolResult {
-    CallToolResult::structured(v)
-}
-
-fn to_json(v: impl serde::Serialize) -> Value {
-    let mut v = serde_json::to_value(v).unwrap_or(Value::Null);
-    // The caller's key acts on the sandbox: its own token stays out of agents' transcripts.
-    if let Some(o) = v.as_object_mut() {
-        o.remove("token");
-    }
-    v
-}
-
-/// Runs `run` to its end, keeping at most a little more than [`OUTPUT_CAP`] of each stream (the
-/// rest is read and dropped: a command that prints without end costs no memory).
-async fn collect_capped(
-    run: crate::ExecBuilder,
-) -> Result<(crate::ExitStatus, Vec<u8>, Vec<u8>), Error> {
-    let keep = OUTPUT_CAP + 4;
-    let mut exec = run.start().await?;
-    let (mut out, mut err) = (vec![], vec![]);
-    while let Some(chunk) = exec.next().await? {
-        let (to, bytes) = match &chunk {
-            crate::Chunk::Stdout(b) => (&mut out, b),
-            crate::Chunk::Stderr(b) => (&mut err, b),
-        };
-        let room = keep.saturating_sub(to.len());
-        to.extend_from_slice(&bytes[..bytes.len().min(room)]);
-    }
-    let status =
-        exec.status().ok_or_else(|| Error::Protocol("exec ended without a status".into()))?;
-    Ok((status, out, err))
-}
-
-/// `text`, cut to `cap` bytes at a character boundary; whether it was cut.
-fn capped(bytes: &[u8], cap: usize) -> (String, bool) {
-    let text = String::from_utf8_lossy(&bytes[..bytes.len().min(cap)]);
-    let mut text = text.into_owned();
-    if bytes.len() > cap && text.ends_with('\u{fffd}') {
-        text.pop(); // a character the cut split
-    }
-    (text, bytes.len() > cap)
-}
-
-impl Tools {
-    /// A server acting with `client`'s key; `session` (stdio) keeps what it creates alive.
-    pub fn new(client: Client, session: Option<Arc<Session>>) -> Tools {
-        Tools { clients: Clients::Fixed(client), session, handles: Arc::default() }
-    }
-
-    /// A server acting with each caller's bearer token, the client made by `make`.
-    pub fn per_caller(
-        make: impl Fn(Option<&str>) -> Result<Client, Error> + Send + Sync + 'static,
-    ) -> Tools {
-        Tools {
-            clients: Clients::PerCaller(Arc::new(make)),
-            session: None,
-            handles: Arc::default(),
-        }
-    }
-
-    fn client(&self, ctx: &RequestContext<RoleServer>) -> Result<Client, CallToolResult> {
-        self.caller(ctx).map(|(client, _)| client)
-    }
-
-    /// The caller's SDK client and who it is (its token; empty for a fixed client).
-    fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<(Client, String), CallToolResult> {
-        match &self.clients {
-            Clients::Fixed(c) => Ok((c.clone(), String::new())),
-            Clients::PerCaller(make) => {
-                let token = ctx
-                    .extensions
-                    .get::<::http::request::Parts>()
-                    .and_then(|p| p.headers.get("authorization"))
-                    .and_then(|v| v.to_str().ok())
-                    .and_then(|v| v.strip_prefix("Bearer "))
-                    .map(str::trim);
-                let client = make(token).map_err(failed)?;
-                Ok((client, token.unwrap_or_default().to_string()))
-            }
-        }
-    }
-
-    fn handles(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Sandbox>> {
-        self.handles.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    async fn sandbox(
-        &self,
-        ctx: &RequestContext<RoleServer>,
-        id: &str,
-    ) -> Result<Sandbox, CallToolResult> {
-        let (client, who) = self.caller(ctx)?;
-        let key = (who, id.to_string());
-        if let Some(sb) = self.handles().get(&key) {
-            return Ok(sb.clone());
-        }
-        let sb = client.sandbox(id, None).await.map_err(failed)?;
-        let mut handles = self.handles();
-        if handles.len() >= HANDLES {
-            handles.clear();
-        }
-        handles.insert(key, sb.clone());
-        Ok(sb)
-    }
-
-    fn forget(&self, id: &str) {
-        self.handles().retain(|(_, held), _| held != id);
-    }
-
-    /// Runs `work`, sending the caller progress every second while it runs (when it asked for
-    /// progress), and a last one when it is done.
-    async fn with_progress<T>(
-        ctx: &RequestContext<RoleServer>,
-        what: &str,
-        work: impl std::future::Future<Output = T>,
-    ) -> T {
-        let Some(token) = ctx.meta.get_progress_token() else { return work.await };
-        let note = |n: f64, message: String| {
-            ProgressNotificationParam::new(token.clone(), n).with_message(message)
-        };
-        let _ = ctx.peer.notify_progress(note(0.0, format!("{what}: started"))).await;
-        tokio::pin!(work);
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        tick.tick().await;
-        let mut seconds = 0.0;
-        let out = loop {
-            tokio::select! {
-                out = &mut work => break out,
-                _ = tick.tick() => {
-                    seconds += 1.0;
-                    let n = note(seconds, format!("{what}: {seconds} s"));
-                    let _ = ctx.peer.notify_progress(n).await;
-                }
-            }
-        };
-        let _ = ctx.peer.notify_progress(note(seconds + 1.0, format!("{what}: done"))).await;
-        out
-    }
-
-    fn remember(&self, sandboxes: &[&Sandbox], keep: bool) {
-        if let Some(s) = &self.session {
-            for sb in sandboxes {
-                s.created(sb.id(), sb.info().lease_seconds, keep);
-            }
-        }
-    }
-}
-
-fn result(r: Result<CallToolResult, CallToolResult>) -> Result<CallToolResult, ErrorData> {
-    Ok(r.unwrap_or_else(|e| e))
-}
 
 #[tool_router]
 impl Tools {
@@ -256,7 +64,7 @@ impl Tools {
                 for (k, v) in a.metadata.unwrap_or_default() {
                     b = b.metadata(k, v);
                 }
-                let sb = Self::with_progress(&ctx, "create", b.auto_release(false).send())
+                let sb = with_progress(&ctx, "create", b.auto_release(false).send())
                     .await
                     .map_err(failed)?;
                 self.remember(&[&sb], a.keep.unwrap_or(false));
@@ -333,7 +141,7 @@ impl Tools {
                 }
                 run = run.timeout(Duration::from_secs(a.timeout_seconds.unwrap_or(EXEC_TIMEOUT)));
                 let (status, out, err) =
-                    Self::with_progress(&ctx, "exec", collect_capped(run)).await.map_err(failed)?;
+                    with_progress(&ctx, "exec", collect_capped(run)).await.map_err(failed)?;
                 let (stdout, stdout_truncated) = capped(&out, OUTPUT_CAP);
                 let (stderr, stderr_truncated) = capped(&err, OUTPUT_CAP);
                 Ok(done(json!({
@@ -511,7 +319,7 @@ impl Tools {
             async {
                 let sb = self.sandbox(&ctx, &a.id).await?;
                 let memory = a.memory.map_or(Memory::Auto, Into::into);
-                let info = Self::with_progress(&ctx, "hibernate", sb.hibernate_with(memory))
+                let info = with_progress(&ctx, "hibernate", sb.hibernate_with(memory))
                     .await
                     .map_err(failed)?;
                 Ok(done(to_json(info)))
@@ -529,7 +337,7 @@ impl Tools {
         result(
             async {
                 let sb = self.sandbox(&ctx, &a.id).await?;
-                let info = Self::with_progress(&ctx, "wake", sb.wake()).await.map_err(failed)?;
+                let info = with_progress(&ctx, "wake", sb.wake()).await.map_err(failed)?;
                 Ok(done(to_json(info)))
             }
             .await,
@@ -546,7 +354,7 @@ impl Tools {
         result(
             async {
                 let sb = self.sandbox(&ctx, &a.id).await?;
-                let ck = Self::with_progress(&ctx, "checkpoint", sb.checkpoint(a.name.as_deref()))
+                let ck = with_progress(&ctx, "checkpoint", sb.checkpoint(a.name.as_deref()))
                     .await
                     .map_err(failed)?;
                 Ok(done(to_json(ck)))
@@ -565,7 +373,7 @@ impl Tools {
         result(
             async {
                 let client = self.client(&ctx)?;
-                let sb = Self::with_progress(&ctx, "branch", client.branch(&a.checkpoint, None))
+                let sb = with_progress(&ctx, "branch", client.branch(&a.checkpoint, None))
                     .await
                     .map_err(failed)?;
                 self.remember(&[&sb], a.keep.unwrap_or(false));
@@ -589,7 +397,7 @@ impl Tools {
                 }
                 let sb = self.sandbox(&ctx, &a.id).await?;
                 let children =
-                    Self::with_progress(&ctx, "fork", sb.fork(a.count)).await.map_err(failed)?;
+                    with_progress(&ctx, "fork", sb.fork(a.count)).await.map_err(failed)?;
                 self.remember(&children.iter().collect::<Vec<_>>(), a.keep.unwrap_or(false));
                 let infos: Vec<Value> = children.iter().map(|c| to_json(c.info())).collect();
                 Ok(done(json!({ "sandboxes": infos })))
@@ -608,7 +416,7 @@ impl Tools {
         result(
             async {
                 let sb = self.sandbox(&ctx, &a.id).await?;
-                let info = Self::with_progress(&ctx, "move", sb.move_to(a.to.as_deref()))
+                let info = with_progress(&ctx, "move", sb.move_to(a.to.as_deref()))
                     .await
                     .map_err(failed)?;
                 Ok(done(to_json(info)))
@@ -691,14 +499,4 @@ pub async fn serve_stdio(tools: Tools) -> Result<(), Error> {
     let running = tools.serve(rmcp::transport::stdio()).await.map_err(|e| io(&e))?;
     running.waiting().await.map_err(|e| io(&e))?;
     Ok(())
-}
-
-fn base64_encode(bytes: &[u8]) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-fn base64_decode(text: &str) -> Option<Vec<u8>> {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.decode(text.trim()).ok()
 }
