@@ -96,7 +96,7 @@ impl Tools {
         }
     }
 
-    pub(super) fn handles(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Sandbox>> {
+    fn handles(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Sandbox>> {
         self.handles.lock().unwrap_or_else(|e| e.into_inner())
     }
 
