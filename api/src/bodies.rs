@@ -31,7 +31,7 @@ pub struct ClaimRequest {
     /// The lease; 0 or left out: the node's default. At most the node's cap.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
-    /// At most 16 pairs; keys 1–128 bytes, values up to 512.
+    /// At most 16 pairs; keys 1–128 characters, values up to 512.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
@@ -107,7 +107,7 @@ pub struct ExecRequest {
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRequest {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[cfg_attr(feature = "schema", schema(max_length = 128))]
+    #[cfg_attr(feature = "schema", schema(min_length = 1, max_length = 128))]
     pub name: Option<String>,
     /// Keep the processes' memory in the checkpoint (the sandbox is frozen meanwhile, and its
     /// connections to silkd are closed).
@@ -178,6 +178,10 @@ pub struct MoveRequest {
     pub memory: Memory,
 }
 
+/// The most warm sandboxes one pool keeps (`warm`, `warm_max`) unless a node's `max_warm` says
+/// otherwise: a bound on what one line of configuration can make a node start.
+pub const MAX_WARM: usize = 1024;
+
 /// One pool's configuration (`GET`/`PUT /v1/pools`, and `[[pools]]` in the node's config).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(ToSchema))]
@@ -188,9 +192,10 @@ pub struct PoolConfig {
     pub size: Size,
     #[serde(default = "no_lane")]
     pub lane: Lane,
-    /// Warm sandboxes to keep ready.
+    /// Warm sandboxes to keep ready (at most the node's `max_warm`).
     pub warm: usize,
-    /// Ceiling the warm target may rise to while claims outrun refills (default: 2 × warm).
+    /// Ceiling the warm target may rise to while claims outrun refills (default: 2 × warm, at
+    /// most the node's `max_warm`).
     #[serde(default)]
     pub warm_max: Option<usize>,
     /// Hibernate a claimed sandbox of this pool after this long without a data-plane call (the

@@ -42,6 +42,11 @@ pub enum Code {
     MoveRefused,
     SandboxNotReady,
     BadTemplate,
+    /// A request that matches the API's document but breaks a rule the document states only in
+    /// words (an egress rule that is no name or network, `warm_max` below `warm`, a pool of an
+    /// unknown template): the message names the rule. `bad_request` is a request the document
+    /// itself refuses.
+    Invalid,
     WarmupFailed,
     Unsupported,
     /// A command the sandbox's agent refused (the status follows its kind).
@@ -86,6 +91,7 @@ impl Code {
             MoveRefused => "move_refused",
             SandboxNotReady => "sandbox_not_ready",
             BadTemplate => "bad_template",
+            Invalid => "invalid",
             WarmupFailed => "warmup_failed",
             Unsupported => "unsupported",
             ExecFailed => "exec_failed",
@@ -145,6 +151,7 @@ mod tests {
             MoveRefused,
             SandboxNotReady,
             BadTemplate,
+            Invalid,
             WarmupFailed,
             Unsupported,
             ExecFailed,

@@ -193,8 +193,8 @@ impl ClaimRecord {
                 )));
             }
         }
-        if self.template.is_empty() || self.template.len() > 128 {
-            return Err(NodeError::bad_request("template must be 1-128 bytes"));
+        if self.template.is_empty() || self.template.chars().count() > 128 {
+            return Err(NodeError::bad_request("template must be 1-128 characters"));
         }
         check_metadata(&self.metadata)?;
         // Cut to the cap rather than refused: a node with a larger cap may have granted it, and
@@ -250,8 +250,8 @@ impl ClaimSpec {
         check_metadata(&req.metadata)?;
         crate::egress::check_asked(&req.egress)?;
         let template = req.template.unwrap_or_else(|| "host".into());
-        if template.is_empty() || template.len() > 128 {
-            return Err(NodeError::bad_request("template must be 1-128 bytes"));
+        if template.is_empty() || template.chars().count() > 128 {
+            return Err(NodeError::bad_request("template must be 1-128 characters"));
         }
         Ok(ClaimSpec {
             template,
@@ -280,15 +280,16 @@ pub(crate) fn check_metadata(m: &BTreeMap<String, String>) -> Result<(), NodeErr
     if m.len() > MAX_METADATA_PAIRS {
         return Err(NodeError::bad_request(format!("at most {MAX_METADATA_PAIRS} metadata pairs")));
     }
+    // Counted in characters, as the document's maxLength is.
     for (k, v) in m {
-        if k.is_empty() || k.len() > MAX_METADATA_KEY {
+        if k.is_empty() || k.chars().count() > MAX_METADATA_KEY {
             return Err(NodeError::bad_request(format!(
-                "metadata keys are 1-{MAX_METADATA_KEY} bytes"
+                "metadata keys are 1-{MAX_METADATA_KEY} characters"
             )));
         }
-        if v.len() > MAX_METADATA_VALUE {
+        if v.chars().count() > MAX_METADATA_VALUE {
             return Err(NodeError::bad_request(format!(
-                "metadata value of {k:?} exceeds {MAX_METADATA_VALUE} bytes"
+                "metadata value of {k:?} exceeds {MAX_METADATA_VALUE} characters"
             )));
         }
     }
@@ -321,6 +322,12 @@ pub fn random_hex(bytes: usize) -> String {
 
 pub fn new_token() -> String {
     format!("sbt_{}", random_hex(32))
+}
+
+/// Whether `t` has the shape of a sandbox's token (whether it is one is the sandbox's to say).
+pub fn token_shaped(t: &str) -> bool {
+    t.strip_prefix("sbt_")
+        .is_some_and(|hex| hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
 pub fn hash_token(token: &str) -> String {

@@ -37,6 +37,9 @@ pub struct Config {
     pub sandbox_id_base: u32,
     /// Live claims this node accepts before answering 429.
     pub max_claims: usize,
+    /// The most warm sandboxes one pool may keep (`warm` and `warm_max`): a bound on what
+    /// one line of `PUT /v1/pools` can make this node start.
+    pub max_warm: usize,
     /// Free space (MiB) the data directory's filesystem keeps: below it the node refuses new
     /// sandboxes and checkpoints with 507, so the journal and running sandboxes keep room.
     pub min_free_mib: u64,
@@ -302,6 +305,7 @@ impl Default for Config {
             criu: None,
             sandbox_id_base: silk_engine::jail::DEFAULT_ID_BASE,
             max_claims: 1000,
+            max_warm: silk_api::MAX_WARM,
             min_free_mib: 1024,
             max_body_bytes: 1 << 20,
             default_ttl_seconds: 300,
@@ -434,6 +438,12 @@ impl Config {
         for p in &self.pools {
             if p.template != "host" && !self.templates.contains_key(&p.template) {
                 return bad(format!("pool template {:?} is not defined", p.template));
+            }
+            if p.warm.max(p.warm_max.unwrap_or(0)) > self.max_warm {
+                return bad(format!(
+                    "pool {}: warm and warm_max are at most max_warm ({})",
+                    p.template, self.max_warm
+                ));
             }
             if p.warm_max.is_some_and(|m| m < p.warm) {
                 return bad(format!("pool {}: warm_max is below warm", p.template));

@@ -133,7 +133,9 @@ impl Leases for NodeLeases {
 /// A claim's asked policy, checked for syntax (the pool's test comes at the claim).
 pub fn check_asked(p: &Option<EgressPolicy>) -> Result<(), NodeError> {
     match p {
-        Some(p) => Policy::parse(p).map(drop).map_err(NodeError::bad_request),
+        Some(p) => {
+            Policy::parse(p).map(drop).map_err(|e| NodeError::new(crate::error::Code::Invalid, e))
+        }
         None => Ok(()),
     }
 }

@@ -485,6 +485,21 @@ impl Node {
         self.engine.memory_why_not()
     }
 
+    /// Whether a call on a sandbox or checkpoint presents something that can be a credential:
+    /// none at all (on a node that needs one), or a bearer that is neither the root token, a
+    /// tenant's key nor shaped like a sandbox's token, is a 401 whatever the id (telling
+    /// nothing of what exists). A credential that does not grant this id gets the same 404
+    /// as an unknown id.
+    pub fn credential_presented(&self, bearer: Option<&str>) -> Result<(), NodeError> {
+        if self.is_root(bearer) {
+            return Ok(());
+        }
+        match bearer {
+            Some(t) if crate::claims::token_shaped(t) || self.tenants.by_key(t).is_some() => Ok(()),
+            _ => Err(NodeError::unauthorized()),
+        }
+    }
+
     pub fn is_root(&self, bearer: Option<&str>) -> bool {
         match (&self.cfg.api_token, bearer) {
             (None, _) => true,
@@ -524,6 +539,7 @@ impl Node {
     /// The claim, if `bearer` may act on it ([`may_act`](Self::may_act)); otherwise the same
     /// 404 as an unknown id.
     pub fn authorized(&self, id: &str, bearer: Option<&str>) -> Result<Live, NodeError> {
+        self.credential_presented(bearer)?;
         let live = self.get(id).ok_or_else(NodeError::sandbox_not_found)?;
         let r = &live.record;
         if self.may_act(bearer, r.tenant.as_deref(), &r.token_hash) {

@@ -204,6 +204,10 @@ impl Tenants {
 
     /// The record as the store has it now (a change made elsewhere is not missed).
     async fn current(&self, name: &str) -> Result<TenantRecord, NodeError> {
+        // A name no tenant can have is not one the store is asked about (nor can refuse).
+        if !silk_api::valid_tenant_name(name) {
+            return Err(not_found(name));
+        }
         match self.store.get_bytes(&key_of(name)?).await {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| NodeError::internal(format!("tenant record {name}: {e}"))),

@@ -202,14 +202,14 @@ fn attack_from_inside(udp_log: &Path) {
     assert_eq!(status, 201, "root may widen: {v}");
     let (status, v) =
         node.req("POST", "/v1/sandboxes", Some(ROOT), Some(r#"{"egress": {"allow": ["a.test"]}}"#));
-    assert_eq!(status, 400, "a policy for lane none: {v}");
+    assert_eq!(status, 422, "a policy for lane none: {v}");
     let (status, v) = node.req(
         "POST",
         "/v1/sandboxes",
         Some(ROOT),
         Some(r#"{"lane": "egress", "egress": {"allow": ["not a name"]}}"#),
     );
-    assert_eq!(status, 400, "{v}");
+    assert_eq!((status, v["error"]["code"].as_str()), (422, Some("invalid")), "{v}");
 
     // The lane keeps files only: memory asked for is refused, and nothing changes.
     let path = format!("/v1/sandboxes/{id}/hibernate");

@@ -124,7 +124,11 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
         _ => None,
     };
     let token = match (bearer(req.headers()), preview) {
-        (Some(token), _) => token.to_string(),
+        // A bearer no node could take is refused before the mesh is asked.
+        (Some(token), _) => match node.credential_presented(Some(token)) {
+            Ok(()) => token.to_string(),
+            Err(e) => return e.into_response(),
+        },
         (None, Some((port, Carried::Query(t)))) => {
             return super::ports::first_visit(&node, &req, &id, port, &t);
         }

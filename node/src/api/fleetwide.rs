@@ -126,7 +126,9 @@ fn params<'q>(
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
         match name {
-            "no_redirect" | "scope" => {}
+            "no_redirect" => {}
+            "scope" if value == "node" => {}
+            "scope" => return Err(NodeError::bad_request("scope: only scope=node")),
             _ if known.contains(&name) => out.push((name, value)),
             _ => return Err(NodeError::bad_request(format!("unknown query parameter {name:?}"))),
         }
@@ -193,6 +195,7 @@ pub(super) async fn fleet_view(
     RawQuery(query): RawQuery,
 ) -> Result<axum::Json<silk_api::FleetView>, NodeError> {
     root(&api.node, &headers)?;
+    params(query.as_deref(), &[])?;
     let mut nodes = vec![node_info(&api)];
     let mut unreachable = vec![];
     if !node_only(query.as_deref()) {
@@ -217,7 +220,10 @@ pub(super) async fn audit(
     for (name, value) in params(query.as_deref(), &["since", "limit", "tenant"])? {
         match name {
             "since" => since = number(name, value)?,
-            "limit" => limit = number(name, value)?.clamp(1, 10_000) as usize,
+            "limit" => match number(name, value)? {
+                n @ 1..=10_000 => limit = n as usize,
+                _ => return Err(NodeError::bad_request("limit is 1-10000")),
+            },
             _ => tenant = Some(percent_decode(value)),
         }
     }

@@ -13,12 +13,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{DefaultBodyLimit, FromRef, FromRequest, Path, RawQuery, Request, State};
+use axum::extract::{DefaultBodyLimit, FromRef, Path, RawQuery, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
-use serde::de::DeserializeOwned;
 use serde_json::Value;
 use silk_proto::{Command, Connection, ExecRequest, Frame};
 
@@ -26,8 +24,11 @@ use crate::claims::{ClaimRecord, ClaimRequest, ClaimSpec, checked_ttl};
 use crate::error::{Code, NodeError};
 use crate::fleet::Peers;
 use crate::node::{Claimed, Node, detached};
+use body::optional as optional_json;
+pub use body::{JsonBody, OptionalJsonBody};
 
 pub(crate) mod audited;
+mod body;
 pub mod edge;
 mod fleetwide;
 mod lifecycle;
@@ -125,60 +126,6 @@ fn root(node: &Node, headers: &HeaderMap) -> Result<(), NodeError> {
     if node.is_root(bearer(headers)) { Ok(()) } else { Err(NodeError::unauthorized()) }
 }
 
-/// A JSON body whose rejections are API errors (400, 413, 415) in the usual shape.
-#[derive(Debug)]
-pub struct JsonBody<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
-    type Rejection = NodeError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, NodeError> {
-        match axum::Json::<T>::from_request(req, state).await {
-            Ok(axum::Json(v)) => Ok(JsonBody(v)),
-            Err(rejection) => Err(json_error(rejection)),
-        }
-    }
-}
-
-/// A JSON body that may be left out entirely (every field's default); one that is sent is
-/// checked like [`JsonBody`] (content type, size, fields).
-#[derive(Debug)]
-pub struct OptionalJsonBody<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJsonBody<T> {
-    type Rejection = NodeError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, NodeError> {
-        let headers = req.headers();
-        let length = headers.get(axum::http::header::CONTENT_LENGTH);
-        let no_body = match length {
-            Some(n) => n.as_bytes() == b"0",
-            None => !headers.contains_key(axum::http::header::TRANSFER_ENCODING),
-        };
-        if no_body {
-            return Ok(OptionalJsonBody(T::default()));
-        }
-        Ok(OptionalJsonBody(JsonBody::<T>::from_request(req, state).await?.0))
-    }
-}
-
-/// A JSON body that may be left out (no body means every field's default).
-fn optional_json<T: DeserializeOwned + Default>(body: &[u8]) -> Result<T, NodeError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body).map_err(|e| NodeError::bad_request(format!("request body: {e}")))
-}
-
-fn json_error(rejection: JsonRejection) -> NodeError {
-    let code = match rejection.status() {
-        StatusCode::PAYLOAD_TOO_LARGE => Code::PayloadTooLarge,
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => Code::UnsupportedMediaType,
-        _ => Code::BadRequest,
-    };
-    NodeError::new(code, rejection.body_text())
-}
-
 /// The HTTP status of each error code: the one place they are mapped.
 pub fn status(e: &NodeError) -> StatusCode {
     use Code::*;
@@ -201,7 +148,7 @@ pub fn status(e: &NodeError) -> StatusCode {
         UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
         PeerUnavailable | PortClosed | MoveRefused | StoreRefused => StatusCode::BAD_GATEWAY,
-        BadTemplate | WarmupFailed | ExecFailed => StatusCode::UNPROCESSABLE_ENTITY,
+        BadTemplate | Invalid | WarmupFailed | ExecFailed => StatusCode::UNPROCESSABLE_ENTITY,
         Unsupported => StatusCode::NOT_IMPLEMENTED,
         EngineFailed | StoreCorrupt | StoreFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -411,7 +358,8 @@ async fn buffered_exec(
             }
             Some(Frame::Error(e)) => {
                 let status = match e.kind {
-                    silk_proto::ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+                    // The command was well formed; the sandbox refused it (no such user, a bad `cwd`).
+                    silk_proto::ErrorKind::BadRequest => StatusCode::UNPROCESSABLE_ENTITY,
                     silk_proto::ErrorKind::NotFound => StatusCode::NOT_FOUND,
                     silk_proto::ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
                     _ => StatusCode::UNPROCESSABLE_ENTITY,
@@ -506,6 +454,9 @@ async fn openapi_document(State(node): Shared) -> axum::Json<Value> {
     let limits = openapi::Limits {
         max_ttl_seconds: node.cfg.max_ttl_seconds,
         max_body_bytes: node.cfg.max_body_bytes,
+        api_token: node.cfg.api_token.is_some(),
+        metrics_token: node.cfg.metrics_token.is_some(),
+        max_warm: node.cfg.max_warm,
     };
     axum::Json(openapi::document(limits))
 }
@@ -568,6 +519,9 @@ mod tests {
         let doc = super::openapi::document(super::openapi::Limits {
             max_ttl_seconds: 1,
             max_body_bytes: 1,
+            api_token: true,
+            metrics_token: false,
+            max_warm: 1,
         });
         let source = include_str!("mod.rs");
         let mut routes = 0;

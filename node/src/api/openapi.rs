@@ -36,8 +36,11 @@ fn queries(op: Value, params: &[(&str, Value)]) -> Value {
 
 /// `op` with an optional query parameter.
 fn with_query(mut op: Value, name: &str, schema: Value) -> Value {
-    op["parameters"] =
-        json!([{ "name": name, "in": "query", "required": false, "schema": schema }]);
+    let param = json!({ "name": name, "in": "query", "required": false, "schema": schema });
+    match op["parameters"].as_array_mut() {
+        Some(params) => params.push(param),
+        None => op["parameters"] = json!([param]),
+    }
     op
 }
 
@@ -45,17 +48,112 @@ fn ok_json(schema: &str) -> Value {
     json!({ "description": "ok", "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } })
 }
 
-/// The limits a node's document states.
+/// What a node's document states of its configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct Limits {
     pub max_ttl_seconds: u64,
     pub max_body_bytes: usize,
+    /// A root token is configured (without one, no call needs a bearer token).
+    pub api_token: bool,
+    /// A `metrics_token` is configured (without one, `/metrics` is open).
+    pub metrics_token: bool,
+    pub max_warm: usize,
 }
 
 pub fn document(limits: Limits) -> Value {
     let mut doc = paths_and_schemas(limits);
     add_common_answers(&mut doc);
+    add_links(&mut doc);
+    let open: &[&str] = match (limits.api_token, limits.metrics_token) {
+        (false, _) => &[],
+        (true, true) => &["/healthz", "/v1/openapi.json"],
+        (true, false) => &["/healthz", "/v1/openapi.json", "/metrics"],
+    };
+    if limits.api_token {
+        for path in open {
+            doc["paths"][*path]["get"]["security"] = json!([]);
+        }
+    } else {
+        doc.as_object_mut().map(|d| d.remove("security"));
+    }
     doc
+}
+
+/// Every operation gets an `operationId` (`post_sandboxes_id_exec`), and the operations that
+/// make something link to those that use it, so that a client generator or a fuzzer can follow
+/// a claim's id into exec, a checkpoint's into branch, a tenant's name into its routes.
+fn add_links(doc: &mut Value) {
+    let Some(paths) = doc["paths"].as_object_mut() else { return };
+    let mut ops = vec![];
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else { continue };
+        for (method, op) in item.iter_mut().filter(|(m, _)| *m != "parameters") {
+            let id = format!("{method}{path}")
+                .replace("/v1/", "/")
+                .replace(['/', '{', '}', '.'], "_")
+                .replace("__", "_")
+                .trim_end_matches('_')
+                .to_string();
+            op["operationId"] = json!(id);
+            ops.push((path.clone(), id));
+        }
+    }
+    // (path, method, status, where the new thing's name is) -> (paths that take it, parameter).
+    let producers: [(&str, &str, &str, &str, &str, &str); 7] = [
+        ("/v1/sandboxes", "post", "201", "$response.body#/id", "/v1/sandboxes/{id}", "id"),
+        (
+            "/v1/checkpoints/{id}/claim",
+            "post",
+            "201",
+            "$response.body#/id",
+            "/v1/sandboxes/{id}",
+            "id",
+        ),
+        (
+            "/v1/sandboxes/{id}/fork",
+            "post",
+            "201",
+            "$response.body#/sandboxes/0/id",
+            "/v1/sandboxes/{id}",
+            "id",
+        ),
+        (
+            "/v1/sandboxes/{id}/checkpoint",
+            "post",
+            "201",
+            "$response.body#/id",
+            "/v1/checkpoints/{id}",
+            "id",
+        ),
+        (
+            "/v1/sandboxes/{id}/promote",
+            "post",
+            "201",
+            "$response.body#/name",
+            "/v1/templates/{name}",
+            "name",
+        ),
+        ("/v1/tenants", "post", "201", "$response.body#/name", "/v1/tenants/{name}", "name"),
+        (
+            "/v1/sandboxes/{id}/previews",
+            "post",
+            "201",
+            "$response.body#/token",
+            "/v1/sandboxes/{id}/previews/{token}",
+            "token",
+        ),
+    ];
+    for (path, method, status, value, prefix, param) in producers {
+        let mut links = serde_json::Map::new();
+        for (target, id) in ops.iter().filter(|(p, _)| p.starts_with(prefix)) {
+            let mut parameters = json!({ param: value });
+            if target.starts_with("/v1/sandboxes/{id}") && param != "id" {
+                parameters["id"] = json!("$request.path.id");
+            }
+            links.insert(id.clone(), json!({ "operationId": id, "parameters": parameters }));
+        }
+        paths[path][method]["responses"][status]["links"] = Value::Object(links);
+    }
 }
 
 /// Answers many operations share: a failure inside the node (500, every `/v1` operation); a
@@ -69,7 +167,8 @@ fn add_common_answers(doc: &mut Value) {
         for (method, op) in item.iter_mut().filter(|(m, _)| *m != "parameters") {
             let mut statuses = vec![];
             if path.starts_with("/v1/") && path != "/v1/openapi.json" {
-                statuses.push(500);
+                // A call without a credential, or with one no node knows.
+                statuses.extend([401, 500]);
             }
             if op.get("requestBody").is_some() {
                 statuses.extend([400, 413, 415]);
@@ -109,7 +208,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
     let port = json!({ "name": "port", "in": "path", "required": true, "schema": { "type": "integer", "minimum": 1, "maximum": 65535 } });
     let rest =
         json!({ "name": "path", "in": "path", "required": true, "schema": { "type": "string" } });
-    for method in ["get", "post", "put", "patch", "delete"] {
+    for method in ["get", "head", "post", "put", "patch", "delete", "options"] {
         let passed = json!({ "description": "the answer of the server on that port inside the sandbox, passed through (any status; 101 for an upgrade)" });
         ports[method] = op(
             "HTTP or WebSocket to 127.0.0.1:{port} inside the sandbox, over silkd's port forward (sandbox token, root, its tenant's key, or a preview token in ?token= or the silkmesh_preview cookie; never passed to the sandbox)",
@@ -143,7 +242,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
             "/v1/peers": { "get": op("The mesh as this node sees it: itself and every live peer with its gossiped state", (200, ok_json("MeshView")), &[401], None) },
             "/v1/pools": {
                 "get": op("Warm pool configuration", (200, ok_json("Pools")), &[401], None),
-                "put": op("Replace the pools (persisted)", (200, ok_json("Pools")), &[400, 401, 413], Some("Pools")),
+                "put": op("Replace the pools (persisted)", (200, ok_json("Pools")), &[400, 401, 413, 422], Some("Pools")),
             },
             "/v1/drain": {
                 "post": op("Stop taking claims; live ones keep running", (200, ok_json("NodeInfo")), &[401], None),
@@ -151,14 +250,14 @@ fn paths_and_schemas(limits: Limits) -> Value {
             },
             "/v1/sandboxes": {
                 "post": op("Claim a sandbox: warm hit, clone from golden, or cold boot", (201, ok_json("Sandbox")), &[400, 401, 403, 404, 413, 415, 422, 429, 500, 501, 503, 507], Some("ClaimRequest?")),
-                "get": queries(op("The caller's sandboxes on every node (this one's with scope=node), oldest first, paged; filter with metadata=key=value (repeatable)", (200, ok_json("SandboxList")), &[400, 401], None), &[("metadata", json!({ "type": "string" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 1000 })), ("cursor", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]),
+                "get": queries(op("The caller's sandboxes on every node (this one's with scope=node), oldest first, paged; filter with metadata=key=value (repeatable)", (200, ok_json("SandboxList")), &[400, 401], None), &[("metadata", json!({ "type": "string", "pattern": "^[^=]+=" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 1000 })), ("cursor", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]),
             },
             "/v1/sandboxes/{id}": sandbox,
             "/v1/sandboxes/{id}/renew": { "parameters": id.clone(), "post": op("Reset the lease", (200, ok_json("Renewed")), &[400, 401, 404, 413, 415], Some("RenewRequest")) },
             "/v1/sandboxes/{id}/exec": { "parameters": id.clone(), "post": op("Run a command, buffered", (200, ok_json("ExecResult")), &[400, 401, 403, 404, 413, 422, 503], Some("ExecRequest")) },
-            "/v1/sandboxes/{id}/hibernate": { "parameters": id.clone(), "post": op("Snapshot and stop (idempotent); the lease keeps running; any access wakes it", (200, ok_json("Sandbox")), &[401, 404, 409, 500], None) },
+            "/v1/sandboxes/{id}/hibernate": { "parameters": id.clone(), "post": op("Snapshot and stop (idempotent); the lease keeps running; any access wakes it", (200, ok_json("Sandbox")), &[401, 404, 409, 500], Some("StopRequest?")) },
             "/v1/sandboxes/{id}/wake": { "parameters": id.clone(), "post": op("Start a hibernated or archived sandbox (an archive gets a fresh lease)", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
-            "/v1/sandboxes/{id}/archive": { "parameters": id.clone(), "post": op("Move the sandbox's files to the store and free the host; on a store failure it runs again", (200, ok_json("Sandbox")), &[401, 404, 409, 503], None) },
+            "/v1/sandboxes/{id}/archive": { "parameters": id.clone(), "post": op("Move the sandbox's files to the store and free the host; on a store failure it runs again", (200, ok_json("Sandbox")), &[401, 404, 409, 503], Some("StopRequest?")) },
             "/v1/sandboxes/{id}/checkpoint": { "parameters": id.clone(), "post": op("Capture the files into the store; the sandbox keeps running", (201, ok_json("Checkpoint")), &[400, 401, 404, 409, 429, 503, 507], Some("CheckpointRequest?")) },
             "/v1/sandboxes/{id}/checkpoints": { "parameters": id.clone(), "get": op("This sandbox's checkpoints", (200, ok_json("CheckpointList")), &[401, 404, 503], None) },
             "/v1/sandboxes/{id}/fork": { "parameters": id.clone(), "post": op("count new sandboxes from the current files, all or none", (201, ok_json("SandboxList")), &[400, 401, 404, 409, 413, 415, 429, 507], Some("ForkRequest")) },
@@ -172,9 +271,9 @@ fn paths_and_schemas(limits: Limits) -> Value {
             },
             "/v1/checkpoints/{id}/claim": { "parameters": id.clone(), "post": op("Branch: a new sandbox from the checkpoint", (201, ok_json("Sandbox")), &[400, 404, 409, 429, 503, 507], Some("BranchRequest?")) },
             "/v1/templates": { "get": op("Templates: built in, configured, promoted (a tenant sees root's and its own)", (200, ok_json("TemplateList")), &[401], None) },
-            "/v1/audit": { "get": queries(op("The audit journal of every node (this one's with scope=node), oldest first (root: every entry or a tenant's; a tenant: its own)", (200, ok_json("AuditList")), &[400, 401], None), &[("since", json!({ "type": "integer", "minimum": 0 })), ("tenant", json!({ "type": "string" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 10000 })), ("scope", json!({ "enum": ["node"] }))]) },
-            "/v1/usage": { "get": queries(op("Sandbox-seconds per tenant, size and lane metered in [from, to) (default: this month), summed over every node (this one's with scope=node); root: all or one tenant's, a tenant: its own", (200, ok_json("UsageReport")), &[400, 401], None), &[("from", json!({ "type": "integer", "minimum": 0 })), ("to", json!({ "type": "integer", "minimum": 0 })), ("tenant", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]) },
-            "/v1/fleet": { "get": queries(op("Every node's report (root)", (200, ok_json("FleetView")), &[401], None), &[("scope", json!({ "enum": ["node"] }))]) },
+            "/v1/audit": { "get": queries(op("The audit journal of every node (this one's with scope=node), oldest first (root: every entry or a tenant's; a tenant: its own)", (200, ok_json("AuditList")), &[400, 401], None), &[("since", json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX })), ("tenant", json!({ "type": "string" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 10000 })), ("scope", json!({ "enum": ["node"] }))]) },
+            "/v1/usage": { "get": queries(op("Sandbox-seconds per tenant, size and lane metered in [from, to) (default: this month), summed over every node (this one's with scope=node); root: all or one tenant's, a tenant: its own", (200, ok_json("UsageReport")), &[400, 401], None), &[("from", json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX })), ("to", json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX })), ("tenant", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]) },
+            "/v1/fleet": { "get": queries(op("Every node's report (root)", (200, ok_json("FleetView")), &[400, 401], None), &[("scope", json!({ "enum": ["node"] }))]) },
             "/v1/tenants": {
                 "post": op("Create a tenant (root): its key is in the answer, this once", (201, ok_json("TenantKey")), &[400, 401, 409, 413, 415, 503], Some("TenantRequest")),
                 "get": op("Every tenant with its limits and usage (root)", (200, ok_json("TenantList")), &[401, 503], None),
@@ -203,7 +302,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
 }
 
 /// The body schemas, generated from the types, with what a type cannot say: this node's lease
-/// cap and the metadata bound.
+/// cap, the metadata bound, and the range of every unsigned integer.
 fn schemas(limits: Limits) -> Value {
     let mut schemas = silk_api::schemas();
     for (name, field) in [
@@ -214,6 +313,9 @@ fn schemas(limits: Limits) -> Value {
     ] {
         schemas[name]["properties"][field]["maximum"] = json!(limits.max_ttl_seconds);
     }
+    for field in ["warm", "warm_max"] {
+        schemas["PoolConfig"]["properties"][field]["maximum"] = json!(limits.max_warm);
+    }
     for name in ["ClaimRequest", "BranchRequest"] {
         let metadata = &mut schemas[name]["properties"]["metadata"];
         metadata["maxProperties"] = json!(silk_api::MAX_METADATA_PAIRS);
@@ -221,5 +323,29 @@ fn schemas(limits: Limits) -> Value {
         metadata["propertyNames"]["maxLength"] = json!(silk_api::MAX_METADATA_KEY);
         metadata["additionalProperties"]["maxLength"] = json!(silk_api::MAX_METADATA_VALUE);
     }
+    exact_unsigned(&mut schemas);
     schemas
+}
+
+/// An unsigned field reads every integer from 0 to its type's maximum; the generated schema says
+/// `format: int64` (whose range stops at 2^63 - 1) or nothing. The stated bound is `u64::MAX`
+/// unless the type gave a smaller one (every such field here is a `u64` or a `usize` on a 64-bit
+/// node; the narrower ones carry their own `maximum`).
+fn exact_unsigned(v: &mut Value) {
+    match v {
+        Value::Object(o) => {
+            let integer = match o.get("type") {
+                Some(Value::String(t)) => t == "integer",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                _ => false,
+            };
+            if integer && o.get("minimum") == Some(&json!(0)) && !o.contains_key("maximum") {
+                o.remove("format");
+                o.insert("maximum".into(), json!(u64::MAX));
+            }
+            o.values_mut().for_each(exact_unsigned);
+        }
+        Value::Array(items) => items.iter_mut().for_each(exact_unsigned),
+        _ => {}
+    }
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use bytes::BytesMut;
 use hyper_util::rt::TokioIo;
@@ -102,6 +102,25 @@ async fn serve(
 ) -> Result<Response, NodeError> {
     // The path after `/ports/{port}` as the client sent it (not percent-decoded: `%2F` and
     // `%3F` stay what they were for the server inside).
+    // What a browser or an HTTP client sends a web server; TRACE and CONNECT are not passed on.
+    if !matches!(
+        *req.method(),
+        Method::GET
+            | Method::HEAD
+            | Method::POST
+            | Method::PUT
+            | Method::PATCH
+            | Method::DELETE
+            | Method::OPTIONS
+    ) {
+        let refused = NodeError::new(Code::MethodNotAllowed, "method not allowed on this route");
+        let mut res = axum::response::IntoResponse::into_response(refused);
+        res.headers_mut().insert(
+            header::ALLOW,
+            HeaderValue::from_static("GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"),
+        );
+        return Ok(res);
+    }
     let path = req.uri().path().splitn(7, '/').nth(6).unwrap_or_default().to_string();
     let port: u16 = port
         .parse()

@@ -29,7 +29,7 @@ impl Node {
     pub(crate) fn settle_egress(&self, spec: &mut ClaimSpec) -> Result<(), NodeError> {
         if spec.lane == Lane::None {
             if spec.egress.is_some() {
-                return Err(NodeError::bad_request("egress is for lane \"egress\" only"));
+                return Err(NodeError::new(Code::Invalid, "egress is for lane \"egress\" only"));
             }
             return Ok(());
         }
@@ -44,7 +44,7 @@ impl Node {
         let effective = match &spec.egress {
             None => pool,
             Some(asked) => {
-                let asked = Policy::parse(asked).map_err(NodeError::bad_request)?;
+                let asked = Policy::parse(asked).map_err(|e| NodeError::new(Code::Invalid, e))?;
                 match pool.narrowed(&asked) {
                     Ok(p) => p,
                     Err(_) if spec.tenant.is_none() => asked,

@@ -63,7 +63,7 @@ impl Node {
         let promoted = self.lock().promoted.clone();
         probe.pools =
             pools.iter().filter(|p| !promoted.contains_key(&p.template)).cloned().collect();
-        probe.validate().map_err(|e| NodeError::bad_request(e.to_string()))?;
+        probe.validate().map_err(|e| NodeError::new(Code::Invalid, e.to_string()))?;
         let json =
             serde_json::to_vec_pretty(&pools).map_err(|e| NodeError::internal(e.to_string()))?;
         crate::durable::replace(&self.cfg.data_dir.join("pools.json"), &json)

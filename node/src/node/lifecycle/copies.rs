@@ -12,8 +12,8 @@ impl Node {
         name: Option<String>,
         memory: Memory,
     ) -> Result<CheckpointInfo, NodeError> {
-        if name.as_ref().is_some_and(|n| n.is_empty() || n.len() > 128) {
-            return Err(NodeError::bad_request("a checkpoint name is 1-128 bytes"));
+        if name.as_ref().is_some_and(|n| n.is_empty() || n.chars().count() > 128) {
+            return Err(NodeError::bad_request("a checkpoint name is 1-128 characters"));
         }
         self.disk_reserve()?;
         let _busy = self.busy(id).await;
@@ -154,6 +154,7 @@ impl Node {
         id: &str,
         bearer: Option<&str>,
     ) -> Result<CheckpointInfo, NodeError> {
+        self.credential_presented(bearer)?;
         let name = checkpoint_name(id)?;
         let SnapshotName::Checkpoint(hex) = &name else { unreachable!("a checkpoint name") };
         let info = self.checkpoint_info(hex, &name).await?;
