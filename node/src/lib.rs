@@ -147,8 +147,9 @@ pub fn clean(cfg: &Config) -> anyhow::Result<usize> {
     Ok(removed)
 }
 
-/// Serves the API on `listener` (and peers' calls, in a mesh) until `shutdown` resolves.
-/// Sandboxes keep running afterwards, for the next start to re-adopt.
+/// Serves the API on `listener` (and peers' calls, in a mesh) until `shutdown` resolves, then
+/// stops the node ([`Node::stop`]): claimed sandboxes keep running, for the next start to
+/// re-adopt; the warm pools are destroyed.
 pub async fn serve(
     daemon: Daemon,
     listener: tokio::net::TcpListener,
@@ -192,5 +193,10 @@ pub async fn serve(
     if let Some(p) = &peers {
         p.mesh.leave().await;
     }
+    let removed = node.stop().await;
+    tracing::info!(
+        removed,
+        "warm pools removed; claimed sandboxes keep running for the next start"
+    );
     served
 }

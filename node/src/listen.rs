@@ -22,6 +22,9 @@ pub struct ClientAddr(pub SocketAddr);
 
 /// A TLS handshake must finish within this, or the connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a stop waits for requests in flight (a claim, a checkpoint) before it closes the
+/// connections still open.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Serves `router` on `listener` until `shutdown` resolves, then waits for requests underway.
 pub async fn serve(
@@ -85,6 +88,10 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    // Requests in flight finish; a connection that stays (a relay, a long exec stream) is cut
+    // after the grace: its sandbox keeps running, and the client reconnects to the next start.
+    if tokio::time::timeout(SHUTDOWN_GRACE, graceful.shutdown()).await.is_err() {
+        tracing::info!("connections still open after {SHUTDOWN_GRACE:?}: closed");
+    }
     Ok(())
 }

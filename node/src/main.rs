@@ -211,7 +211,6 @@ fn main() -> anyhow::Result<()> {
         out.flush()?;
         drop(out);
         sandboxd::serve(daemon, listener, shutdown_signal()).await?;
-        tracing::info!("stopped; sandboxes keep running for the next start");
         anyhow::Ok(())
     })
 }

@@ -46,6 +46,7 @@ mod pools;
 pub(crate) mod previews;
 mod reaper;
 mod report;
+mod restart;
 mod slots;
 
 use claiming::new_record;
@@ -376,71 +377,6 @@ impl Node {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Re-adopts claimed sandboxes that are still running, keeps hibernated and archived ones,
-    /// finishes or rolls back lifecycle operations a crash interrupted (see `lifecycle`),
-    /// removes every other sandbox and forgets claims whose sandbox is gone.
-    async fn reconcile(&self, records: BTreeMap<String, ClaimRecord>) -> anyhow::Result<()> {
-        let engine = self.engine.clone();
-        let boxes: HashMap<String, BoxInfo> = blocking(move || engine.list())
-            .await?
-            .into_iter()
-            .map(|b| (b.id.to_string(), b))
-            .collect();
-        let mut kept = HashMap::new();
-        let mut changes = vec![];
-        for (id, rec) in records {
-            // An archive another node woke while this one was away is no longer ours.
-            if matches!(rec.phase, Phase::Archived(_))
-                && rec.intent.is_none()
-                && self.still_archived(&id).await == Some(false)
-            {
-                tracing::info!(sandbox = id, "woken elsewhere while this node was away");
-                changes.push(Change::Delete(id));
-                continue;
-            }
-            match self.recover(rec, boxes.get(&id)).await {
-                Some((live, changed)) => {
-                    if changed {
-                        changes.push(Change::Put(id.clone(), (&live.record).into()));
-                    }
-                    kept.insert(id, live);
-                }
-                None => changes.push(Change::Delete(id)),
-            }
-        }
-        // A box is kept only for a claim that runs on it, or is hibernated in it.
-        let doomed: Vec<_> = boxes
-            .into_values()
-            .filter(|b| kept.get(b.id.as_str()).is_none_or(|l: &Live| !l.has_box()))
-            .map(|b| b.id)
-            .collect();
-        tracing::info!(
-            kept = kept.len(),
-            removed = doomed.len(),
-            changed = changes.len(),
-            "reconciled"
-        );
-        if !changes.is_empty() {
-            self.journal.commit(changes).await?;
-        }
-        let referenced: Vec<PathBuf> = kept
-            .values()
-            .filter_map(|l| l.record.phase.snapshot().map(|s| s.layer_tar.clone()))
-            .collect();
-        self.lock().slots.set_claims(kept);
-        for id in doomed {
-            let engine = self.engine.clone();
-            let name = id.to_string();
-            // One box that will not go (a cgroup still busy with a dying task) must not keep the
-            // node down: it is left for the next start to remove.
-            if let Err(e) = blocking(move || engine.destroy(&id)).await {
-                tracing::warn!(sandbox = name, "removing a leftover sandbox: {e}");
-            }
-        }
-        lifecycle::sweep_files(&self.cfg, &referenced);
-        Ok(())
     }
 
     /// Destroys a sandbox in the background, within the shared concurrency limit.

@@ -415,16 +415,50 @@ fn clean_removes_a_stopped_nodes_sandboxes_and_refuses_a_running_one() {
 }
 
 #[test]
-fn sigterm_stops_the_node_and_leaves_sandboxes_for_the_next_start() {
+fn sigterm_keeps_the_claims_removes_the_warm_pool_and_a_start_says_what_it_found() {
     let mut node = Sandboxd::start(ONE_WARM);
     let s = node.claim("{}");
     let (id, token) = (s["id"].as_str().unwrap(), s["token"].as_str().unwrap());
+    node.wait_warm(1);
+    assert_eq!(node.jails(), 2);
     let mut child = node.child.take().unwrap();
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     assert!(child.wait().unwrap().success(), "clean exit on SIGTERM");
     assert!(std::net::TcpStream::connect(node.addr).is_err(), "no longer accepting");
-    node.restart();
+    let left: Vec<String> = node.boxes().iter().map(|b| b.id.to_string()).collect();
+    assert_eq!(left, [id], "the warm sandbox went with the node; the claim stays");
+    let log = launch_logged(&mut node);
+    assert!(log.contains(&format!("re-adopted 1 claims: {id} (running)")), "{log}");
     assert_eq!(node.exec(id, token, "hostname")["stdout"], format!("{id}\n"), "re-adopted");
+
+    // After a crash, the start removes the warm sandbox left behind and names it.
+    node.wait_warm(1);
+    let warm = node.boxes().into_iter().map(|b| b.id.to_string()).find(|b| b != id).unwrap();
+    node.kill9();
+    let log = launch_logged(&mut node);
+    assert!(log.contains("removed 1 sandboxes no claim holds") && log.contains(&warm), "{log}");
+    assert!(log.contains(&format!("re-adopted 1 claims: {id} (running)")), "{log}");
+}
+
+/// Starts the node's process again with its log at `info` kept: the log of its start.
+fn launch_logged(node: &mut Sandboxd) -> String {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let log = node.work().join("start.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+        .arg("--config")
+        .arg(&node.config)
+        .env("SANDBOXD_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    node.addr = line.trim().strip_prefix("sandboxd listening on ").unwrap().parse().unwrap();
+    node.child = Some(child);
+    std::fs::read_to_string(log).unwrap()
 }
 
 #[test]
