@@ -24,12 +24,21 @@ impl Node {
                 }
             }
             Some(Intent::Unpublish(archive)) => {
-                // Woken from `archive`, the node died before the store forgot it.
+                // Woken from `archive`, the node died before the store forgot it. If it stayed
+                // down past its wake lease, another node may have woken the same archive: then
+                // that copy is the sandbox, and this one goes.
                 changed = true;
-                if self.unpublish_archived(&rec.id).await {
-                    self.drop_archive(&archive).await;
-                } else {
-                    rec.intent = Some(Intent::Unpublish(archive)); // the next start tries again
+                match self.interrupted_wake(&rec.id).await {
+                    Some(true) => self.drop_archive(&archive).await,
+                    Some(false) => {
+                        tracing::warn!(
+                            sandbox = rec.id,
+                            "woken by another node while this one was down: its copy is kept, this one removed"
+                        );
+                        return None;
+                    }
+                    // The store cannot say: the next start asks again.
+                    None => rec.intent = Some(Intent::Unpublish(archive)),
                 }
             }
             Some(intent @ Intent::Move { .. }) => {
@@ -88,5 +97,49 @@ impl Node {
         let address = found.and_then(|b| b.address);
         let activity = crate::node::Activity::new();
         Some((Live { record: rec, agent, base, address, activity }, changed))
+    }
+
+    /// Finishes a wake from an archive that a crash interrupted (the record journalled running,
+    /// the store not yet told): `Some(true)` when the sandbox is this node's (the store's
+    /// published claim is now gone), `Some(false)` when another node woke the archive while
+    /// this one was down, `None` when the store cannot say.
+    ///
+    /// The wake lease tells: this node's key under `leases/<id>/` stays until someone takes the
+    /// lease, and a node can wake the archive only by taking it, which removes a dead holder's
+    /// key. So with our key still there nobody else woke it; without it, someone took the
+    /// lease after ours ran out — and woke it, unless the claim is still published and the
+    /// lease free again (that wake failed): then it is ours to finish.
+    async fn interrupted_wake(&self, id: &str) -> Option<bool> {
+        let objects = self.store.object_store().clone();
+        let name = format!("leases/{id}");
+        let mut ours = vec![];
+        for o in objects.list_all(&format!("{name}/")).await.ok()? {
+            if objects.get_bytes(&o.key).await.ok()?.as_ref() == self.name.as_bytes() {
+                ours.push(o.key);
+            }
+        }
+        match (ours.is_empty(), self.still_archived(id).await?) {
+            // This node unpublished it before the crash.
+            (false, false) => {
+                let _ = objects.delete(&ours).await;
+                return Some(true);
+            }
+            (true, false) => return Some(false),
+            (_, true) => {}
+        }
+        // Still published: finish it under a lease of our own (our old key would count as a
+        // live holder), unless another node is waking it right now.
+        let _ = objects.delete(&ours).await;
+        let lease = silk_store::Lease::acquire(&*objects, &name, &self.name, WAKE_LEASE)
+            .await
+            .ok()?;
+        let Some(lease) = lease else { return Some(false) };
+        // Unpublished meanwhile: a wake elsewhere finished before we took the lease.
+        let mine = match self.still_archived(id).await {
+            Some(true) => self.unpublish_archived(id).await.then_some(true),
+            other => other,
+        };
+        let _ = lease.release(&*objects).await;
+        mine
     }
 }
