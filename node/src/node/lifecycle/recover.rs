@@ -130,9 +130,8 @@ impl Node {
         // Still published: finish it under a lease of our own (our old key would count as a
         // live holder), unless another node is waking it right now.
         let _ = objects.delete(&ours).await;
-        let lease = silk_store::Lease::acquire(&*objects, &name, &self.name, WAKE_LEASE)
-            .await
-            .ok()?;
+        let lease =
+            silk_store::Lease::acquire(&*objects, &name, &self.name, WAKE_LEASE).await.ok()?;
         let Some(lease) = lease else { return Some(false) };
         // Unpublished meanwhile: a wake elsewhere finished before we took the lease.
         let mine = match self.still_archived(id).await {
