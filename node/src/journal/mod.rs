@@ -544,3 +544,6 @@ use replay::replay;
 
 #[cfg(test)]
 mod tests;
+// Replay under damage; `pub` for the fuzz target (`node/fuzz`), which compiles this module alone.
+#[cfg(any(test, fuzzing))]
+pub mod mutations;
