@@ -45,7 +45,7 @@ fn every_change_is_recorded_with_who_did_it_and_survives_kill_9() {
     );
     assert_eq!(status, 200);
     assert_eq!(
-        n.req("DELETE", &format!("/v1/sandboxes/{root_id}"), Some("sbt_guess"), None).0,
+        n.req("DELETE", &format!("/v1/sandboxes/{root_id}"), Some(WRONG_TOKEN), None).0,
         404
     );
     // Through the relay: the opening, and each program run on it (after bulk data too).

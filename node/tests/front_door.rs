@@ -25,21 +25,24 @@ fn unknown_ids_cost_no_lookup_without_a_token_and_lookups_are_limited_per_client
     let b = node(dir.path(), "b", 2, Some(&mesh_addr(&a)), "");
     eventually("a sees b", || peer_names(&a) == ["b"]);
 
+    // No token, or one no sandbox could have: 401, and no peer is asked.
     for i in 0..50 {
         let path = format!("/v1/sandboxes/sb-b-{i:04}");
-        let (status, body) = a.req("GET", &path, None, None);
-        assert_eq!(status, 404, "{body}");
-        let (status, _) = a.req("POST", &format!("{path}/exec"), None, Some(r#"{"argv":["id"]}"#));
-        assert_eq!(status, 404);
+        for bearer in [None, Some("guessed-token")] {
+            let (status, body) = a.req("GET", &path, bearer, None);
+            assert_eq!(status, 401, "{body}");
+            let exec = Some(r#"{"argv":["id"]}"#);
+            assert_eq!(a.req("POST", &format!("{path}/exec"), bearer, exec).0, 401);
+        }
     }
     assert_eq!(metric(&a, "silkmesh_owner_lookups_total"), 0, "asked peers with no token");
 
-    // With a token (any: the node cannot tell a guess from a real one before asking), the
-    // client's burst is looked up and the rest are refused with 429 and Retry-After.
+    // With a well-formed token (the node cannot tell a guess from a real one before asking),
+    // the client's burst is looked up and the rest are refused with 429 and Retry-After.
     let mut statuses = vec![];
     for i in 0..6 {
         let path = format!("/v1/sandboxes/sb-b-{i:04}");
-        statuses.push(a.req("GET", &path, Some("guessed-token"), None).0);
+        statuses.push(a.req("GET", &path, Some(WRONG_TOKEN), None).0);
     }
     assert_eq!(statuses, [404, 404, 404, 429, 429, 429]);
     assert_eq!(metric(&a, "silkmesh_owner_lookups_total"), 3);

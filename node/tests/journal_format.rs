@@ -94,9 +94,19 @@ fn a_node_starts_on_a_journal_in_the_format_on_main() {
     let data = dir.path().join("data");
     std::fs::create_dir_all(data.join("journal")).unwrap();
     std::fs::write(data.join("journal/journal.log"), fixture()).unwrap();
+    // Record 4 carries an `Unpublish` intent: this node ("local") died while waking it, so it
+    // still holds that wake's lease in the store (and the store no longer publishes the claim).
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store =
+            silk_store::fs::FsStore::open(silk_store::fs::FsConfig::new(data.join("store")));
+        let lease = "leases/sb-local-000000000004";
+        let ttl = std::time::Duration::from_secs(3600);
+        let held = silk_store::Lease::acquire(&store.await.unwrap(), lease, "local", ttl).await;
+        assert!(held.unwrap().is_some());
+    });
     let cfg = sandboxd::config::Config { data_dir: data, min_free_mib: 0, ..Default::default() };
     let engine = Arc::new(silk_engine::fake::FakeEngine::new(dir.path().join("fake")));
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let node = rt.block_on(sandboxd::node::Node::open(cfg, engine)).unwrap();
     // Claims whose files this (empty) engine does not hold end; the archived one, whose files
     // are in the store, stays as it was.

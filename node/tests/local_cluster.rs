@@ -237,7 +237,7 @@ fn a_fleet_behind_a_load_balancer_moves_wakes_and_branches_sandboxes() {
     assert_eq!(exec(&cluster, &id, &token, HASH), before, "woken on a live node from the store");
     let now = owner(&cluster, &id, &token);
     assert_ne!(now, to);
-    let (status, _) = cluster.lb("GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
+    let (status, _) = cluster.lb("GET", &format!("/v1/sandboxes/{id}"), WRONG_TOKEN, None);
     assert_eq!(status, 404);
 
     // A real partition: the third node's link goes down (every packet to and from it dropped).

@@ -109,7 +109,7 @@ fn three_nodes_place_claims_on_warm_peers_and_answer_for_every_sandbox() {
         let (_, status, row) = follow(n, "GET", &format!("/v1/sandboxes/{id}"), token, None);
         assert_eq!((status, row["id"].as_str()), (200, Some(id)), "{row}");
         let (first, status, v) =
-            follow(n, "GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
+            follow(n, "GET", &format!("/v1/sandboxes/{id}"), WRONG_TOKEN, None);
         assert_eq!(
             (first, status, v["error"]["code"].as_str()),
             (404, 404, Some("not_found")),
@@ -190,7 +190,7 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     let (id, token) = (claimed["id"].as_str().unwrap(), claimed["token"].as_str().unwrap());
     let out = front.exec(id, token, "echo forwarded; hostname");
     assert_eq!(out["stdout"], format!("forwarded\n{id}\n"));
-    let (status, _) = front.req("GET", &format!("/v1/sandboxes/{id}"), Some("sbt_wrong"), None);
+    let (status, _) = front.req("GET", &format!("/v1/sandboxes/{id}"), Some(WRONG_TOKEN), None);
     assert_eq!(status, 404);
     // A forwarded answer is the owner's own: status, headers (all but the date) and body.
     let get = format!("GET /v1/sandboxes/{id} HTTP/1.1\r\nAuthorization: Bearer {token}\r\n");
@@ -383,7 +383,7 @@ fn a_sandbox_moves_with_its_files_id_and_token_and_any_node_reaches_it() {
     // The same id and token, through either node.
     assert_eq!(exec_via(&b, id, token, HASH), before);
     assert_eq!(exec_via(&a, id, token, HASH), before, "a redirects to the new owner");
-    let (first, _, _) = follow(&a, "GET", &format!("/v1/sandboxes/{id}"), "sbt_wrong", None);
+    let (first, _, _) = follow(&a, "GET", &format!("/v1/sandboxes/{id}"), WRONG_TOKEN, None);
     assert_eq!(first, 404);
     // Moving again, back, hibernated, without naming the target (the least loaded peer).
     let (status, v) = b.req("POST", &format!("/v1/sandboxes/{id}/hibernate"), Some(token), None);
@@ -481,7 +481,7 @@ fn an_archive_outlives_its_node_and_any_node_wakes_it_once() {
     // a dies; its archive does not die with it.
     a.kill9();
     eventually("b drops a", || peer_names(&b).is_empty());
-    let (status, _) = b.req("GET", &format!("/v1/sandboxes/{id}"), Some("sbt_wrong"), None);
+    let (status, _) = b.req("GET", &format!("/v1/sandboxes/{id}"), Some(WRONG_TOKEN), None);
     assert_eq!(status, 404, "a wrong token wakes nothing");
     assert_eq!(exec_via(&b, id, token, HASH), before, "woken on b from the store");
     let (status, row) =

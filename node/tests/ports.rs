@@ -61,8 +61,11 @@ fn http_and_websockets_reach_a_port_inside_the_sandbox() {
 
     // Nobody else's way in: no token, another sandbox's, a forged one.
     let other = node.claim("{}");
-    for bad in [None, Some(other["token"].as_str().unwrap()), Some("sbt_forged")] {
+    for bad in [Some(other["token"].as_str().unwrap()), Some(WRONG_TOKEN)] {
         assert_eq!(get(node.addr, &base, bad).0, 404, "{bad:?}");
+    }
+    for none_at_all in [None, Some("sbt_forged")] {
+        assert_eq!(get(node.addr, &base, none_at_all).0, 401, "{none_at_all:?}");
     }
     let (status, v) = get(node.addr, &format!("/v1/sandboxes/{id}/ports/8001/"), Some(token));
     assert_eq!(status, 502, "{v}");
@@ -206,8 +209,8 @@ fn preview_urls_open_a_port_to_a_browser_until_revoked_expired_or_released() {
     );
     assert_eq!((status, seen.lines().next()), (200, Some("/here")));
 
-    // Refused, as the same 404 as an unknown sandbox: no token, another port's, a forged one,
-    // another sandbox's, a revoked one, an expired one.
+    // Refused, as the same 404 as an unknown sandbox: another port's token, a forged one,
+    // another sandbox's, a revoked one, an expired one. No credential at all is a 401.
     let other = node.claim("{}");
     let (o_id, o_token) = (other["id"].as_str().unwrap(), other["token"].as_str().unwrap());
     let theirs =
@@ -221,8 +224,8 @@ fn preview_urls_open_a_port_to_a_browser_until_revoked_expired_or_released() {
         .as_str()
         .unwrap()
         .to_string();
+    assert_eq!(with_headers(node.addr, "/", &host, "").0, 401);
     for bad in [
-        "",
         &format!("Cookie: silkmesh_preview={theirs}\r\n"),
         &format!("Cookie: silkmesh_preview={port_9}\r\n"),
         &format!("Cookie: silkmesh_preview={forged}\r\n"),

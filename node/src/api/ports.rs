@@ -128,9 +128,14 @@ async fn serve(
         .filter(|p| *p != 0)
         .ok_or_else(|| NodeError::bad_request(format!("port {port:?}: 1-65535")))?;
     if let Err(denied) = node.authorized(&id, bearer(req.headers())) {
-        match preview(&node, &id, port, previews::carried(req.uri(), req.headers())).await {
+        let carried = previews::carried(req.uri(), req.headers());
+        // A preview token that opens nothing here is a credential that was presented: the
+        // 404 of an unknown sandbox, as for a wrong sandbox token (no credential is a 401).
+        let presented = !carried.is_empty();
+        match preview(&node, &id, port, carried).await {
             Some(Carried::Query(token)) => return Ok(first_visit(&node, &req, &id, port, &token)),
             Some(Carried::Cookie(_)) => {}
+            None if presented => return Err(NodeError::sandbox_not_found()),
             None => return Err(denied),
         }
     }

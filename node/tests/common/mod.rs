@@ -16,6 +16,11 @@ pub mod schema;
 
 pub const ROOT: &str = "root-token-for-tests";
 
+/// A well-formed sandbox token no sandbox has: it gets past the shape check (a malformed one is a
+/// 401 on every node) and is refused where ownership is decided, with the 404 of an unknown id.
+pub const WRONG_TOKEN: &str =
+    "sbt_0000000000000000000000000000000000000000000000000000000000000000";
+
 /// `silk-jail` from the same target directory as this test binary.
 pub fn launcher() -> PathBuf {
     sibling("silk-jail")

@@ -153,7 +153,14 @@ impl Node {
                 .await?
                 .ok_or_else(|| waking_elsewhere(id))?;
         let woken = wake.await;
-        if let Err(e) = lease.release(&*objects).await {
+        // Woken, but the store has not forgotten the archive yet (it failed, or the journal
+        // did): the lease stays until a restart finishes the wake, so "none of our keys left"
+        // can only mean that another node took the lease (`interrupted_wake`).
+        let unpublishing =
+            self.get(id).is_some_and(|l| matches!(l.record.intent, Some(Intent::Unpublish(_))));
+        if unpublishing {
+            tracing::warn!(sandbox = id, "the wake is not finished: its lease is kept");
+        } else if let Err(e) = lease.release(&*objects).await {
             tracing::warn!(sandbox = id, "releasing the wake lease: {e} (it expires by itself)");
         }
         woken
