@@ -134,6 +134,7 @@ impl Criu {
         if d.leave_running {
             cmd.arg("--leave-running");
         }
+        super::host::dies_with_the_node(&mut cmd);
         let started = Instant::now();
         run(&mut cmd, d.log)?;
         let meta = DumpMeta { log_key, binds: d.binds.len(), id: d.id.clone() };

@@ -75,3 +75,26 @@ pub(super) fn wait_exited(pid: u32) {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
 }
+
+/// Makes `cmd` die with the node: a helper (CRIU, the launcher) must not outlive a node that
+/// was killed. A CRIU dump left running would finish after the next start thawed its jail and
+/// put the cgroup back in the state it found it in — frozen — with the sandbox claimed and
+/// every call into it hanging; a launcher could finish a start after the next start tidied
+/// up. The signal comes when the thread that spawned it ends, and that thread waits for it.
+pub(super) fn dies_with_the_node(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let node = std::process::id() as libc::pid_t;
+    // SAFETY: prctl and getppid are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The node died between the fork and the prctl: no signal will come.
+            if libc::getppid() != node {
+                return Err(std::io::Error::other("the node is gone"));
+            }
+            Ok(())
+        });
+    }
+}

@@ -474,6 +474,7 @@ impl JailEngine {
         let (userns, log) = (self.userns.as_raw_fd(), log.as_raw_fd());
         let mut cmd = std::process::Command::new(&self.cfg.launcher);
         cmd.arg("--restore").arg(spec);
+        super::host::dies_with_the_node(&mut cmd);
         // SAFETY: fcntl/dup2 are async-signal-safe.
         unsafe {
             cmd.pre_exec(move || {

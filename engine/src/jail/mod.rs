@@ -458,6 +458,7 @@ impl JailEngine {
         let userns = self.userns.as_raw_fd();
         let mut cmd = std::process::Command::new(&self.cfg.launcher);
         cmd.arg(spec).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        host::dies_with_the_node(&mut cmd);
         // SAFETY: fcntl/dup2 are async-signal-safe.
         unsafe {
             cmd.pre_exec(move || {
