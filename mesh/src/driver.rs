@@ -80,7 +80,13 @@ enum Cmd {
 struct Conn {
     conn: quinn::Connection,
     named: Option<String>,
+    /// This node dialled it (else accepted it).
+    dialled: bool,
 }
+
+/// How long a duplicate connection stays open after it lost the tie-break: calls already under
+/// way on it finish; new ones go to the connection kept.
+const RETIRE_AFTER: Duration = Duration::from_secs(10);
 
 /// See the module docs. Cheap to clone.
 #[derive(Debug, Clone)]
@@ -97,6 +103,11 @@ struct Inner {
     /// The live members as of the last change (read by the API without touching the core).
     view: Mutex<(NodeState, Arc<Vec<Peer>>)>,
     conns: Mutex<HashMap<SocketAddr, Conn>>,
+    /// One dial at a time per address: callers that find no connection wait for the first
+    /// one's instead of each dialling their own.
+    dials: Mutex<HashMap<SocketAddr, Arc<tokio::sync::Mutex<()>>>>,
+    /// Connections open now, duplicates waiting to close included.
+    open_connections: AtomicU64,
     /// How this node dials (replaced when its certificate or the revocation list changes).
     client: Mutex<quinn::ClientConfig>,
     /// How long a peer declared down has to answer this node's own probe.
@@ -133,6 +144,8 @@ impl Mesh {
             incoming,
             view: Mutex::new((local, Arc::new(vec![]))),
             conns: Mutex::new(HashMap::new()),
+            dials: Mutex::new(HashMap::new()),
+            open_connections: AtomicU64::new(0),
             client: Mutex::new(client),
             verify_within: (cfg.probe_rtt * 4).max(Duration::from_secs(1)),
             gossip_bytes: AtomicU64::new(0),
@@ -173,6 +186,11 @@ impl Mesh {
         self.inner.gossip_bytes.load(Ordering::Relaxed)
     }
 
+    /// QUIC connections open to peers: one per peer once dials have settled.
+    pub fn open_connections(&self) -> u64 {
+        self.inner.open_connections.load(Ordering::Relaxed)
+    }
+
     /// Opens a call to a live peer.
     pub async fn open(
         &self,
@@ -203,20 +221,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 async fn connection(inner: &Arc<Inner>, to: &NodeId) -> Result<quinn::Connection, MeshError> {
     let addr = to.addr;
     let named = (!to.name.is_empty()).then_some(to.name.as_str());
-    {
-        let mut conns = lock(&inner.conns);
-        if let Some(c) = conns.get_mut(&addr).filter(|c| c.conn.close_reason().is_none()) {
-            if let Some(n) = named
-                && c.named.as_deref() != Some(n)
-            {
-                // Accepted from whoever is at that address, or dialled as a seed: check who.
-                if !names_node(&peer_chain(&c.conn), n) {
-                    return Err(MeshError::Tls(format!("the node at {addr} is not {n}")));
-                }
-                c.named = Some(n.to_string());
-            }
-            return Ok(c.conn.clone());
-        }
+    if let Some(c) = live(inner, addr, named)? {
+        return Ok(c);
+    }
+    let gate = lock(&inner.dials).entry(addr).or_default().clone();
+    let _dialling = gate.lock().await;
+    if let Some(c) = live(inner, addr, named)? {
+        return Ok(c); // dialled (or accepted) while this call waited
     }
     let connecting = inner
         .endpoint
@@ -224,9 +235,55 @@ async fn connection(inner: &Arc<Inner>, to: &NodeId) -> Result<quinn::Connection
         .map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
     let conn = connecting.await.map_err(|e| MeshError::Io(format!("connect {addr}: {e}")))?;
     let named = named.map(str::to_string); // the handshake checked it
-    lock(&inner.conns).insert(addr, Conn { conn: conn.clone(), named });
     tokio::spawn(serve(inner.clone(), conn.clone()));
-    Ok(conn)
+    Ok(keep(inner, addr, Conn { conn, named, dialled: true }))
+}
+
+/// The open connection to `addr`, if there is one; `named`: the node it must be.
+fn live(
+    inner: &Inner,
+    addr: SocketAddr,
+    named: Option<&str>,
+) -> Result<Option<quinn::Connection>, MeshError> {
+    let mut conns = lock(&inner.conns);
+    let Some(c) = conns.get_mut(&addr).filter(|c| c.conn.close_reason().is_none()) else {
+        return Ok(None);
+    };
+    if let Some(n) = named
+        && c.named.as_deref() != Some(n)
+    {
+        // Accepted from whoever is at that address, or dialled as a seed: check who.
+        if !names_node(&peer_chain(&c.conn), n) {
+            return Err(MeshError::Tls(format!("the node at {addr} is not {n}")));
+        }
+        c.named = Some(n.to_string());
+    }
+    Ok(Some(c.conn.clone()))
+}
+
+/// Files a new connection to `remote` and returns the one to use. Two nodes that dial each
+/// other at once each hold both connections: both keep the one the node with the lower address
+/// dialled, and the other closes after [`RETIRE_AFTER`]. Any other open connection it replaces
+/// (a peer that started again at the same address) closes the same way.
+fn keep(inner: &Inner, remote: SocketAddr, new: Conn) -> quinn::Connection {
+    let preferred = |c: &Conn| c.dialled == (inner.me.addr < remote);
+    let mut conns = lock(&inner.conns);
+    let (kept, retired) = match conns.remove(&remote) {
+        Some(old) if old.conn.close_reason().is_none() && preferred(&old) && !preferred(&new) => {
+            (old, Some(new.conn))
+        }
+        Some(old) if old.conn.close_reason().is_none() => (new, Some(old.conn)),
+        _ => (new, None),
+    };
+    let conn = kept.conn.clone();
+    conns.insert(remote, kept);
+    if let Some(duplicate) = retired.filter(|d| d.stable_id() != conn.stable_id()) {
+        tokio::spawn(async move {
+            tokio::time::sleep(RETIRE_AFTER).await;
+            duplicate.close(0u32.into(), b"duplicate");
+        });
+    }
+    conn
 }
 
 /// This node's own look at a peer the failure detector declared down: our state sent on a
@@ -270,7 +327,7 @@ async fn accept_loop(inner: Arc<Inner>) {
                 Ok(conn) => {
                     // One socket per node: the remote address is the peer's endpoint, so this
                     // connection also serves our calls to it.
-                    lock(&inner.conns).insert(remote, Conn { conn: conn.clone(), named: None });
+                    keep(&inner, remote, Conn { conn: conn.clone(), named: None, dialled: false });
                     serve(inner, conn).await;
                 }
                 Err(e) => log.log(format_args!("mesh connection from {remote} rejected: {e}")),
@@ -346,6 +403,7 @@ async fn watch_trust(
 /// Reads what a peer sends on one connection: membership datagrams, state streams, calls. A
 /// packet or a state is taken only from the node the connection's certificate names.
 async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
+    inner.open_connections.fetch_add(1, Ordering::Relaxed);
     let chain = Arc::new(peer_chain(&conn));
     let remote = conn.remote_address();
     let impostor = move |claimed: &str| {
@@ -391,6 +449,7 @@ async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
         }
     };
     let calls = {
+        let inner = inner.clone();
         async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
                 if inner.incoming.send(Incoming { remote, send, recv }).await.is_err() {
@@ -400,6 +459,7 @@ async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
         }
     };
     tokio::join!(datagrams, states, calls);
+    inner.open_connections.fetch_sub(1, Ordering::Relaxed);
 }
 
 async fn membership_task(
@@ -506,6 +566,7 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
                 if let Some(c) = lock(&inner.conns).remove(&id.addr) {
                     c.conn.close(0u32.into(), b"declared down");
                 }
+                lock(&inner.dials).remove(&id.addr);
                 changed = true;
             }
         }

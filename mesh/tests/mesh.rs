@@ -1,6 +1,6 @@
 //! Real QUIC endpoints on loopback, in one process: joining, state gossip, leave, failure of a
-//! dropped node, a certificate from another CA, a member that claims another's name, and a call
-//! on a stream.
+//! dropped node, a certificate from another CA, a member that claims another's name, a call
+//! on a stream, and two nodes that dial each other at once.
 
 use std::time::{Duration, Instant};
 
@@ -18,7 +18,16 @@ fn certs(dir: &std::path::Path, names: &[&str]) -> Vec<TlsFiles> {
 }
 
 async fn start(name: &str, tls: TlsFiles, join: Vec<std::net::SocketAddr>) -> Mesh {
-    let mut cfg = MeshConfig::new(name, "127.0.0.1:0".parse().unwrap(), tls);
+    start_at("127.0.0.1:0".parse().unwrap(), name, tls, join).await
+}
+
+async fn start_at(
+    listen: std::net::SocketAddr,
+    name: &str,
+    tls: TlsFiles,
+    join: Vec<std::net::SocketAddr>,
+) -> Mesh {
+    let mut cfg = MeshConfig::new(name, listen, tls);
     cfg.join = join;
     let state = NodeState { api: format!("http://{name}"), ..Default::default() };
     let (mesh, mut incoming) = Mesh::start(cfg, state).await.unwrap();
@@ -172,4 +181,35 @@ async fn a_member_cannot_speak_for_another_name() {
     wire::write_frame(&mut send, &41u64).await.unwrap();
     send.finish().unwrap();
     assert_eq!(wire::read_frame::<u64>(&mut recv).await.unwrap(), Some(42));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_nodes_that_dial_each_other_at_once_keep_one_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = certs(dir.path(), &["a", "b"]);
+    let free = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let (at_a, at_b) = (free(), free());
+    // Each joins through the other at the same moment: both dial, many packets at once.
+    let (a, b) = tokio::join!(
+        start_at(at_a, "a", files[0].clone(), vec![at_b]),
+        start_at(at_b, "b", files[1].clone(), vec![at_a]),
+    );
+    until("a mesh of two", Duration::from_secs(10), || names(&a) == ["b"] && names(&b) == ["a"])
+        .await;
+    // A duplicate closes once calls under way on it could have finished (10 s).
+    let settled = until("one connection each", Duration::from_secs(15), || {
+        a.open_connections() == 1 && b.open_connections() == 1
+    })
+    .await;
+    println!("settled on one connection in {settled:?}");
+    // Calls both ways go over it, and no new one is opened.
+    for (from, to) in [(&a, "b"), (&b, "a")] {
+        let (mut send, mut recv) = from.open(to).await.unwrap();
+        wire::write_frame(&mut send, &1u64).await.unwrap();
+        send.finish().unwrap();
+        assert_eq!(wire::read_frame::<u64>(&mut recv).await.unwrap(), Some(2));
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!((a.open_connections(), b.open_connections()), (1, 1));
+    assert_eq!((names(&a), names(&b)), (vec!["b".to_string()], vec!["a".to_string()]));
 }
