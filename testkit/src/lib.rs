@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+pub mod fault;
 pub mod netns;
 
 /// The static silkd the suite builds (`SILKD_STATIC`; scripts/test sets it).

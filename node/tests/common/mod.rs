@@ -48,6 +48,15 @@ impl Sandboxd {
         Sandboxd::start_at("127.0.0.1:0", extra)
     }
 
+    /// [`start`](Self::start) with its config and data under `work` (kept afterwards).
+    pub fn start_in(work: &Path, extra: &str) -> Sandboxd {
+        let launch = silk_testkit::Launch {
+            sandboxd: PathBuf::from(env!("CARGO_BIN_EXE_sandboxd")),
+            ..silk_testkit::Launch::new(ROOT, extra)
+        };
+        Sandboxd(silk_testkit::Node::start_at(launch, work).expect("the node starts"))
+    }
+
     /// [`start`](Self::start) with the API on `listen` (e.g. `127.0.0.2:0`).
     pub fn start_at(listen: &str, extra: &str) -> Sandboxd {
         let launch = silk_testkit::Launch {
