@@ -219,13 +219,14 @@ fn two_tenants_share_a_mesh_and_neither_reaches_the_other() {
     assert_eq!((status, v["error"]["code"].as_str()), (404, Some("template_not_found")), "{v}");
     assert_eq!(a.req("DELETE", "/v1/templates/team-1%2Fbase", Some(&k2), None).0, 404);
 
-    // Rotation: the old key stops working on every node within the bound.
+    // Rotation: the old key stops working on every node within the bound (it is no
+    // credential at all now: 401).
     let (status, rotated) = b.req("POST", "/v1/tenants/team-1/rotate", Some(ROOT), None);
     assert_eq!(status, 200, "{rotated}");
     let k1b = rotated["api_key"].as_str().unwrap().to_string();
     for n in [a, b, c] {
         eventually("the old key is refused", || {
-            n.req("GET", &format!("/v1/sandboxes/{id1}"), Some(&k1), None).0 == 404
+            n.req("GET", &format!("/v1/sandboxes/{id1}"), Some(&k1), None).0 == 401
         });
         assert_eq!(n.req("GET", &format!("/v1/sandboxes/{id1}"), Some(&k1b), None).0, 200);
     }
