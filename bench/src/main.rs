@@ -17,6 +17,7 @@ mod engine;
 mod fleet;
 mod journal;
 mod lifecycle;
+mod load;
 mod mcp;
 mod memory;
 mod mesh;
@@ -76,6 +77,9 @@ enum Section {
     /// `sandbox_exec` through the MCP server over stdio and HTTP beside sdk-rs (needs root and
     /// the release `sbx`).
     Mcp(mcp::McpArgs),
+    /// Mixed load from many clients for a long while: per-window throughput and p50/p99 of
+    /// each operation, the node's RSS and fds and their slope (needs root).
+    Load(load::LoadArgs),
     /// Internal: the floor's echo server (run as a separate process, like silkd).
     #[command(hide = true)]
     EchoServer { socket: std::path::PathBuf },
@@ -106,5 +110,6 @@ fn main() -> anyhow::Result<()> {
         Section::E2b(e) => e2b::run(e),
         Section::Egress(e) => egress::run(e),
         Section::Mcp(m) => runtime()?.block_on(mcp::run(m)),
+        Section::Load(l) => load::run(l),
     }
 }

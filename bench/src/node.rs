@@ -144,6 +144,11 @@ impl NodeProc {
             .context("start sandboxd (build it: cargo build --release -p sandboxd)")?;
         Ok(NodeProc { addr: node.addr, work: work.to_path_buf(), _node: node })
     }
+
+    /// The node's process id.
+    pub fn pid(&self) -> u32 {
+        self._node.child.as_ref().map_or(0, std::process::Child::id)
+    }
 }
 
 pub fn run(args: NodeArgs) -> anyhow::Result<()> {
