@@ -284,6 +284,7 @@ fn criu_floor(
         .stderr(Stdio::null())
         .spawn()?;
     let pid = child.id();
+    let _session = Session(pid);
     let deadline = Instant::now() + Duration::from_secs(30);
     while !Command::new("sh").args(["-c", &ready]).stderr(Stdio::null()).status()?.success() {
         ensure!(Instant::now() < deadline, "the floor's processes did not get ready");
@@ -318,7 +319,16 @@ fn criu_floor(
         .status()?;
     let restore = t.elapsed();
     ensure!(restored.success(), "criu restore failed (see {}/restore.log)", images.display());
-    // SAFETY: plain syscall on the process group CRIU restored (our own tree's).
-    unsafe { libc::kill(-(pid as i32), libc::SIGKILL) };
-    Ok((dump, restore))
+    Ok((dump, restore)) // `_session` kills the restored tree
+}
+
+/// The floor's process group (its session leader's pid), killed however `criu_floor` ends: a
+/// failed dump or restore would otherwise leave its processes running.
+struct Session(u32);
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on the process group of the floor's own tree.
+        unsafe { libc::kill(-(self.0 as i32), libc::SIGKILL) };
+    }
 }

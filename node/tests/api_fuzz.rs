@@ -91,6 +91,8 @@ fn what_the_fuzzer_found_stays_fixed() {
         ("GET", "/v1/sandboxes?scope=null", Some(ROOT), None, 400, "bad_request"),
         ("GET", "/v1/fleet?scope=all", Some(ROOT), None, 400, "bad_request"),
         ("GET", "/v1/audit?limit=0", Some(ROOT), None, 400, "bad_request"),
+        // A metadata filter with an empty key (the 500-example run, seed 7) matched nothing.
+        ("GET", "/v1/sandboxes?metadata=%3Dv", Some(ROOT), None, 400, "bad_request"),
         // 2^64: beyond every unsigned field's stated maximum.
         ("GET", "/v1/audit?since=18446744073709551616", Some(ROOT), None, 400, "bad_request"),
         // More warm sandboxes than the node's max_warm; an unknown template: 422.

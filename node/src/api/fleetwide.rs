@@ -160,8 +160,10 @@ pub(super) async fn list(
             "cursor" => cursor = Some(percent_decode(value)),
             _ => {
                 let decoded = percent_decode(value);
+                // A key is never empty (the document's pattern, and claims refuse one).
                 let (k, v) = decoded
                     .split_once('=')
+                    .filter(|(k, _)| !k.is_empty())
                     .ok_or_else(|| NodeError::bad_request("metadata filters are key=value"))?;
                 filter.push((k.to_string(), v.to_string()));
                 filters.push(format!("metadata={value}"));
