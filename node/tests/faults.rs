@@ -101,14 +101,13 @@ fn signal(n: &Sandboxd, sig: i32) {
 fn settled_hash(n: &Sandboxd, s: &Box) -> String {
     let body = serde_json::json!({ "argv": ["sh", "-c", HASH_TREE] }).to_string();
     let path = format!("/v1/sandboxes/{}/exec", s.id);
-    let mut answer = None;
+    let mut answer = (0, serde_json::Value::Null);
     eventually("the move settled", || {
-        let (status, v) = n.req("POST", &path, Some(&s.token), Some(&body));
-        answer = Some(v);
-        status != 503 || code(answer.as_ref().unwrap()) != Some("moving")
+        answer = n.req("POST", &path, Some(&s.token), Some(&body));
+        answer.0 != 503 || code(&answer.1) != Some("moving")
     });
-    let v = answer.unwrap();
-    assert_eq!(v["exit_code"], 0, "{v}");
+    let (status, v) = answer;
+    assert_eq!((status, &v["exit_code"]), (200, &serde_json::json!(0)), "through {}: {v}", n.addr);
     v["stdout"].as_str().unwrap().trim().to_string()
 }
 
