@@ -11,11 +11,12 @@
 
 use super::*;
 
-/// The record the checks journal: version 2, upgraded from [`OldRec`] (version 1).
+/// The record the checks (and the journal's tests) journal: version 2, upgraded from
+/// [`OldRec`] (version 1).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Rec {
-    seq: u64,
-    note: String,
+pub(super) struct Rec {
+    pub(super) seq: u64,
+    pub(super) note: String,
 }
 
 impl Record for Rec {
@@ -26,9 +27,10 @@ impl Record for Rec {
     }
 }
 
+/// `Rec` as version 1 wrote it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct OldRec {
-    seq: u64,
+pub(super) struct OldRec {
+    pub(super) seq: u64,
 }
 
 impl Past for OldRec {

@@ -5,33 +5,7 @@ use super::*;
 
 use serde::Deserialize;
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Rec {
-    seq: u64,
-    note: String,
-}
-
-impl Record for Rec {
-    const VERSION: u32 = 2;
-    type Previous = OldRec;
-    fn upgrade(old: OldRec) -> Rec {
-        Rec { seq: old.seq, note: "upgraded".into() }
-    }
-}
-
-/// `Rec` as version 1 wrote it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct OldRec {
-    seq: u64,
-}
-
-impl Past for OldRec {
-    const VERSION: u32 = 1;
-    type Before = NoOlder;
-    fn upgrade(before: NoOlder) -> OldRec {
-        match before {}
-    }
-}
+use super::mutations::{OldRec, Rec};
 
 fn rec(seq: u64) -> Rec {
     Rec { seq, note: format!("note-{seq}") }
