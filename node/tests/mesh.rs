@@ -4,13 +4,10 @@
 
 mod common;
 
-use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::mesh::*;
 use common::*;
-use serde_json::Value;
 
 const KEY: &str = "host/small/none";
 
@@ -21,49 +18,6 @@ fn peer_warm(n: &Sandboxd, name: &str) -> Option<u64> {
         .iter()
         .find(|p| p["name"] == name)
         .and_then(|p| p["warm"][KEY].as_u64())
-}
-
-/// One request; (status, Location, JSON body).
-fn raw(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    token: &str,
-    body: &str,
-) -> (u16, Option<String>, Value) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(s, "{method} {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
-    let mut text = String::new();
-    std::io::Read::read_to_string(&mut s, &mut text).unwrap();
-    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    let location = head.lines().find_map(|l| {
-        let (k, v) = l.split_once(':')?;
-        k.eq_ignore_ascii_case("location").then(|| v.trim().to_string())
-    });
-    (status, location, serde_json::from_str(rest).unwrap_or(Value::String(rest.to_string())))
-}
-
-/// Follows one `307` the way the SDK does; returns (first status, final status, body).
-fn follow(
-    n: &Sandboxd,
-    method: &str,
-    path: &str,
-    token: &str,
-    body: Option<&str>,
-) -> (u16, u16, Value) {
-    let body = body.unwrap_or("");
-    let (status, location, v) = raw(n.addr, method, path, token, body);
-    if status != 307 {
-        return (status, status, v);
-    }
-    let location = location.expect("a 307 has a Location");
-    let url = location
-        .strip_prefix("http://")
-        .unwrap_or_else(|| panic!("location {location:?} of {method} {path}"));
-    let (host, rest) = url.split_once('/').unwrap();
-    let (status, _, v) = raw(host.parse().unwrap(), method, &format!("/{rest}"), token, body);
-    (307, status, v)
 }
 
 /// The `Location` of a redirect.
@@ -329,27 +283,6 @@ fn a_partitioned_peer_is_dropped_and_rejoins_and_a_restarted_one_returns_at_its_
 
 const TREE: &str = "mkdir -p /srv/t/d && echo one > /srv/t/one && head -c 300000 /dev/urandom > /srv/t/d/noise && ln -s one /srv/t/link";
 const HASH: &str = "cd /srv/t && { find . | sort; cat one d/noise; readlink link; } | sha256sum";
-
-/// Two meshed nodes sharing one store directory.
-fn pair(dir: &Path, store: &Path, hosts: (u8, u8)) -> (Sandboxd, Sandboxd) {
-    certs(dir, &["a", "b"]);
-    let extra = |pools: &str| format!("{pools}[store.fs]\nroot = \"{}\"\n", store.display());
-    // Fixed mesh ports: restarted nodes come back at the same address, as in production.
-    let (pa, pb) = (free_udp_port(hosts.0), free_udp_port(hosts.1));
-    let (sa, sb) = (format!("127.0.0.{}:{pa}", hosts.0), format!("127.0.0.{}:{pb}", hosts.1));
-    let pool = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
-    let a = node_on(dir, "a", hosts.0, pa, Some(&sb), &extra(pool));
-    let b = node_on(dir, "b", hosts.1, pb, Some(&sa), &extra("pools = []\n"));
-    eventually("a and b meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
-    (a, b)
-}
-
-fn exec_via(n: &Sandboxd, id: &str, token: &str, script: &str) -> String {
-    let body = serde_json::json!({ "argv": ["sh", "-c", script] }).to_string();
-    let (_, status, v) = follow(n, "POST", &format!("/v1/sandboxes/{id}/exec"), token, Some(&body));
-    assert_eq!((status, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
-    v["stdout"].as_str().unwrap().trim().to_string()
-}
 
 #[test]
 fn a_sandbox_moves_with_its_files_id_and_token_and_any_node_reaches_it() {
