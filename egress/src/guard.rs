@@ -31,6 +31,11 @@ impl Net {
         Ok(Net { addr: Ipv4Addr::from(u32::from(addr) & mask(prefix)), prefix })
     }
 
+    /// The network's first address: the lane's gateway, on the host's end of every veth.
+    pub fn gateway(&self) -> Ipv4Addr {
+        Ipv4Addr::from(u32::from(self.addr).wrapping_add(1))
+    }
+
     pub fn contains(&self, ip: Ipv4Addr) -> bool {
         u32::from(ip) & mask(self.prefix) == u32::from(self.addr)
     }

@@ -125,12 +125,15 @@ pub struct Egress {
 impl Egress {
     /// Binds the proxy and the resolver, writes the nftables table, starts both.
     pub async fn start(cfg: EgressConfig) -> Result<Egress, EgressError> {
-        let any = SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0));
-        let listener = tokio::net::TcpListener::bind(any)
-            .await
+        // On the gateway only (nftables steers sandboxes to it), not on every address of the
+        // host: nothing else reaches either, and the rules that close their ports name only
+        // that address.
+        let gateway = cfg.lane.gateway();
+        let listener = bind_gateway(gateway, socket2::Type::STREAM)
+            .and_then(|s| tokio::net::TcpListener::from_std(s.into()))
             .map_err(|e| EgressError::Io("bind the egress proxy".into(), e))?;
-        let udp = tokio::net::UdpSocket::bind(any)
-            .await
+        let udp = bind_gateway(gateway, socket2::Type::DGRAM)
+            .and_then(|s| tokio::net::UdpSocket::from_std(s.into()))
             .map_err(|e| EgressError::Io("bind the lane's resolver".into(), e))?;
         let port = |a: std::io::Result<SocketAddr>| a.map(|a| a.port());
         let proxy_port =
@@ -142,7 +145,8 @@ impl Egress {
         }
         let table = cfg.table.clone();
         let prefix = cfg.prefix.clone();
-        tokio::task::spawn_blocking(move || nft::install(&table, &prefix, proxy_port, dns_port))
+        let install = move || nft::install(&table, &prefix, gateway, proxy_port, dns_port);
+        tokio::task::spawn_blocking(install)
             .await
             .map_err(|e| EgressError::Nft(e.to_string()))??;
         let guard = Mutex::new(guard_of(&cfg));
@@ -181,11 +185,27 @@ impl Egress {
     }
 }
 
+/// A socket on `gateway`, any port, before the engine gave an interface that address (it does
+/// with the lane's first sandbox): `IP_FREEBIND`.
+fn bind_gateway(gateway: Ipv4Addr, kind: socket2::Type) -> std::io::Result<socket2::Socket> {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, kind, None)?;
+    socket.set_freebind_v4(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&SocketAddr::from((gateway, 0)).into())?;
+    if kind == socket2::Type::STREAM {
+        socket.listen(1024)?;
+    }
+    Ok(socket)
+}
+
+/// Host-side interfaces of every node's lane start with this.
+pub(crate) const IFNAME_PREFIX: &str = "sm";
+
 /// The nftables table and the interface prefix of the node on `data_dir`: nodes sharing a host
 /// keep theirs apart (an interface name is at most 15 bytes: the prefix, then 8 hex digits).
 pub fn names(data_dir: &std::path::Path) -> (String, String) {
     let hash = blake3_hex(data_dir.as_os_str().as_encoded_bytes());
-    (format!("silkmesh_{}", &hash[..12]), format!("sm{}", &hash[..5]))
+    (format!("silkmesh_{}", &hash[..12]), format!("{IFNAME_PREFIX}{}", &hash[..5]))
 }
 
 fn blake3_hex(bytes: &[u8]) -> String {
@@ -231,12 +251,12 @@ async fn sweep(shared: std::sync::Weak<Shared>) {
         tick.tick().await;
         let Some(s) = shared.upgrade() else { return };
         let (table, prefix) = (s.cfg.table.clone(), s.cfg.prefix.clone());
-        let (proxy, dns) = (s.proxy_port, s.dns_port);
+        let (gateway, proxy, dns) = (s.cfg.lane.gateway(), s.proxy_port, s.dns_port);
         let restored = tokio::task::spawn_blocking(move || {
             if nft::exists(&table) {
                 return Ok(false);
             }
-            nft::install(&table, &prefix, proxy, dns).map(|()| true)
+            nft::install(&table, &prefix, gateway, proxy, dns).map(|()| true)
         })
         .await;
         match restored {

@@ -11,14 +11,22 @@
 //! call.
 
 use std::io::Write;
+use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 
 use crate::EgressError;
 
 /// The table for a lane whose sandbox-facing interfaces start with `prefix`, whose proxy and
-/// resolver listen on `proxy` and `dns`.
-pub fn ruleset(table: &str, prefix: &str, proxy: u16, dns: u16) -> String {
+/// resolver listen on `gateway`, ports `proxy` and `dns`.
+///
+/// Every rule names the lane's interfaces or its gateway address: a node killed with its
+/// sandboxes still running leaves its table (it is what still fences them in), and that table
+/// must not touch the host's other traffic once the two ports are free for anyone to take.
+/// The proxy's and resolver's ports are closed to all but sandboxes (of any node: another
+/// node's sandboxes are steered to its own ports before these rules see them).
+pub fn ruleset(table: &str, prefix: &str, gateway: Ipv4Addr, proxy: u16, dns: u16) -> String {
     let sb = format!("iifname \"{prefix}*\"");
+    let outside = format!("iifname != \"{}*\" ip daddr {gateway}", crate::IFNAME_PREFIX);
     format!(
         "table inet {table}
 delete table inet {table}
@@ -44,8 +52,8 @@ table inet {table} {{
     {sb} ct status dnat tcp dport {proxy} accept
     {sb} ct status dnat udp dport {dns} accept
     {sb} counter name dropped drop
-    tcp dport {proxy} drop
-    udp dport {dns} drop
+    {outside} tcp dport {proxy} drop
+    {outside} udp dport {dns} drop
   }}
   chain forward {{
     type filter hook forward priority filter; policy accept;
@@ -74,8 +82,14 @@ fn nft(script: &str) -> Result<String, EgressError> {
 }
 
 /// Writes the table (replacing an older one of the same name, atomically).
-pub fn install(table: &str, prefix: &str, proxy: u16, dns: u16) -> Result<(), EgressError> {
-    nft(&ruleset(table, prefix, proxy, dns)).map(drop)
+pub fn install(
+    table: &str,
+    prefix: &str,
+    gateway: Ipv4Addr,
+    proxy: u16,
+    dns: u16,
+) -> Result<(), EgressError> {
+    nft(&ruleset(table, prefix, gateway, proxy, dns)).map(drop)
 }
 
 /// Removes the table, if there is one.
@@ -99,11 +113,16 @@ pub fn dropped(table: &str) -> Option<u64> {
 mod tests {
     #[test]
     fn the_ruleset_names_the_prefix_and_ports() {
-        let r = super::ruleset("silkmesh_abc", "smabc", 4001, 4002);
+        let gw = "10.88.0.1".parse().unwrap();
+        let r = super::ruleset("silkmesh_abc", "smabc", gw, 4001, 4002);
         assert!(
             r.contains("iifname \"smabc*\" meta nfproto ipv4 meta l4proto tcp redirect to :4001")
         );
         assert!(r.contains("udp dport 53 redirect to :4002"));
         assert!(r.starts_with("table inet silkmesh_abc\ndelete table inet silkmesh_abc\n"));
+        // Host traffic that merely uses the same port numbers is none of the table's business.
+        for line in r.lines().filter(|l| l.contains("dport 400")) {
+            assert!(line.contains("smabc*") || line.contains("ip daddr 10.88.0.1"), "{line}");
+        }
     }
 }

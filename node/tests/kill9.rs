@@ -84,3 +84,45 @@ fn kill_9_mid_checkpoint_leaves_the_source_and_a_whole_checkpoint_or_none() {
     assert_eq!(status, 201, "{v}");
     assert_eq!(sh(&node, &child(&v), HASH_TREE), before);
 }
+
+/// A node killed with -9 leaves its egress table: it still fences in the sandboxes the node
+/// left running. Its proxy's and resolver's ports are free from then on, and the host's own
+/// programs that get them (any bind to port 0 may; CRIU's self-test does on every run) are
+/// none of that table's business.
+#[test]
+fn a_killed_nodes_firewall_leaves_the_hosts_own_traffic_on_its_ports_alone() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream, UdpSocket};
+    use std::time::Duration;
+
+    let mut node = Sandboxd::start(ONE_WARM);
+    node.kill9();
+    let (table, _) = silk_egress::names(&node.data());
+    let out = std::process::Command::new("nft").args(["list", "table", "inet", &table]).output();
+    let rules = String::from_utf8(out.expect("nft runs").stdout).unwrap();
+    let port = |what: &str| -> u16 {
+        let at = rules.find(what).unwrap_or_else(|| panic!("no {what:?} in {rules}"));
+        let rest = &rules[at..];
+        let digits = rest[rest.find(':').unwrap() + 1..].split(|c: char| !c.is_ascii_digit());
+        digits.into_iter().next().unwrap().parse().unwrap()
+    };
+    let (proxy, dns) = (port("tcp redirect to :"), port("53 redirect to :"));
+
+    let listener = TcpListener::bind(("127.0.0.1", proxy)).expect("the proxy's port is free");
+    let mut client =
+        TcpStream::connect_timeout(&listener.local_addr().unwrap(), Duration::from_secs(3))
+            .expect("a loopback connection to the dead proxy's port is the host's own");
+    client.write_all(b"ping").unwrap();
+    let (mut served, _) = listener.accept().unwrap();
+    let mut got = [0; 4];
+    served.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"ping");
+
+    let server = UdpSocket::bind(("127.0.0.1", dns)).expect("the resolver's port is free");
+    server.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+    let sender = UdpSocket::bind("127.0.0.1:0").unwrap();
+    sender.send_to(b"ping", server.local_addr().unwrap()).unwrap();
+    let (n, _) = server.recv_from(&mut got).expect("a datagram to the dead resolver's port");
+    assert_eq!(&got[..n], b"ping");
+    let _ = silk_egress::nft::remove(&table);
+}
