@@ -12,9 +12,36 @@ use std::os::unix::net::UnixStream;
 
 use crate::AgentAddr;
 
+/// How long a connect waits for room in silkd's accept queue (see [`queue_full`]).
+pub const QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Whether `e` says silkd's accept queue is full: silkd is busy or, more often, throttled by
+/// its sandbox's CPU limit for the rest of a scheduler period (up to 100 ms) while a burst of
+/// connections arrives. A connect then fails at once; the caller waits for room (briefly:
+/// silkd accepts again within the period) rather than answering "agent unavailable".
+pub fn queue_full(e: &std::io::Error) -> bool {
+    e.kind() == std::io::ErrorKind::WouldBlock
+}
+
+/// [`try_connect`], waiting up to [`QUEUE_WAIT`] (this thread sleeps) while silkd's accept
+/// queue is full.
+pub fn connect(addr: &AgentAddr) -> std::io::Result<UnixStream> {
+    let deadline = std::time::Instant::now() + QUEUE_WAIT;
+    let mut pause = std::time::Duration::from_micros(500);
+    loop {
+        match try_connect(addr) {
+            Err(e) if queue_full(&e) && std::time::Instant::now() < deadline => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(std::time::Duration::from_millis(20));
+            }
+            connected => return connected,
+        }
+    }
+}
+
 /// Connects to the silkd at `addr`, non-blocking (an instant answer either way: a unix
 /// socket's connect succeeds or fails without waiting, `WouldBlock` when its backlog is full).
-pub fn connect(addr: &AgentAddr) -> std::io::Result<UnixStream> {
+pub fn try_connect(addr: &AgentAddr) -> std::io::Result<UnixStream> {
     match addr {
         AgentAddr::Unix(path) => {
             let stream = UnixStream::connect(path)?;

@@ -172,3 +172,33 @@ fn a_golden_whose_digest_only_shares_a_prefix_never_passes_for_another() {
     assert!(err.to_string().contains("holds another golden"), "{err}");
     assert_eq!(h.engine.find_golden(&real.digest), Some(real));
 }
+
+/// silkd stopped (here SIGSTOP; in life its CPU limit throttles it for the rest of a scheduler
+/// period) while connections arrive: once its accept queue is full a connect fails at once with
+/// `WouldBlock`, and `agent::connect` waits for room instead of reporting silkd unreachable.
+#[test]
+fn a_full_accept_queue_makes_a_connect_wait_not_fail() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("q-a"), &small()).unwrap();
+    let pid = a.pid.unwrap() as i32;
+    unsafe { libc::kill(pid, libc::SIGSTOP) };
+    let mut queued = vec![];
+    let full = loop {
+        match silk_engine::agent::try_connect(&a.agent) {
+            Ok(s) => queued.push(s),
+            Err(e) => break e,
+        }
+        assert!(queued.len() < 100_000, "the accept queue never filled");
+    };
+    assert!(silk_engine::agent::queue_full(&full), "{full}");
+    let thaw = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        unsafe { libc::kill(pid, libc::SIGCONT) };
+    });
+    drop(queued);
+    silk_engine::agent::connect(&a.agent).expect("a connect waits for room in the queue");
+    thaw.join().unwrap();
+    assert_eq!(ok(&a, "echo served"), "served");
+    h.engine.destroy(&a.id).unwrap();
+}

@@ -291,9 +291,21 @@ pub fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
-/// A connection to the silkd at `agent` (a few syscalls: a unix socket's connect does not wait).
-pub(crate) fn connect_agent(agent: &AgentAddr) -> std::io::Result<UnixStream> {
-    UnixStream::from_std(silk_engine::agent::connect(agent)?)
+/// A connection to the silkd at `agent`: a few syscalls, or a short wait while silkd's accept
+/// queue is full (`silk_engine::agent::queue_full`).
+pub(crate) async fn connect_agent(agent: &AgentAddr) -> std::io::Result<UnixStream> {
+    use silk_engine::agent::{QUEUE_WAIT, queue_full, try_connect};
+    let deadline = std::time::Instant::now() + QUEUE_WAIT;
+    let mut pause = std::time::Duration::from_micros(500);
+    loop {
+        match try_connect(agent) {
+            Err(e) if queue_full(&e) && std::time::Instant::now() < deadline => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(std::time::Duration::from_millis(20));
+            }
+            connected => return UnixStream::from_std(connected?),
+        }
+    }
 }
 
 async fn blocking<T: Send + 'static>(

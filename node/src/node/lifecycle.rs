@@ -447,12 +447,12 @@ impl Node {
     /// client sees a slower call, and processes restart as on any wake.
     pub async fn agent_stream(&self, id: &str) -> Result<(Live, UnixStream), NodeError> {
         let live = self.wake(id).await?;
-        if let Ok(stream) = super::connect_agent(&live.agent) {
+        if let Ok(stream) = super::connect_agent(&live.agent).await {
             return Ok((live, stream));
         }
         let _busy = self.busy(id).await;
         let live = self.wake_locked(self.current(id)?).await?;
-        let refused = match super::connect_agent(&live.agent) {
+        let refused = match super::connect_agent(&live.agent).await {
             Ok(stream) => return Ok((live, stream)), // another call brought it back
             Err(e) => e,
         };
@@ -468,7 +468,7 @@ impl Node {
         self.hibernate_locked(live, Memory::Off).await?;
         let live = self.wake_locked(self.current(id)?).await?;
         self.metrics.restarted.fetch_add(1, Ordering::Relaxed);
-        let stream = super::connect_agent(&live.agent).map_err(|e| {
+        let stream = super::connect_agent(&live.agent).await.map_err(|e| {
             NodeError::new(Code::AgentUnavailable, format!("connect to silkd after a restart: {e}"))
         })?;
         Ok((live, stream))

@@ -122,7 +122,7 @@ pub(super) unsafe fn listen_inside() -> Result<(), String> {
         }
         let len = std::mem::size_of::<libc::sa_family_t>() + 1 + AGENT_NAME.len();
         if libc::bind(fd, (&addr as *const libc::sockaddr_un).cast(), len as libc::socklen_t) != 0
-            || libc::listen(fd, 128) != 0
+            || libc::listen(fd, 1024) != 0
         {
             return Err(os("bind the agent socket"));
         }
