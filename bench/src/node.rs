@@ -253,9 +253,23 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
         // With a baseline, the nodes take turns, the order reversed every iteration.
         let order: Vec<usize> =
             if i % 2 == 0 { (0..arms.len()).collect() } else { (0..arms.len()).rev().collect() };
+        // Every node quiet first: the last claim released (its teardown runs in the
+        // background), every pool refilled, a moment for the teardowns to end.
+        for arm in &mut arms {
+            if let Some(id) = arm.last.take() {
+                arm.http.call("DELETE", &format!("/v1/sandboxes/{id}"), "")?;
+            }
+        }
+        for arm in &mut arms {
+            wait_warm(&mut arm.http, 4)?;
+        }
+        std::thread::sleep(Duration::from_millis(5));
         for a in order {
             let arm = &mut arms[a];
-            wait_warm(&mut arm.http, 4)?;
+            // Threads that slept through the pause wake up on these, not on the timed calls.
+            for _ in 0..3 {
+                arm.http.call("GET", "/healthz", "")?;
+            }
             let t = Instant::now();
             arm.http.call("GET", "/healthz", "")?;
             arm.floor.push(t.elapsed());
@@ -266,9 +280,7 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
             let body = json(&body);
             anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
             arm.claim.push(d);
-            if let Some(id) = arm.last.replace(body["id"].as_str().context("id")?.to_string()) {
-                arm.http.call("DELETE", &format!("/v1/sandboxes/{id}"), "")?;
-            }
+            arm.last = Some(body["id"].as_str().context("id")?.to_string());
         }
     }
     let mut rows = vec![];
