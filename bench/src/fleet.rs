@@ -164,6 +164,58 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
         ],
     );
 
+    // Time to first command: claim → `true` answered, a warm pool, an idle gap before each (as
+    // a user's agent starts a task). Floor: `true` on a sandbox whose relay connection is open,
+    // and one HTTP round trip.
+    let (mut first, mut exec_floor, mut rtt) =
+        (Samples::default(), Samples::default(), Samples::default());
+    let kept = client.claim("host").send().await?;
+    kept.run(["true"]).await?;
+    for _ in 0..args.claims {
+        wait_warm(&client, args.warm).await?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        rtt.push(http_floor(&mut http)?);
+        let t = Instant::now();
+        kept.run(["true"]).await?;
+        exec_floor.push(t.elapsed());
+        let t = Instant::now();
+        let sb = client.claim("host").send().await?;
+        anyhow::ensure!(sb.tier() == Tier::Warm, "expected a warm hit");
+        sb.run(["true"]).await?;
+        first.push(t.elapsed());
+        sb.release().await?;
+    }
+    kept.release().await?;
+    let floor = rtt.pct(0.5) + exec_floor.pct(0.5);
+    let ratio = |s: &Samples| format!("{:.2}", s.pct(0.5).as_secs_f64() / floor.as_secs_f64());
+    table(
+        "time to first command: SDK claim → `run([\"true\"])` answered, warm pool, 50 ms idle before each",
+        &["arm", "p50", "p90", "max", "p50 ratio to RTT + exec"],
+        &[
+            vec![
+                "HTTP round trip".into(),
+                us(rtt.pct(0.5)),
+                us(rtt.pct(0.9)),
+                us(rtt.pct(1.0)),
+                "".into(),
+            ],
+            vec![
+                "`run([\"true\"])` on an open sandbox (exec floor)".into(),
+                us(exec_floor.pct(0.5)),
+                us(exec_floor.pct(0.9)),
+                us(exec_floor.pct(1.0)),
+                "".into(),
+            ],
+            vec![
+                "claim → first `run([\"true\"])` answered".into(),
+                us(first.pct(0.5)),
+                us(first.pct(0.9)),
+                us(first.pct(1.0)),
+                ratio(&first),
+            ],
+        ],
+    );
+
     // Burst of concurrent clones.
     let t = Instant::now();
     let claims = (0..args.burst).map(|_| {

