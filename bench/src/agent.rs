@@ -180,7 +180,7 @@ async fn sections(
     );
 
     // Writing the same bytes, beside `cat file > dest` on the same filesystem.
-    let content = std::fs::read(&file)?;
+    let content = bytes::Bytes::from(std::fs::read(&file)?);
     let dest = work.join("written.bin");
     let (mut cp_best, mut write_best) = (Duration::MAX, Duration::MAX);
     for _ in 0..3 {
@@ -297,12 +297,16 @@ fn make_tree(root: &Path, n: usize) -> anyhow::Result<u64> {
 async fn write_all(
     c: &mut Connection<UnixStream>,
     path: &Path,
-    content: &[u8],
+    content: &bytes::Bytes,
 ) -> anyhow::Result<()> {
     let path = path.to_str().context("utf-8 path")?.to_string();
     c.queue(&Frame::Write(silk_proto::WriteRequest { path, mode: None, parents: false }))?;
-    for chunk in content.chunks(silk_proto::DATA_CHUNK) {
-        c.send(&Frame::Data(bytes::Bytes::copy_from_slice(chunk))).await?;
+    // Slices of the caller's buffer, as the SDK sends them: no copy before the socket's.
+    let mut at = 0;
+    while at < content.len() {
+        let end = (at + silk_proto::DATA_CHUNK).min(content.len());
+        c.send(&Frame::Data(content.slice(at..end))).await?;
+        at = end;
     }
     c.send(&Frame::Eof).await?;
     anyhow::ensure!(until_terminal(c).await? == Frame::Done, "write failed");

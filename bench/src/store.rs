@@ -130,6 +130,9 @@ async fn sections(args: &StoreArgs, work: &Path) -> anyhow::Result<()> {
         let keys: Vec<_> = all.into_iter().map(|o| o.key).collect();
         store.delete(&keys).await?;
     }
+    if !args.no_s3 {
+        rows.push(bare_s3_row(&src, work).await?);
+    }
     rows.push(cp_row(&src, work, size, "after")?);
     let p = ChunkParams::default();
     table(
@@ -209,6 +212,88 @@ fn chunking(args: &StoreArgs) -> anyhow::Result<()> {
         &rows,
     );
     Ok(())
+}
+
+/// The floor for the S3 arm: the same bytes cut at the same chunk boundaries, put as one object
+/// each and got back into a file in order, through a bare aws-sdk-s3 client (the store's
+/// transport settings) with the store's concurrency, against the same server.
+async fn bare_s3_row(src: &Path, work: &Path) -> anyhow::Result<Vec<String>> {
+    use aws_sdk_s3::primitives::ByteStream;
+    use futures_util::{StreamExt, TryStreamExt};
+    use tokio::io::AsyncWriteExt;
+
+    let var = |v: &str| std::env::var(v).with_context(|| format!("{v} is not set"));
+    let (bucket, endpoint, region) =
+        (var("SILK_S3_BUCKET")?, var("SILK_S3_ENDPOINT")?, var("SILK_S3_REGION")?);
+    let http = aws_smithy_http_client::Builder::new()
+        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
+            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
+        ))
+        .build_https();
+    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_sdk_s3::config::Region::new(region))
+        .http_client(http)
+        .load()
+        .await;
+    let conf = aws_sdk_s3::config::Builder::from(&shared)
+        .force_path_style(true)
+        .endpoint_url(endpoint)
+        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
+        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired);
+    let client = aws_sdk_s3::Client::from_conf(conf.build());
+    let concurrency = SnapshotConfig::default().upload_concurrency;
+
+    let data = bytes::Bytes::from(std::fs::read(src)?);
+    let chunker = Chunker::new(ChunkParams::default())?;
+    let mut chunks = vec![];
+    let mut at = 0;
+    for n in chunker.lengths(&data) {
+        chunks.push(data.slice(at..at + n));
+        at += n;
+    }
+    let prefix = format!("bench-bare-{}/", std::process::id());
+    let key = |i: usize| format!("{prefix}{i:08}");
+
+    let t = Instant::now();
+    futures_util::stream::iter(chunks.iter().enumerate())
+        .map(|(i, chunk)| {
+            let put = client.put_object().bucket(&bucket).key(key(i));
+            put.body(ByteStream::from(chunk.clone())).send()
+        })
+        .buffer_unordered(concurrency)
+        .try_collect::<Vec<_>>()
+        .await?;
+    let put = t.elapsed();
+
+    let out_path = work.join("out-bare");
+    let t = Instant::now();
+    let mut out = tokio::fs::File::create(&out_path).await?;
+    let mut gets = futures_util::stream::iter(0..chunks.len())
+        .map(|i| {
+            let get = client.get_object().bucket(&bucket).key(key(i)).send();
+            async move { anyhow::Ok(get.await?.body.collect().await?.into_bytes()) }
+        })
+        .buffered(concurrency);
+    while let Some(bytes) = gets.next().await {
+        out.write_all(&bytes?).await?;
+    }
+    out.flush().await?;
+    drop(out);
+    let get = t.elapsed();
+    std::fs::remove_file(&out_path)?;
+    for i in 0..chunks.len() {
+        client.delete_object().bucket(&bucket).key(key(i)).send().await?;
+    }
+    let size = data.len() as u64;
+    Ok(vec![
+        format!(
+            "bare aws-sdk-s3, the same {} chunks, {concurrency} at a time (floor for s3)",
+            chunks.len()
+        ),
+        mib_s(size, put),
+        mib_s(size, get),
+        format!("{:.2} s / {:.2} s", put.as_secs_f64(), get.as_secs_f64()),
+    ])
 }
 
 async fn s3_store() -> anyhow::Result<S3Store> {

@@ -430,8 +430,7 @@ impl Writer {
         }
         let appended = match batches {
             [one] => self.append(&one.frame),
-            _ => self
-                .append(&batches.iter().flat_map(|b| b.frame.iter().copied()).collect::<Vec<u8>>()),
+            _ => self.append(&batches.iter().map(|b| &b.frame[..]).collect::<Vec<_>>().concat()),
         };
         if let Err(e) = appended {
             // The log may now end in part of these batches, which the next open trims; writing
