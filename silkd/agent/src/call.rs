@@ -80,28 +80,7 @@ impl Agent {
     }
 }
 
-/// Why a call did not end with a success terminal frame.
-#[derive(Debug)]
-pub enum Fail {
-    /// Answer with this error; the connection stays usable.
-    Call(WireError),
-    /// The connection is unusable.
-    Conn(ProtoError),
-}
-
-impl From<WireError> for Fail {
-    fn from(e: WireError) -> Self {
-        Fail::Call(e)
-    }
-}
-
-impl From<ProtoError> for Fail {
-    fn from(e: ProtoError) -> Self {
-        Fail::Conn(e)
-    }
-}
-
-pub type CallResult = Result<(), Fail>;
+pub use crate::fail::{CallResult, Fail};
 
 /// What a streaming call answers to a frame it has no use for: another request (the call is
 /// abandoned with `BadRequest`, `what` saying what happened), the client closing the connection,

@@ -12,6 +12,7 @@
 //! helpers (`files`' path checks, `process`'s `KillOnDrop`), and those modules import no verb.
 
 mod call;
+mod fail;
 mod files;
 mod forward;
 mod git;

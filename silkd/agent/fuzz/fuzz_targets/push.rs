@@ -26,31 +26,10 @@ mod files;
 #[path = "../../src/users.rs"]
 mod users;
 
-/// The agent's `call::Fail` and `CallResult`, as they are there.
+/// The agent's `call::Fail` and `CallResult` (their own file there).
 #[allow(dead_code)]
-mod call {
-    use silk_proto::{ProtoError, WireError};
-
-    #[derive(Debug)]
-    pub enum Fail {
-        Call(WireError),
-        Conn(ProtoError),
-    }
-
-    impl From<WireError> for Fail {
-        fn from(e: WireError) -> Self {
-            Fail::Call(e)
-        }
-    }
-
-    impl From<ProtoError> for Fail {
-        fn from(e: ProtoError) -> Self {
-            Fail::Conn(e)
-        }
-    }
-
-    pub type CallResult = Result<(), Fail>;
-}
+#[path = "../../src/fail.rs"]
+mod call;
 
 static RT: LazyLock<tokio::runtime::Runtime> =
     LazyLock::new(|| tokio::runtime::Builder::new_current_thread().build().unwrap());
