@@ -215,32 +215,15 @@ fn chunking(args: &StoreArgs) -> anyhow::Result<()> {
 }
 
 /// The floor for the S3 arm: the same bytes cut at the same chunk boundaries, put as one object
-/// each and got back into a file in order, through a bare aws-sdk-s3 client (the store's
-/// transport settings) with the store's concurrency, against the same server.
+/// each and got back into a file in order, through the store's own aws-sdk-s3 client called
+/// directly, with the store's concurrency, against the same server.
 async fn bare_s3_row(src: &Path, work: &Path) -> anyhow::Result<Vec<String>> {
-    use aws_sdk_s3::primitives::ByteStream;
     use futures_util::{StreamExt, TryStreamExt};
     use tokio::io::AsyncWriteExt;
 
-    let var = |v: &str| std::env::var(v).with_context(|| format!("{v} is not set"));
-    let (bucket, endpoint, region) =
-        (var("SILK_S3_BUCKET")?, var("SILK_S3_ENDPOINT")?, var("SILK_S3_REGION")?);
-    let http = aws_smithy_http_client::Builder::new()
-        .tls_provider(aws_smithy_http_client::tls::Provider::Rustls(
-            aws_smithy_http_client::tls::rustls_provider::CryptoMode::Ring,
-        ))
-        .build_https();
-    let shared = aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_sdk_s3::config::Region::new(region))
-        .http_client(http)
-        .load()
-        .await;
-    let conf = aws_sdk_s3::config::Builder::from(&shared)
-        .force_path_style(true)
-        .endpoint_url(endpoint)
-        .request_checksum_calculation(aws_sdk_s3::config::RequestChecksumCalculation::WhenRequired)
-        .response_checksum_validation(aws_sdk_s3::config::ResponseChecksumValidation::WhenRequired);
-    let client = aws_sdk_s3::Client::from_conf(conf.build());
+    let store = s3_store().await?;
+    let client = store.client();
+    let bucket = std::env::var("SILK_S3_BUCKET")?;
     let concurrency = SnapshotConfig::default().upload_concurrency;
 
     let data = bytes::Bytes::from(std::fs::read(src)?);
@@ -258,7 +241,7 @@ async fn bare_s3_row(src: &Path, work: &Path) -> anyhow::Result<Vec<String>> {
     futures_util::stream::iter(chunks.iter().enumerate())
         .map(|(i, chunk)| {
             let put = client.put_object().bucket(&bucket).key(key(i));
-            put.body(ByteStream::from(chunk.clone())).send()
+            put.body(chunk.clone().into()).send()
         })
         .buffer_unordered(concurrency)
         .try_collect::<Vec<_>>()

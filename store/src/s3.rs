@@ -215,6 +215,12 @@ impl S3Store {
         })
     }
 
+    /// The SDK client this store sends through, with its transport, retry and checksum
+    /// settings: for measuring the store against the bare SDK on the same terms.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
     fn full(&self, key: &Key) -> String {
         format!("{}{}", self.prefix, key)
     }
