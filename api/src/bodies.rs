@@ -165,6 +165,22 @@ pub struct PromoteRequest {
     pub template: String,
 }
 
+/// `POST /v1/templates`: a template from a registry image, on every node of the fleet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RegisterTemplate {
+    /// A tenant's name is kept as `<tenant>/<name>`.
+    #[cfg_attr(feature = "schema", schema(pattern = "^[a-z0-9_-]{1,64}$"))]
+    pub name: String,
+    /// An image reference: `python:3.12`, `ghcr.io/org/base:v4`, `host:port/repo@sha256:…`.
+    #[cfg_attr(feature = "schema", schema(min_length = 1, max_length = 512))]
+    pub image: String,
+    /// Run once in a fresh sandbox before its golden is frozen.
+    #[serde(default)]
+    pub warmup: Vec<String>,
+}
+
 /// `POST /v1/sandboxes/{id}/move`; the body may be left out.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "schema", derive(ToSchema))]
@@ -380,6 +396,20 @@ pub enum TemplateKind {
     Builtin,
     Configured,
     Promoted,
+    /// Registered at run time (`POST /v1/templates`), kept in the store for the whole fleet.
+    Registered,
+}
+
+/// Where a registry image stands on the node that answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(ToSchema))]
+#[serde(rename_all = "lowercase")]
+pub enum PullStatus {
+    /// Not pulled here yet (a claim or a pool pulls it).
+    Pending,
+    Pulling,
+    Ready,
+    Failed,
 }
 
 /// A template as `GET /v1/templates` lists it (and promote answers).
@@ -396,6 +426,23 @@ pub struct Template {
     pub source: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub created_ms: Option<u64>,
+    /// Templates from a registry image: the reference as given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// ... the image manifest digest the reference is pinned to (until a refresh).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_digest: Option<String>,
+    /// ... and the pull on the node that answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<PullStatus>,
+    /// Compressed bytes fetched, of `bytes_total` (`pulling`, `ready`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_done: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_total: Option<u64>,
+    /// Why the pull failed (`failed`): the code a claim of it answers with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<ErrorDetail>,
 }
 
 /// `GET /v1/templates`.

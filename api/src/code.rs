@@ -59,6 +59,25 @@ pub enum Code {
     StoreCorrupt,
     StoreRefused,
     StoreFailed,
+    /// Templates pulled from registries: the image, or a tag's platform image, does not exist.
+    ImageNotFound,
+    /// The image exists, but not for linux/amd64.
+    ImagePlatform,
+    /// The registry refused the node's credentials (or asked for some it has none of).
+    RegistryDenied,
+    /// The registry cannot be reached, or failed (5xx).
+    RegistryUnavailable,
+    /// A blob's bytes did not match its digest (a corrupt registry or store copy); nothing was
+    /// used.
+    ImageDigestMismatch,
+    /// The image's layers are over the node's cap, compressed or unpacked.
+    ImageTooLarge,
+    /// A layer writes outside the image's root (`..`): refused, nothing used.
+    ImageUnsafe,
+    /// A manifest or layer this node cannot use (a media type, a malformed document).
+    ImageUnsupported,
+    /// A registered template is still being pulled on this node.
+    TemplatePulling,
     Internal,
 }
 
@@ -101,6 +120,15 @@ impl Code {
             StoreCorrupt => "store_corrupt",
             StoreRefused => "store_refused",
             StoreFailed => "store_failed",
+            ImageNotFound => "image_not_found",
+            ImagePlatform => "image_platform",
+            RegistryDenied => "registry_denied",
+            RegistryUnavailable => "registry_unavailable",
+            ImageDigestMismatch => "image_digest_mismatch",
+            ImageTooLarge => "image_too_large",
+            ImageUnsafe => "image_unsafe",
+            ImageUnsupported => "image_unsupported",
+            TemplatePulling => "template_pulling",
             Internal => "internal",
         }
     }
@@ -161,6 +189,15 @@ mod tests {
             StoreCorrupt,
             StoreRefused,
             StoreFailed,
+            ImageNotFound,
+            ImagePlatform,
+            RegistryDenied,
+            RegistryUnavailable,
+            ImageDigestMismatch,
+            ImageTooLarge,
+            ImageUnsafe,
+            ImageUnsupported,
+            TemplatePulling,
             Internal,
         ] {
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());

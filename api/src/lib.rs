@@ -36,6 +36,7 @@ pub fn schemas() -> serde_json::Value {
         PreviewRequest,
         Preview,
         PromoteRequest,
+        RegisterTemplate,
         MoveRequest,
         PoolConfig,
         Pools,
@@ -48,6 +49,7 @@ pub fn schemas() -> serde_json::Value {
         CheckpointList,
         Template,
         TemplateKind,
+        PullStatus,
         TemplateList,
         NodeInfo,
         PoolStatus,
@@ -219,4 +221,4 @@ macro_rules! display_as_wire_name {
     )*};
 }
 
-display_as_wire_name!(Size, Lane, Tier, OnExpire, SandboxState, TemplateKind);
+display_as_wire_name!(Size, Lane, Tier, OnExpire, SandboxState, TemplateKind, PullStatus);

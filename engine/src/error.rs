@@ -8,6 +8,15 @@ pub enum EngineError {
     /// The template's content is unusable (corrupt archive, a path escaping the root, ...).
     #[error("bad template: {0}")]
     BadTemplate(String),
+    /// A layer entry that would land outside the root (`..`): hostile content, refused.
+    #[error("unsafe layer: {0}")]
+    Unsafe(String),
+    /// An image that unpacks to more than the node allows (a decompression bomb, or just big).
+    #[error("too large: {0}")]
+    TooLarge(String),
+    /// The data directory's filesystem reached the free space the node keeps.
+    #[error("disk reserve reached: {0}")]
+    DiskFull(String),
     #[error("warmup failed: {0}")]
     WarmupFailed(String),
     #[error("sandbox {0} not found")]

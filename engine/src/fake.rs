@@ -199,6 +199,7 @@ impl Engine for FakeEngine {
                 )));
             }
             TemplateSource::Image(image) => image.clone(),
+            TemplateSource::Pulled(image) => PathBuf::from(&image.digest),
         };
         let mut hasher = blake3::Hasher::new();
         hasher.update(b"fake-template");

@@ -23,7 +23,7 @@ mod template;
 mod types;
 
 pub use error::EngineError;
-pub use template::{TemplateDef, TemplateSource};
+pub use template::{PulledImage, TemplateDef, TemplateSource};
 pub use types::*;
 
 use std::path::Path;

@@ -1,5 +1,6 @@
-//! Image import: a `docker save` tarball or a tar of an OCI image layout, flattened into one root
-//! directory, with the image's config (env, working directory, user) kept.
+//! Image import: a `docker save` tarball, a tar of an OCI image layout, or an image pulled from a
+//! registry, flattened into one root directory, with the image's config (env, working
+//! directory, user) kept.
 //!
 //! The outer archive is unpacked into a scratch directory (the tar crate refuses entries that
 //! escape it); the manifest names the config and the layers, which are applied in order with
@@ -11,6 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::layer::{self, Whiteouts};
+use crate::template::PulledImage;
 use crate::{EngineError, Result};
 
 /// The parts of an image config a sandbox keeps.
@@ -43,6 +45,99 @@ pub fn import(archive: &Path, root: &Path) -> Result<ImageConfig> {
     })();
     let _ = std::fs::remove_dir_all(&scratch);
     result
+}
+
+/// Unpacks a pulled image's layers into `root`, bottom first, stopping (`TooLarge`, `DiskFull`)
+/// as soon as they unpack to more than the image may, or the disk reaches its reserve.
+pub fn import_pulled(image: &PulledImage, root: &Path) -> Result<ImageConfig> {
+    std::fs::create_dir_all(root).map_err(EngineError::io("mkdir rootfs"))?;
+    let budget = Budget::new(image, root);
+    for path in &image.layers {
+        let file = std::fs::File::open(path)
+            .map_err(EngineError::io(format!("open layer {}", path.display())))?;
+        let counted = Counted { input: layer::decompress(file)?, budget: &budget };
+        if let Err(e) = layer::apply(counted, root, Whiteouts::Delete, layer::Ids::HOST) {
+            // The tar reader reports the budget's refusal as a read error: say what it was.
+            return Err(budget.exceeded.take().unwrap_or(e));
+        }
+    }
+    let config: Value =
+        serde_json::from_slice(&image.config).map_err(|e| bad(format!("image config: {e}")))?;
+    Ok(config_of(&config))
+}
+
+/// Bytes an unpacking image may still write, and the free space it must leave.
+struct Budget {
+    left: std::cell::Cell<u64>,
+    max: u64,
+    min_free: u64,
+    root: PathBuf,
+    since_check: std::cell::Cell<u64>,
+    exceeded: std::cell::Cell<Option<EngineError>>,
+}
+
+/// How often the unpacking checks the disk reserve.
+const RESERVE_CHECK_EVERY: u64 = 16 << 20;
+
+impl Budget {
+    fn new(image: &PulledImage, root: &Path) -> Budget {
+        Budget {
+            left: image.max_bytes.into(),
+            max: image.max_bytes,
+            min_free: image.min_free_bytes,
+            root: root.to_path_buf(),
+            since_check: 0.into(),
+            exceeded: None.into(),
+        }
+    }
+
+    fn spend(&self, n: u64) -> std::io::Result<()> {
+        let refuse = |e: EngineError| {
+            let msg = e.to_string();
+            self.exceeded.set(Some(e));
+            Err(std::io::Error::other(msg))
+        };
+        match self.left.get().checked_sub(n) {
+            Some(left) => self.left.set(left),
+            None => {
+                let max = self.max;
+                return refuse(EngineError::TooLarge(format!(
+                    "the image unpacks to over {max} bytes"
+                )));
+            }
+        }
+        self.since_check.set(self.since_check.get() + n);
+        if self.since_check.get() >= RESERVE_CHECK_EVERY {
+            self.since_check.set(0);
+            let free = free_bytes(&self.root).unwrap_or(u64::MAX);
+            if free < self.min_free {
+                let (free, min) = (free >> 20, self.min_free >> 20);
+                return refuse(EngineError::DiskFull(format!("{free} MiB free, {min} MiB kept")));
+            }
+        }
+        Ok(())
+    }
+}
+
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a valid C string and a zeroed out-parameter of the right type.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    (unsafe { libc::statvfs(c.as_ptr(), &mut st) } == 0).then(|| st.f_bavail * st.f_frsize)
+}
+
+struct Counted<'a, R> {
+    input: R,
+    budget: &'a Budget,
+}
+
+impl<R: std::io::Read> std::io::Read for Counted<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.budget.spend(n as u64)?;
+        Ok(n)
+    }
 }
 
 fn read_json(path: &Path) -> Result<Value> {
@@ -96,7 +191,10 @@ fn manifest(scratch: &Path) -> Result<(PathBuf, Vec<PathBuf>)> {
 }
 
 fn image_config(path: &Path) -> Result<ImageConfig> {
-    let c = read_json(path)?;
+    Ok(config_of(&read_json(path)?))
+}
+
+fn config_of(c: &Value) -> ImageConfig {
     let c = &c["config"];
     let env = c["Env"]
         .as_array()
@@ -109,5 +207,5 @@ fn image_config(path: &Path) -> Result<ImageConfig> {
         })
         .unwrap_or_default();
     let text = |key: &str| c[key].as_str().filter(|s| !s.is_empty()).map(str::to_string);
-    Ok(ImageConfig { env, cwd: text("WorkingDir"), user: text("User") })
+    ImageConfig { env, cwd: text("WorkingDir"), user: text("User") }
 }

@@ -28,6 +28,23 @@ pub enum TemplateSource {
     Dir(PathBuf),
     /// A `docker save` tarball or a tar of an OCI image layout.
     Image(PathBuf),
+    /// An image pulled from a registry, its blobs in the node's layer cache.
+    Pulled(PulledImage),
+}
+
+/// A registry image as the node pulled it: digests checked, nothing unpacked yet.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PulledImage {
+    /// The image manifest's digest (`sha256:…`): the template's identity.
+    pub digest: String,
+    /// The image config (JSON).
+    pub config: Vec<u8>,
+    /// Layer blobs, bottom first (plain, gzip or zstd tars).
+    pub layers: Vec<PathBuf>,
+    /// The most bytes the layers may unpack to.
+    pub max_bytes: u64,
+    /// Free space the data directory's filesystem keeps while they unpack.
+    pub min_free_bytes: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,6 +65,7 @@ pub(crate) fn resolve(def: &TemplateDef, dir: &Path) -> Result<Template> {
         TemplateSource::Host => host(def, dir),
         TemplateSource::Dir(root) => directory(def, root),
         TemplateSource::Image(archive) => image(def, archive, dir),
+        TemplateSource::Pulled(pulled) => self::pulled(def, pulled, dir),
     }
 }
 
@@ -212,6 +230,7 @@ fn image(def: &TemplateDef, archive: &Path, dir: &Path) -> Result<Template> {
     if !config_path.is_file() {
         build_atomically(&home, |staging| {
             let config = oci::import(archive, &staging.join("root"))?;
+            add_mount_points(&staging.join("root"))?;
             add_default_user(&staging.join("root"))?;
             let json = serde_json::to_vec_pretty(&config)
                 .map_err(|e| EngineError::BadTemplate(e.to_string()))?;
@@ -232,6 +251,54 @@ fn image(def: &TemplateDef, archive: &Path, dir: &Path) -> Result<Template> {
         cwd: config.cwd,
         user: config.user,
     })
+}
+
+fn pulled(def: &TemplateDef, image: &PulledImage, dir: &Path) -> Result<Template> {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(FORMAT.as_bytes()).update(b"pulled").update(image.digest.as_bytes());
+    let digest = Digest::of(&hasher);
+    let home = dir.join(format!("pulled-{}", digest.short()));
+    let config_path = home.join("config.json");
+    if !config_path.is_file() {
+        build_atomically(&home, |staging| {
+            let root = staging.join("root");
+            let config = oci::import_pulled(image, &root)?;
+            add_mount_points(&root)?;
+            add_default_user(&root)?;
+            let json = serde_json::to_vec_pretty(&config)
+                .map_err(|e| EngineError::BadTemplate(e.to_string()))?;
+            std::fs::write(staging.join("config.json"), json)
+                .map_err(EngineError::io("write config"))
+        })?;
+    }
+    let config: oci::ImageConfig = serde_json::from_slice(
+        &std::fs::read(&config_path).map_err(EngineError::io("read image config"))?,
+    )
+    .map_err(|e| EngineError::BadTemplate(format!("image config: {e}")))?;
+    Ok(Template {
+        name: def.name.clone(),
+        digest,
+        root: home.join("root"),
+        binds: vec![],
+        env: config.env,
+        cwd: config.cwd,
+        user: config.user,
+    })
+}
+
+/// Gives an imported image the directories a jail mounts its own filesystems on, when it lacks
+/// them (an image built `FROM scratch` often has no `/proc` or `/run`), as container runtimes
+/// do. Whatever the image has there instead (a file, a link) is left as it is.
+fn add_mount_points(root: &Path) -> Result<()> {
+    for (name, mode) in [("dev", 0o755), ("proc", 0o555), ("tmp", 0o1777), ("run", 0o755)] {
+        let path = root.join(name);
+        if std::fs::symlink_metadata(&path).is_err() {
+            std::fs::create_dir(&path).map_err(EngineError::io(format!("mkdir /{name}")))?;
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                .map_err(EngineError::io(format!("chmod /{name}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// The account E2B's SDKs run commands as, which every template the node materialises has.

@@ -167,7 +167,7 @@ fn a_layer_escaping_its_root_is_refused() {
     let archive = h.data.path().join("evil.tar");
     std::fs::write(&archive, b.into_inner().unwrap()).unwrap();
     let def = TemplateDef { name: "evil".into(), source: TemplateSource::Image(archive) };
-    assert!(matches!(h.engine.template(&def), Err(EngineError::BadTemplate(_))));
+    assert!(matches!(h.engine.template(&def), Err(EngineError::Unsafe(_))));
     assert!(!h.data.path().join("escaped").exists() && !Path::new("/tmp/escaped").exists());
 }
 

@@ -56,6 +56,19 @@ pub struct Config {
     pub exec_output_cap: usize,
     /// Templates besides the built-in `host`.
     pub templates: BTreeMap<String, TemplateConfig>,
+    /// Registries images are pulled from, by host (`[registries."HOST:PORT"]`): plain HTTP, a
+    /// CA, credentials (docs/templates.md).
+    pub registries: BTreeMap<String, silk_registry::RegistrySettings>,
+    /// Pull only from the registries listed under `[registries]`.
+    pub only_listed_registries: bool,
+    /// A docker `config.json` holding registry credentials (default: `$REGISTRY_AUTH_FILE`,
+    /// `$DOCKER_CONFIG/config.json`, `~/.docker/config.json`).
+    pub registry_auth_file: Option<PathBuf>,
+    /// The layer cache's bound (MiB): least recently used layers go beyond it.
+    pub layer_cache_mib: u64,
+    /// The most one image may be: its compressed layers, and what they unpack to (MiB).
+    pub max_image_mib: u64,
+    pub max_image_unpacked_mib: u64,
     /// Warm pools.
     pub pools: Vec<PoolConfig>,
     /// Where checkpoints and archives go (and, across nodes, goldens).
@@ -278,6 +291,10 @@ pub struct TemplateConfig {
     pub dir: Option<PathBuf>,
     /// A `docker save` tarball or a tar of an OCI image layout.
     pub image: Option<PathBuf>,
+    /// An image reference pulled from its registry (`python:3.12`, `ghcr.io/org/x@sha256:…`);
+    /// a tag is resolved once and pinned until `POST /v1/templates/{name}/refresh`.
+    #[serde(rename = "ref")]
+    pub reference: Option<String>,
     /// Run once before the golden is frozen.
     #[serde(default)]
     pub warmup: Vec<String>,
@@ -285,7 +302,7 @@ pub struct TemplateConfig {
     pub warmup_timeout_seconds: u64,
 }
 
-fn default_warmup_timeout() -> u64 {
+pub(crate) fn default_warmup_timeout() -> u64 {
     120
 }
 
@@ -314,6 +331,12 @@ impl Default for Config {
             background_concurrency: 2,
             exec_output_cap: 1 << 20,
             templates: BTreeMap::new(),
+            registries: BTreeMap::new(),
+            registry_auth_file: None,
+            only_listed_registries: false,
+            layer_cache_mib: 10 << 10,
+            max_image_mib: 8 << 10,
+            max_image_unpacked_mib: 24 << 10,
             pools: vec![PoolConfig {
                 template: "host".into(),
                 size: Size::Small,
@@ -413,11 +436,16 @@ impl Config {
         for (name, t) in &self.templates {
             if name == "host" {
                 // The built-in template: its files are the host's, only its warmup is set here.
-                if t.dir.is_some() || t.image.is_some() {
+                if t.dir.is_some() || t.image.is_some() || t.reference.is_some() {
                     return bad("template host is built in: give it only a warmup".into());
                 }
-            } else if t.dir.is_some() == t.image.is_some() {
-                return bad(format!("template {name}: set exactly one of dir and image"));
+            } else if [t.dir.is_some(), t.image.is_some(), t.reference.is_some()]
+                .iter()
+                .filter(|set| **set)
+                .count()
+                != 1
+            {
+                return bad(format!("template {name}: set exactly one of dir, image and ref"));
             }
         }
         if let Some(m) = &self.mesh {

@@ -50,7 +50,9 @@ impl From<EngineError> for NodeError {
         use EngineError::*;
         let code = match &e {
             TemplateNotFound(_) => Code::TemplateNotFound,
-            BadTemplate(_) => Code::BadTemplate,
+            BadTemplate(_) | Unsafe(_) => Code::BadTemplate,
+            TooLarge(_) => Code::ImageTooLarge,
+            DiskFull(_) => Code::InsufficientStorage,
             WarmupFailed(_) => Code::WarmupFailed,
             NotFound(_) => Code::NotFound,
             Exists(_) => Code::Conflict,

@@ -19,6 +19,7 @@ pub mod e2b;
 pub mod egress;
 pub mod error;
 pub mod fleet;
+pub mod images;
 pub mod journal;
 pub mod listen;
 pub mod metrics;

@@ -164,6 +164,9 @@ fn config(args: &Args) -> anyhow::Result<Config> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // One TLS provider for the process (ring, as quinn uses): the registry client's HTTPS
+    // takes the process default.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let mut args = Args::parse();
     let command = args.command.take();
     match command {

@@ -45,6 +45,7 @@ mod lifecycle;
 mod pools;
 pub(crate) mod previews;
 mod reaper;
+mod registered;
 mod report;
 mod restart;
 mod slots;
@@ -89,6 +90,8 @@ pub struct Node {
     preview_key: tokio::sync::OnceCell<[u8; 32]>,
     /// Every tenant of the fleet, as the shared store says.
     pub tenants: crate::tenants::Tenants,
+    /// Registry images: registered templates, pins, pulls and the layer cache.
+    pub images: crate::images::Images,
     /// Calls that changed something (written by the HTTP layer).
     pub audit: crate::audit::Audit,
     /// Sandbox-seconds per tenant, size and lane.
@@ -332,6 +335,7 @@ impl Node {
         let store = lifecycle::open_store(&cfg).await?;
         let tenants =
             crate::tenants::Tenants::open(store.object_store().clone(), &cfg.data_dir).await;
+        let images = crate::images::Images::open(&cfg, store.object_store().clone()).await?;
         let pools = load_pools(&cfg)?;
         let audit = crate::audit::Audit::open(
             &cfg.data_dir.join("audit"),
@@ -357,6 +361,7 @@ impl Node {
             egress: std::sync::OnceLock::new(),
             preview_key: tokio::sync::OnceCell::new(),
             tenants,
+            images,
             audit,
             usage,
             #[cfg(feature = "crash-points")]

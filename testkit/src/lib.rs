@@ -13,7 +13,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 pub mod fault;
+pub mod images;
 pub mod netns;
+pub mod registry;
 
 /// The static silkd the suite builds (`SILKD_STATIC`; scripts/test sets it).
 pub fn static_silkd() -> PathBuf {
@@ -96,6 +98,11 @@ impl Work {
     }
 }
 
+/// Test nodes pull images only from the registries a test lists (on loopback): a template or
+/// a fuzzed request naming any other (`python:3.12` is Docker Hub's) is refused before a
+/// connection is made, so no test sends traffic off this host.
+const REGISTRIES: &str = "only_listed_registries = true\n";
+
 impl Node {
     /// Starts a node in a temporary directory of its own.
     pub fn start(launch: Launch) -> std::io::Result<Node> {
@@ -111,7 +118,7 @@ impl Node {
         let config = work.path().join("sandboxd.toml");
         let launcher = sibling("silk-jail");
         let toml = format!(
-            "listen = \"{}\"\ndata_dir = \"{}\"\napi_token = \"{}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n{}\n",
+            "listen = \"{}\"\ndata_dir = \"{}\"\napi_token = \"{}\"\nsilkd = \"{}\"\nlauncher = \"{}\"\n{REGISTRIES}{}\n",
             launch.listen,
             work.path().join("data").display(),
             launch.root_token,

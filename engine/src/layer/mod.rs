@@ -76,16 +76,11 @@ fn bad(msg: impl Into<String>) -> EngineError {
     EngineError::BadTemplate(msg.into())
 }
 
-/// Unpacks the layer tar read from `input` (plain or gzip) into `root`, owners translated into
-/// the host range `ids`. Device nodes are skipped; setuid bits are kept (the files are only ever
-/// used under `nosuid` mounts, in 0700 directories, by owners in the sandbox's range).
+/// Unpacks the layer tar read from `input` (plain, gzip or zstd) into `root`, owners translated
+/// into the host range `ids`. Device nodes are skipped; setuid bits are kept (the files are only
+/// ever used under `nosuid` mounts, in 0700 directories, by owners in the sandbox's range).
 pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> Result<()> {
-    let mut input = std::io::BufReader::new(input);
-    let head = std::io::BufRead::fill_buf(&mut input).map_err(EngineError::io("read layer"))?;
-    let gzip = head.starts_with(&[0x1f, 0x8b]);
-    let reader: Box<dyn Read> =
-        if gzip { Box::new(flate2::read::GzDecoder::new(input)) } else { Box::new(input) };
-    let mut archive = tar::Archive::new(reader);
+    let mut archive = tar::Archive::new(decompress(input)?);
     // Owners are set below, translated into `ids`.
     archive.set_preserve_ownerships(false);
     archive.set_preserve_permissions(true);
@@ -170,6 +165,55 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> R
     Ok(())
 }
 
+const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];
+const ZSTD_MAGIC: &[u8] = &[0x28, 0xb5, 0x2f, 0xfd];
+
+/// `input` decompressed, by its first bytes: gzip, zstd, or (neither) a plain tar, whose first
+/// bytes are an entry's name.
+pub fn decompress<'a>(input: impl Read + 'a) -> Result<Box<dyn Read + 'a>> {
+    let mut input = std::io::BufReader::with_capacity(256 << 10, input);
+    let head = std::io::BufRead::fill_buf(&mut input).map_err(EngineError::io("read layer"))?;
+    Ok(if head.starts_with(GZIP_MAGIC) {
+        Box::new(flate2::read::GzDecoder::new(input))
+    } else if head.starts_with(ZSTD_MAGIC) {
+        Box::new(Zstd::new(input)?)
+    } else {
+        Box::new(input)
+    })
+}
+
+/// A zstd stream of one or more frames (writers may cut a layer into several).
+struct Zstd<R: std::io::BufRead> {
+    frame: Option<ruzstd::decoding::StreamingDecoder<R, ruzstd::decoding::FrameDecoder>>,
+}
+
+impl<R: std::io::BufRead> Zstd<R> {
+    fn new(input: R) -> Result<Self> {
+        let frame = ruzstd::decoding::StreamingDecoder::new(input)
+            .map_err(|e| bad(format!("zstd layer: {e}")))?;
+        Ok(Zstd { frame: Some(frame) })
+    }
+}
+
+impl<R: std::io::BufRead> Read for Zstd<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        loop {
+            let Some(frame) = self.frame.as_mut() else { return Ok(0) };
+            let n = frame.read(buf)?;
+            if n > 0 || buf.is_empty() {
+                return Ok(n);
+            }
+            let (mut input, decoder) = self.frame.take().expect("a frame").into_parts();
+            if input.fill_buf()?.is_empty() {
+                return Ok(0);
+            }
+            let next = ruzstd::decoding::StreamingDecoder::new_with_decoder(input, decoder)
+                .map_err(std::io::Error::other)?;
+            self.frame = Some(next);
+        }
+    }
+}
+
 /// Creates `dir` (inside `root`) and any missing parents, owned by the sandbox's root: a tar
 /// need not list every directory before what is in it.
 fn make_parents(root: &Path, dir: &Path, ids: Ids) -> Result<()> {
@@ -251,7 +295,8 @@ fn clean(path: &Path) -> Result<PathBuf> {
             Component::Normal(p) => out.push(p),
             Component::CurDir | Component::RootDir => {}
             Component::ParentDir | Component::Prefix(_) => {
-                return Err(bad(format!("layer path {} escapes the root", path.display())));
+                let escape = format!("layer path {} escapes the root", path.display());
+                return Err(EngineError::Unsafe(escape));
             }
         }
     }

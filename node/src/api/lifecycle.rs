@@ -1,5 +1,5 @@
-//! The lifecycle routes: hibernate, wake, archive, checkpoints and branches, fork, promote and
-//! templates, move.
+//! The lifecycle routes: hibernate, wake, archive, checkpoints and branches, fork, promote,
+//! move.
 
 use super::*;
 
@@ -143,29 +143,6 @@ pub(super) async fn fork(
     Ok((StatusCode::CREATED, axum::Extension(noted), list).into_response())
 }
 
-pub(super) fn template_row(name: &str, p: &crate::node::Promoted) -> silk_api::Template {
-    silk_api::Template {
-        name: name.to_string(),
-        kind: silk_api::TemplateKind::Promoted,
-        digest: Some(p.golden.digest.to_string()),
-        source: Some(p.source.clone()),
-        created_ms: Some(p.created_ms),
-    }
-}
-
-/// Whether a caller of `scope` (none: root) sees template `name`: root sees all; a tenant sees
-/// root's (bare names) and its own (`<tenant>/…`), never another tenant's.
-pub(super) fn template_visible(name: &str, scope: Option<&str>) -> bool {
-    match (scope, name.split_once('/')) {
-        (None, _) | (Some(_), None) => true,
-        (Some(t), Some((owner, _))) => owner == t,
-    }
-}
-
-fn listed(name: &str, kind: silk_api::TemplateKind) -> silk_api::Template {
-    silk_api::Template { name: name.into(), kind, digest: None, source: None, created_ms: None }
-}
-
 pub(super) async fn promote(
     State(node): Shared,
     headers: HeaderMap,
@@ -176,36 +153,7 @@ pub(super) async fn promote(
     let by_root = node.is_root(bearer(&headers));
     let (n, name) = (node.clone(), req.template.clone());
     let (full, p) = detached(async move { n.promote(&id, &name, by_root).await }).await?;
-    Ok((StatusCode::CREATED, axum::Json(template_row(&full, &p))).into_response())
-}
-
-pub(super) async fn templates(
-    State(node): Shared,
-    headers: HeaderMap,
-) -> Result<axum::Json<silk_api::TemplateList>, NodeError> {
-    use silk_api::TemplateKind::{Builtin, Configured};
-    let scope = node.principal(bearer(&headers)).scope()?;
-    let mut templates = vec![listed("host", Builtin)];
-    templates.extend(node.cfg.templates.keys().map(|n| listed(n, Configured)));
-    let promoted = node.promoted();
-    let visible = promoted.iter().filter(|(n, _)| template_visible(n, scope.as_deref()));
-    templates.extend(visible.map(|(n, p)| template_row(n, p)));
-    Ok(axum::Json(silk_api::TemplateList { templates }))
-}
-
-pub(super) async fn delete_template(
-    State(node): Shared,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> Result<StatusCode, NodeError> {
-    let scope = node.principal(bearer(&headers)).scope()?;
-    // A tenant deletes only its own: anyone else's is the same 404 as an unknown name.
-    if scope.is_some() && !(name.contains('/') && template_visible(&name, scope.as_deref())) {
-        let unknown = format!("no promoted template {name:?}");
-        return Err(NodeError::new(Code::TemplateNotFound, unknown));
-    }
-    node.delete_template(&name)?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok((StatusCode::CREATED, axum::Json(templates::promoted_row(&full, &p))).into_response())
 }
 
 pub(super) async fn move_sandbox(

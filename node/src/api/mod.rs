@@ -38,6 +38,7 @@ pub mod openapi;
 mod ports;
 pub mod previews;
 pub mod relay;
+mod templates;
 mod tenants;
 
 /// What the handlers reach: the controller, and the mesh when this node is in one.
@@ -103,8 +104,9 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
             get(tenants::get).patch(tenants::patch).delete(tenants::delete),
         )
         .route("/v1/tenants/{name}/rotate", post(tenants::rotate))
-        .route("/v1/templates", get(lifecycle::templates))
-        .route("/v1/templates/{name}", axum::routing::delete(lifecycle::delete_template))
+        .route("/v1/templates", get(templates::list).post(templates::register))
+        .route("/v1/templates/{name}", get(templates::get).delete(templates::delete))
+        .route("/v1/templates/{name}/refresh", post(templates::refresh))
         .route("/v1/audit", get(fleetwide::audit))
         .route("/v1/usage", get(fleetwide::usage))
         .route("/v1/fleet", get(fleetwide::fleet_view))
@@ -136,19 +138,24 @@ pub fn status(e: &NodeError) -> StatusCode {
         BadRequest => StatusCode::BAD_REQUEST,
         Unauthorized => StatusCode::UNAUTHORIZED,
         EgressWider => StatusCode::FORBIDDEN,
-        NotFound | TemplateNotFound | PeerNotFound | NoRoute => StatusCode::NOT_FOUND,
+        NotFound | TemplateNotFound | PeerNotFound | NoRoute | ImageNotFound => {
+            StatusCode::NOT_FOUND
+        }
+        RegistryDenied => StatusCode::FORBIDDEN,
         MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-        Conflict | BaseUnavailable | MemorySnapshotFailed => StatusCode::CONFLICT,
+        Conflict | BaseUnavailable | MemorySnapshotFailed | TemplatePulling => StatusCode::CONFLICT,
         NodeFull | QuotaExceeded | RateLimited => StatusCode::TOO_MANY_REQUESTS,
         Draining | Moving | AgentUnavailable | SandboxNotReady | StoreUnavailable => {
             StatusCode::SERVICE_UNAVAILABLE
         }
         InsufficientStorage => StatusCode::INSUFFICIENT_STORAGE,
-        PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        PayloadTooLarge | ImageTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
         UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
         UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
-        PeerUnavailable | PortClosed | MoveRefused | StoreRefused => StatusCode::BAD_GATEWAY,
-        BadTemplate | Invalid | WarmupFailed | ExecFailed => StatusCode::UNPROCESSABLE_ENTITY,
+        PeerUnavailable | PortClosed | MoveRefused | StoreRefused | RegistryUnavailable
+        | ImageDigestMismatch => StatusCode::BAD_GATEWAY,
+        BadTemplate | Invalid | WarmupFailed | ExecFailed | ImagePlatform | ImageUnsafe
+        | ImageUnsupported => StatusCode::UNPROCESSABLE_ENTITY,
         Unsupported => StatusCode::NOT_IMPLEMENTED,
         EngineFailed | StoreCorrupt | StoreFailed | Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -212,7 +219,7 @@ async fn claim(
     let forwardable = api.peers.is_some().then(|| req.clone());
     let mut spec =
         ClaimSpec::validate(req, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
-    if !lifecycle::template_visible(&spec.template, tenant.as_deref()) {
+    if !templates::visible(&spec.template, tenant.as_deref()) {
         let unknown = format!("no template {:?}", spec.template);
         return Err(NodeError::new(Code::TemplateNotFound, unknown));
     }

@@ -44,6 +44,12 @@ fn with_query(mut op: Value, name: &str, schema: Value) -> Value {
     op
 }
 
+/// `op` with a second success answer.
+fn also(mut op: Value, status: u16, answer: Value) -> Value {
+    op["responses"][status.to_string()] = answer;
+    op
+}
+
 fn ok_json(schema: &str) -> Value {
     json!({ "description": "ok", "content": { "application/json": { "schema": { "$ref": format!("#/components/schemas/{schema}") } } } })
 }
@@ -270,7 +276,10 @@ fn paths_and_schemas(limits: Limits) -> Value {
                 "delete": op("Delete a checkpoint", (204, json!({ "description": "deleted" })), &[404, 503], None),
             },
             "/v1/checkpoints/{id}/claim": { "parameters": id.clone(), "post": op("Branch: a new sandbox from the checkpoint", (201, ok_json("Sandbox")), &[400, 404, 409, 429, 503, 507], Some("BranchRequest?")) },
-            "/v1/templates": { "get": op("Templates: built in, configured, promoted (a tenant sees root's and its own)", (200, ok_json("TemplateList")), &[401], None) },
+            "/v1/templates": {
+                "get": op("Templates: built in, configured, promoted, registered (a tenant sees root's and its own)", (200, ok_json("TemplateList")), &[401], None),
+                "post": also(with_query(op("Register a registry image as a template on the whole fleet (a tenant's under its prefix): pinned to its digest now, pulled here at once (202), or ?wait=true: answered when pulled (201)", (202, ok_json("Template")), &[400, 401, 403, 404, 409, 413, 415, 422, 502, 503, 507], Some("RegisterTemplate")), "wait", json!({ "type": "boolean" })), 201, ok_json("Template")),
+            },
             "/v1/audit": { "get": queries(op("The audit journal of every node (this one's with scope=node), oldest first (root: every entry or a tenant's; a tenant: its own)", (200, ok_json("AuditList")), &[400, 401], None), &[("since", json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX })), ("tenant", json!({ "type": "string" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 10000 })), ("scope", json!({ "enum": ["node"] }))]) },
             "/v1/usage": { "get": queries(op("Sandbox-seconds per tenant, size and lane metered in [from, to) (default: this month), summed over every node (this one's with scope=node); root: all or one tenant's, a tenant: its own", (200, ok_json("UsageReport")), &[400, 401], None), &[("from", json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX })), ("to", json!({ "type": "integer", "minimum": 0, "maximum": u64::MAX })), ("tenant", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]) },
             "/v1/fleet": { "get": queries(op("Every node's report (root)", (200, ok_json("FleetView")), &[400, 401], None), &[("scope", json!({ "enum": ["node"] }))]) },
@@ -290,7 +299,12 @@ fn paths_and_schemas(limits: Limits) -> Value {
             },
             "/v1/templates/{name}": {
                 "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
-                "delete": op("Delete a promoted template", (204, json!({ "description": "deleted" })), &[401, 404, 409], None),
+                "get": op("One template, with its pull on this node when it is a registry image", (200, ok_json("Template")), &[401, 404], None),
+                "delete": op("Delete a promoted or registered template", (204, json!({ "description": "deleted" })), &[401, 404, 409, 503], None),
+            },
+            "/v1/templates/{name}/refresh": {
+                "parameters": [{ "name": "name", "in": "path", "required": true, "schema": { "type": "string" } }],
+                "post": op("Resolve a registry template's reference again; on a new digest it is pinned to it, its goldens and warm sandboxes go, and it is pulled", (200, ok_json("Template")), &[401, 403, 404, 409, 422, 502, 503], None),
             },
             "/v1/sandboxes/{id}/previews": { "parameters": id.clone(), "post": op("A preview URL of a port: opens it to a browser without the sandbox token until it expires (at most a day)", (201, ok_json("Preview")), &[400, 401, 404, 409, 413, 415, 503], Some("PreviewRequest")) },
             "/v1/sandboxes/{id}/previews/{token}": { "parameters": [id[0], { "name": "token", "in": "path", "required": true, "schema": { "type": "string" } }], "delete": op("Revoke a preview", (204, json!({ "description": "revoked" })), &[401, 404], None) },

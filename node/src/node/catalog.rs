@@ -1,5 +1,6 @@
-//! The catalog: templates (configured, built in, promoted) resolved through the engine, and
-//! their goldens, built on first need or fetched from the store when a peer built them.
+//! The catalog: templates (configured, built in, promoted, registered) resolved through the
+//! engine, and their goldens, built on first need or fetched from the store when a peer built
+//! them. A template from a registry image is pulled first (see `images`).
 
 use super::*;
 
@@ -25,17 +26,44 @@ impl Node {
         Ok(TemplateDef { name: name.into(), source })
     }
 
+    /// A template made from a registry image: its reference, and the digest it is pinned to
+    /// fleet-wide (registered) or `None` (configured: pinned per node on first use).
+    pub(super) fn image_template(&self, name: &str) -> Option<(String, Option<String>)> {
+        if let Some(t) = self.cfg.templates.get(name) {
+            return t.reference.clone().map(|image| (image, None));
+        }
+        self.images.registered(name).map(|r| (r.image, Some(r.digest)))
+    }
+
+    /// The digest `name`'s image is pinned to here, resolving the reference on first use.
+    pub(super) async fn pinned_digest(
+        &self,
+        name: &str,
+        image: &str,
+        registered: Option<String>,
+    ) -> Result<String, NodeError> {
+        if let Some(digest) = registered.or_else(|| self.images.pinned(name, image)) {
+            return Ok(digest);
+        }
+        let digest = self.images.resolve(image).await?;
+        self.images.pin(name, image, &digest);
+        Ok(digest)
+    }
+
     pub(super) fn warmup(&self, name: &str, memory: bool) -> Warmup {
-        let mut warmup = self
-            .cfg
-            .templates
-            .get(name)
-            .map(|t| Warmup {
+        let mut warmup = match (self.cfg.templates.get(name), self.images.registered(name)) {
+            (Some(t), _) => Warmup {
                 argv: t.warmup.clone(),
                 timeout: Duration::from_secs(t.warmup_timeout_seconds),
                 memory: false,
-            })
-            .unwrap_or_default();
+            },
+            (None, Some(r)) => Warmup {
+                argv: r.warmup,
+                timeout: Duration::from_secs(crate::config::default_warmup_timeout()),
+                memory: false,
+            },
+            (None, None) => Warmup::default(),
+        };
         warmup.memory = memory;
         warmup
     }
@@ -47,10 +75,34 @@ impl Node {
         if let Some(p) = self.lock().promoted.get(name) {
             return Ok(p.golden.template.clone());
         }
-        let def = self.template_def(name)?;
+        let Some((image, registered)) = self.image_template(name) else {
+            let def = self.template_def(name)?;
+            let engine = self.engine.clone();
+            let t = blocking(move || engine.template(&def)).await?;
+            self.lock().templates.insert(name.into(), t.clone());
+            return Ok(t);
+        };
+        let digest = self.pinned_digest(name, &image, registered).await?;
+        let pulled = self.images.pull(name, &image, &digest).await?;
+        let def = TemplateDef { name: name.into(), source: TemplateSource::Pulled(pulled) };
         let engine = self.engine.clone();
-        let t = blocking(move || engine.template(&def)).await?;
-        self.lock().templates.insert(name.into(), t.clone());
+        let made = tokio::task::spawn_blocking(move || engine.template(&def))
+            .await
+            .map_err(|e| NodeError::internal(format!("engine task failed: {e}")))?;
+        let t = made.map_err(|e| {
+            let e = match e {
+                EngineError::Unsafe(m) => NodeError::new(Code::ImageUnsafe, m),
+                other => NodeError::from(other),
+            };
+            self.images.failed(name, &digest, &e);
+            e
+        })?;
+        // Unless the template was refreshed or removed meanwhile.
+        if self.image_template(name).is_some_and(|(i, r)| {
+            i == image && r.or_else(|| self.images.pinned(name, &i)).as_ref() == Some(&digest)
+        }) {
+            self.lock().templates.insert(name.into(), t.clone());
+        }
         Ok(t)
     }
 

@@ -132,9 +132,12 @@ impl Node {
         Ok(Admission { node: self, n, tenant: tenant.map(str::to_string) })
     }
 
-    /// `host`, a configured template, or a promoted one.
-    fn template_known(&self, st: &State, name: &str) -> bool {
-        name == "host" || self.cfg.templates.contains_key(name) || st.promoted.contains_key(name)
+    /// `host`, a configured template, a promoted or a registered one.
+    pub(super) fn template_known(&self, st: &State, name: &str) -> bool {
+        name == "host"
+            || self.cfg.templates.contains_key(name)
+            || st.promoted.contains_key(name)
+            || self.images.registered(name).is_some()
     }
 
     pub(super) async fn finish_claim(

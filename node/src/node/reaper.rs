@@ -153,7 +153,7 @@ pub(super) async fn reap_loop(node: Arc<Node>) {
     }
 }
 
-/// Re-reads the fleet's tenants every `tenant_refresh_ms`. A tenant that is gone (deleted on
+/// Re-reads the fleet's tenants (and its registered templates) every `tenant_refresh_ms`. A tenant that is gone (deleted on
 /// any node) leaves nothing behind here: its sandboxes are released and its promoted templates
 /// deleted. A tenant never seen is not "gone": a node that starts with the store down releases
 /// nothing.
@@ -169,6 +169,7 @@ pub(super) async fn tenants_loop(node: Arc<Node>) {
             }
             Err(e) => tracing::debug!("tenants: {e}; authenticating from the records in memory"),
         }
+        node.refresh_registered().await;
     }
 }
 

@@ -395,7 +395,7 @@ impl Node {
 
     /// Warm sandboxes of `template` were made from its old golden: they go, and so do those
     /// being started now.
-    fn flush_pools(&self, st: &mut State, template: &str) {
+    pub(in crate::node) fn flush_pools(&self, st: &mut State, template: &str) {
         for pool in st.pools.values_mut().filter(|p| p.key.template == template) {
             for info in pool.flush() {
                 self.teardown(info.id);
