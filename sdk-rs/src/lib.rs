@@ -60,6 +60,7 @@ pub use pty::{Pty, PtyBuilder, PtyInput, PtyOutput};
 pub use sandbox::Sandbox;
 pub use search::{Find, Replaced, Watch};
 pub use silk_api::FleetView;
+pub use silk_api::PullStatus;
 
 /// The wire types the SDK's calls take and return, re-exported so callers need no other crate.
 pub use silk_proto::{

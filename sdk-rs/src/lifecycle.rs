@@ -165,7 +165,34 @@ impl Client {
         Ok(t.templates)
     }
 
-    /// Deletes a promoted template; sandboxes made from it keep running.
+    /// Registers the registry image `image` (`python:3.12`, `ghcr.io/org/base:v4`, `…@sha256:…`)
+    /// as template `name` on the whole fleet (root; a tenant's key registers `<tenant>/<name>`).
+    /// The reference is pinned to its digest now; the pull goes on after the answer: watch it
+    /// with [`Client::template`].
+    pub async fn register_template(
+        &self,
+        name: &str,
+        image: &str,
+        warmup: &[String],
+    ) -> Result<TemplateInfo> {
+        let body = json!({ "name": name, "image": image, "warmup": warmup });
+        self.call(Method::POST, "/v1/templates", self.root_token(), Some(&body)).await
+    }
+
+    /// One template; for a registry image, with its pull on the node that answers.
+    pub async fn template(&self, name: &str) -> Result<TemplateInfo> {
+        let path = format!("/v1/templates/{}", path_segment(name)?);
+        self.call(Method::GET, &path, self.root_token(), None).await
+    }
+
+    /// Resolves a registry template's reference again: on a new digest it is pinned to it, and
+    /// warm sandboxes of the old image are replaced.
+    pub async fn refresh_template(&self, name: &str) -> Result<TemplateInfo> {
+        let path = format!("/v1/templates/{}/refresh", path_segment(name)?);
+        self.call(Method::POST, &path, self.root_token(), None).await
+    }
+
+    /// Deletes a promoted or registered template; sandboxes made from it keep running.
     pub async fn delete_template(&self, name: &str) -> Result<()> {
         let path = format!("/v1/templates/{}", path_segment(name)?);
         self.http().json(Method::DELETE, &path, self.root_token(), None).await?;

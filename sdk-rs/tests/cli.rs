@@ -303,3 +303,35 @@ fn open_prints_a_preview_url_and_port_forward_reaches_a_port() {
         serde_json::json!({ "allow": ["pypi.org"], "deny": ["x.pypi.org"] })
     );
 }
+
+#[test]
+fn templates_add_follows_a_registry_pull_and_reports_a_bad_image() {
+    use silk_testkit::registry::{Auth, Registry};
+    let dir = tempfile::tempdir().unwrap();
+    let registry = Registry::start("127.0.0.65", Auth::Anonymous);
+    let archive = dir.path().join("tiny.tar");
+    silk_testkit::images::busybox_archive(&archive, "hello from sbx", &[]);
+    let digest = registry.push_archive(&archive, "tiny:v1", false);
+    let host = registry.host();
+    let node = Sandboxd::start(&format!("[registries.\"{host}\"]\ninsecure = true\n"));
+    let out = sbx(&node).args(["templates", "add", "tiny", &format!("{host}/tiny:v1")]).output();
+    let out = out.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), format!("tiny ready {digest}"));
+    let run = ["run", "--template", "tiny", "--", "sh", "-c", "echo $GREETING"];
+    let out = sbx(&node).args(run).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from sbx\n");
+    let listed = sbx(&node).args(["templates"]).output().unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with("tiny") && l.contains("registered") && l.contains("ready")),
+        "{listed}"
+    );
+
+    let out = sbx(&node).args(["templates", "add", "nope", &format!("{host}/nope:v1")]).output();
+    let out = out.unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("image_not_found"), "{out:?}");
+}

@@ -81,16 +81,37 @@ pub enum Lifecycle {
         /// The template's name.
         template: String,
     },
-    /// List templates: built in, configured and promoted.
-    Templates,
+    /// Templates: list them (built in, configured, promoted, registered), or add, show or
+    /// refresh one from a registry image.
+    Templates {
+        #[command(subcommand)]
+        what: Option<Templates>,
+    },
     /// Delete a checkpoint.
     RmCheckpoint {
         checkpoint: String,
         #[command(flatten)]
         token: SandboxToken,
     },
-    /// Delete a promoted template.
+    /// Delete a promoted or registered template.
     RmTemplate { template: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Templates {
+    /// Register a registry image as a template on the whole fleet, and follow its pull.
+    Add {
+        name: String,
+        /// An image reference: `python:3.12`, `ghcr.io/org/base:v4`, `host:port/repo@sha256:…`.
+        image: String,
+        /// A command run once before the template's golden is frozen (repeatable: argv).
+        #[arg(long)]
+        warmup: Vec<String>,
+    },
+    /// One template, with its pull on the node.
+    Show { name: String },
+    /// Resolve a registry template's reference again (a moved tag is pulled).
+    Refresh { name: String },
 }
 
 /// `--memory auto|required|off`.
@@ -168,7 +189,7 @@ pub async fn run(c: &Client, cmd: Lifecycle, json: bool) -> anyhow::Result<i32> 
                 println!("{} {}", t.name, t.digest.unwrap_or_default());
             }
         }
-        Lifecycle::Templates => {
+        Lifecycle::Templates { what: None } => {
             let list = c.templates().await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&json!({ "templates": list }))?);
@@ -176,12 +197,26 @@ pub async fn run(c: &Client, cmd: Lifecycle, json: bool) -> anyhow::Result<i32> 
                 let rows: Vec<Vec<String>> = list
                     .iter()
                     .map(|t| {
-                        let digest = t.digest.as_deref().map_or("-", |d| &d[..16.min(d.len())]);
-                        vec![t.name.clone(), t.kind.to_string(), digest.to_string()]
+                        let digest = t.image_digest.as_deref().or(t.digest.as_deref());
+                        let digest = digest.map_or("-", |d| &d[..16.min(d.len())]);
+                        let status = t.status.map_or("-".to_string(), |s| s.to_string());
+                        let image = t.image.clone().unwrap_or_else(|| "-".into());
+                        vec![t.name.clone(), t.kind.to_string(), digest.into(), status, image]
                     })
                     .collect();
-                table(&["NAME", "KIND", "DIGEST"], &rows);
+                table(&["NAME", "KIND", "DIGEST", "PULL", "IMAGE"], &rows);
             }
+        }
+        Lifecycle::Templates { what: Some(Templates::Add { name, image, warmup }) } => {
+            let t = c.register_template(&name, &image, &warmup).await?;
+            return follow_pull(c, &t.name, json).await;
+        }
+        Lifecycle::Templates { what: Some(Templates::Show { name }) } => {
+            println!("{}", serde_json::to_string_pretty(&c.template(&name).await?)?);
+        }
+        Lifecycle::Templates { what: Some(Templates::Refresh { name }) } => {
+            let t = c.refresh_template(&name).await?;
+            return follow_pull(c, &t.name, json).await;
         }
         Lifecycle::RmCheckpoint { checkpoint, token } => {
             c.delete_checkpoint(&checkpoint, token.sandbox_token.as_deref()).await?;
@@ -193,6 +228,59 @@ pub async fn run(c: &Client, cmd: Lifecycle, json: bool) -> anyhow::Result<i32> 
         }
     }
     Ok(0)
+}
+
+/// Polls template `name` until its pull on the node ends, with a progress bar on a terminal.
+/// Exit code 1 when the pull failed.
+async fn follow_pull(c: &Client, name: &str, json: bool) -> anyhow::Result<i32> {
+    use silkmesh::PullStatus;
+    let bar = (!json).then(|| {
+        let bar = indicatif::ProgressBar::new(0);
+        let style = indicatif::ProgressStyle::with_template(
+            "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        );
+        if let Ok(style) = style {
+            bar.set_style(style.progress_chars("=> "));
+        }
+        bar.set_message(format!("pulling {name}"));
+        bar
+    });
+    loop {
+        let t = c.template(name).await?;
+        if let Some(bar) = &bar {
+            bar.set_length(t.bytes_total.unwrap_or(0));
+            bar.set_position(t.bytes_done.unwrap_or(0));
+        }
+        match t.status {
+            Some(PullStatus::Ready) | None => {
+                if let Some(bar) = bar {
+                    bar.finish_and_clear();
+                    let digest = t.image_digest.as_deref().unwrap_or("-");
+                    println!("{} ready {digest}", t.name);
+                } else {
+                    println!("{}", serde_json::to_string_pretty(&t)?);
+                }
+                return Ok(0);
+            }
+            Some(PullStatus::Failed) => {
+                if let Some(bar) = bar {
+                    bar.abandon();
+                }
+                let e = t.error.as_ref();
+                if json {
+                    println!("{}", serde_json::to_string_pretty(&t)?);
+                } else {
+                    let (code, message) =
+                        e.map_or(("failed", ""), |e| (e.code.as_str(), &*e.message));
+                    eprintln!("{name}: {code}: {message}");
+                }
+                return Ok(1);
+            }
+            Some(PullStatus::Pending | PullStatus::Pulling) => {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+            }
+        }
+    }
 }
 
 fn state(info: &SandboxInfo, json: bool) {
