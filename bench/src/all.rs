@@ -43,6 +43,7 @@ const SECTIONS: &[(&str, &[&str], &[&str])] = &[
     ("mesh", &[], &["--claims", "3", "--execs", "10", "--kills", "1"]),
     ("cluster", &[], &["--iters", "1", "--tree-mib", "4"]),
     ("store", &[], &["--size-mib", "64"]),
+    ("registry", &[], &["--size-mib", "8", "--runs", "1"]),
     ("egress", &[], &["--claims", "3", "--iters", "5"]),
     ("mcp", &[], &["--iters", "30"]),
 ];

@@ -22,6 +22,7 @@ mod mcp;
 mod memory;
 mod mesh;
 mod node;
+mod registry;
 mod report;
 mod sdk;
 mod store;
@@ -66,6 +67,9 @@ enum Section {
     Cluster(cluster::ClusterArgs),
     /// Snapshot put/get on fs and S3 beside cp, dedup ratio, chunking + hashing on one core.
     Store(store::StoreArgs),
+    /// A ~100 MB image pulled from a registry on loopback beside `skopeo copy`, and from the
+    /// store as a second node does (needs docker-registry and skopeo: scripts/install-test-deps).
+    Registry(registry::RegistryArgs),
     /// SDK exec/info round trips: kept relay connection vs one dialled per call (needs root).
     Sdk(sdk::SdkArgs),
     /// The stock e2b Python SDK vs sdk-rs on one node: create → first run, run, 50 MiB files
@@ -107,6 +111,7 @@ fn main() -> anyhow::Result<()> {
         Section::Node(n) => node::run(n),
         Section::Fleet(f) => runtime()?.block_on(fleet::run(f)),
         Section::Store(s) => store::run(s),
+        Section::Registry(r) => registry::run(r),
         Section::E2b(e) => e2b::run(e),
         Section::Egress(e) => egress::run(e),
         Section::Mcp(m) => runtime()?.block_on(mcp::run(m)),
