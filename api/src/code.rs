@@ -76,8 +76,6 @@ pub enum Code {
     ImageUnsafe,
     /// A manifest or layer this node cannot use (a media type, a malformed document).
     ImageUnsupported,
-    /// A registered template is still being pulled on this node.
-    TemplatePulling,
     Internal,
 }
 
@@ -128,7 +126,6 @@ impl Code {
             ImageTooLarge => "image_too_large",
             ImageUnsafe => "image_unsafe",
             ImageUnsupported => "image_unsupported",
-            TemplatePulling => "template_pulling",
             Internal => "internal",
         }
     }
@@ -197,7 +194,6 @@ mod tests {
             ImageTooLarge,
             ImageUnsafe,
             ImageUnsupported,
-            TemplatePulling,
             Internal,
         ] {
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str());

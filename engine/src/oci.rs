@@ -39,7 +39,7 @@ pub fn import(archive: &Path, root: &Path) -> Result<ImageConfig> {
         for layer in &layers {
             let file = std::fs::File::open(layer)
                 .map_err(|_| bad(format!("layer {} is missing", layer.display())))?;
-            layer::apply(file, root, Whiteouts::Delete, layer::Ids::HOST)?;
+            layer::apply(layer::decompress(file)?, root, Whiteouts::Delete, layer::Ids::HOST)?;
         }
         image_config(&config)
     })();
@@ -208,4 +208,64 @@ fn config_of(c: &Value) -> ImageConfig {
         .unwrap_or_default();
     let text = |key: &str| c[key].as_str().filter(|s| !s.is_empty()).map(str::to_string);
     ImageConfig { env, cwd: text("WorkingDir"), user: text("User") }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    fn gzip(data: &[u8]) -> Vec<u8> {
+        let mut out = flate2::write::GzEncoder::new(vec![], flate2::Compression::fast());
+        out.write_all(data).unwrap();
+        out.finish().unwrap()
+    }
+
+    /// A layer tar holding one file of `len` zero bytes.
+    fn zeros_layer(len: usize) -> Vec<u8> {
+        let mut tar = tar::Builder::new(vec![]);
+        let mut header = tar::Header::new_gnu();
+        header.set_size(len as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        tar.append_data(&mut header, "zeros", std::io::repeat(0).take(len as u64)).unwrap();
+        tar.into_inner().unwrap()
+    }
+
+    fn pull(layer: &[u8], dir: &Path, max_bytes: u64) -> (Result<ImageConfig>, u64) {
+        let blob = dir.join("blob");
+        std::fs::write(&blob, layer).unwrap();
+        let image = PulledImage {
+            digest: "sha256:0".into(),
+            config: b"{}".to_vec(),
+            layers: vec![blob],
+            max_bytes,
+            min_free_bytes: 0,
+        };
+        let root = dir.join("root");
+        let result = import_pulled(&image, &root);
+        let written = std::fs::metadata(root.join("zeros")).map_or(0, |m| m.len());
+        (result, written)
+    }
+
+    #[test]
+    fn a_layer_unpacks_within_the_images_budget_however_often_it_is_compressed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (result, written) = pull(&gzip(&zeros_layer(64 << 10)), dir.path(), 1 << 20);
+        assert!(result.is_ok(), "{result:?}");
+        assert_eq!(written, 64 << 10);
+
+        let dir = tempfile::tempdir().unwrap();
+        let (result, written) = pull(&gzip(&zeros_layer(4 << 20)), dir.path(), 1 << 20);
+        assert!(matches!(result, Err(EngineError::TooLarge(_))), "{result:?}");
+        assert!(written <= 1 << 20, "{written} bytes written past a 1 MiB budget");
+
+        // A gzip of a gzip: only the outer one is undone, the rest is no tar. Were the inner
+        // one undone too, its 4 MiB would land uncounted.
+        let dir = tempfile::tempdir().unwrap();
+        let (result, written) = pull(&gzip(&gzip(&zeros_layer(4 << 20))), dir.path(), 1 << 20);
+        assert!(result.is_err(), "a doubly compressed layer was taken");
+        assert_eq!(written, 0);
+    }
 }

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use silk_api::{ErrorDetail, PullStatus};
-use silk_engine::PulledImage;
+use silk_engine::{PulledImage, Template};
 use silk_registry::{Digest, LayerCache, Progress, Puller, RegistryError};
 use silk_store::{Key, ObjectStore, StoreError};
 
@@ -53,10 +53,11 @@ enum Pull {
         digest: String,
         progress: Arc<Progress>,
     },
+    /// Pulled and unpacked.
     Ready {
         digest: String,
         total: u64,
-        image: PulledImage,
+        template: Template,
     },
     /// `attempt` tells a caller that waited for this pull from a later one.
     Failed {
@@ -227,6 +228,25 @@ impl Images {
         Ok(())
     }
 
+    /// Whether the store holds a record named `name` (registered by any node, read or not).
+    pub async fn stored(&self, name: &str) -> Result<bool, NodeError> {
+        match self.store.head(&Key::new(format!("{PREFIX}{name}"))?).await {
+            Ok(_) => Ok(true),
+            Err(StoreError::NotFound { .. }) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The names of the records the store holds under `prefix` (`<tenant>/`, say).
+    pub async fn stored_under(&self, prefix: &str) -> Result<Vec<String>, NodeError> {
+        let metas = self.store.list_all(&format!("{PREFIX}{prefix}")).await?;
+        Ok(metas
+            .iter()
+            .filter_map(|m| m.key.as_str().strip_prefix(PREFIX))
+            .map(String::from)
+            .collect())
+    }
+
     pub async fn remove_registered(&self, name: &str) -> Result<(), NodeError> {
         self.store.delete(&[Key::new(format!("{PREFIX}{name}"))?]).await?;
         let mut all = self.registered.read().unwrap_or_else(|e| e.into_inner()).clone();
@@ -262,20 +282,29 @@ impl Images {
         self.pulls.lock().unwrap_or_else(|e| e.into_inner()).insert(name.into(), pull);
     }
 
-    /// The image `digest` of `image`'s repository, pulled for template `name` (once: a caller
-    /// that waited for another's pull gets its result, failed or not; a later one tries again).
-    pub async fn pull(
+    /// The image `digest` of `image`'s repository, pulled for template `name` and made a
+    /// template by `unpack` (once: a caller that waited for another's pull gets its result,
+    /// failed or not; a later one tries again). It is `ready` only once unpacked, and its blobs
+    /// stay in the layer cache until then.
+    pub async fn pull<Unpack, Unpacked>(
         &self,
         name: &str,
         image: &str,
         digest: &str,
-    ) -> Result<PulledImage, NodeError> {
+        unpack: Unpack,
+    ) -> Result<Template, NodeError>
+    where
+        Unpack: FnOnce(PulledImage) -> Unpacked,
+        Unpacked: Future<Output = Result<Template, NodeError>>,
+    {
         use std::sync::atomic::Ordering::Relaxed;
         let waited_from = self.attempts.load(Relaxed);
         let lock = self.lock_for(name);
         let _one_at_a_time = lock.lock().await;
         match self.pulls.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
-            Some(Pull::Ready { digest: d, image, .. }) if d == digest => return Ok(image.clone()),
+            Some(Pull::Ready { digest: d, template, .. }) if d == digest => {
+                return Ok(template.clone());
+            }
             Some(Pull::Failed { digest: d, error, attempt })
                 if d == digest && *attempt > waited_from =>
             {
@@ -289,7 +318,7 @@ impl Images {
             Ok(d) => self.puller.pull(image, &d, &progress).await,
             Err(e) => Err(e),
         };
-        match pulled {
+        let made = match pulled {
             Ok(p) => {
                 let s = p.sources;
                 tracing::info!(
@@ -308,13 +337,21 @@ impl Images {
                     max_bytes: self.max_unpacked,
                     min_free_bytes: self.min_free,
                 };
-                let total = progress.total.load(std::sync::atomic::Ordering::Relaxed);
-                let ready = Pull::Ready { digest: digest.into(), total, image: pulled.clone() };
-                self.set(name, ready);
-                Ok(pulled)
+                let made = unpack(pulled).await;
+                drop(p.held);
+                made
             }
-            Err(e) => {
-                let error = registry_error(e);
+            Err(e) => Err(registry_error(e)),
+        };
+        match made {
+            Ok(template) => {
+                let total = progress.total.load(Relaxed);
+                let ready =
+                    Pull::Ready { digest: digest.into(), total, template: template.clone() };
+                self.set(name, ready);
+                Ok(template)
+            }
+            Err(error) => {
                 self.failed(name, digest, &error);
                 Err(error)
             }
@@ -322,7 +359,7 @@ impl Images {
     }
 
     /// Records that template `name` at `digest` cannot be used here (the pull, or unpacking it).
-    pub fn failed(&self, name: &str, digest: &str, error: &NodeError) {
+    fn failed(&self, name: &str, digest: &str, error: &NodeError) {
         let attempt = self.attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         self.set(name, Pull::Failed { digest: digest.into(), error: error.clone(), attempt });
     }
@@ -356,11 +393,6 @@ impl Images {
             }
             _ => pending,
         }
-    }
-
-    /// Bytes in this node's layer cache.
-    pub fn cache_bytes(&self) -> u64 {
-        self.puller.cache().size()
     }
 }
 

@@ -91,6 +91,15 @@ fn what_the_fuzzer_found_stays_fixed() {
         ("GET", "/v1/sandboxes?scope=null", Some(ROOT), None, 400, "bad_request"),
         ("GET", "/v1/fleet?scope=all", Some(ROOT), None, 400, "bad_request"),
         ("GET", "/v1/audit?limit=0", Some(ROOT), None, 400, "bad_request"),
+        // axum's query extractor answered this in plain text (CI, seed 1).
+        (
+            "POST",
+            "/v1/templates?wait=null&wait=null",
+            Some(ROOT),
+            Some(r#"{"image": "0", "name": "0"}"#),
+            400,
+            "bad_request",
+        ),
         // A metadata filter with an empty key (the 500-example run, seed 7) matched nothing.
         ("GET", "/v1/sandboxes?metadata=%3Dv", Some(ROOT), None, 400, "bad_request"),
         // 2^64: beyond every unsigned field's stated maximum.

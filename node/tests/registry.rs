@@ -195,6 +195,15 @@ fn a_registered_template_runs_on_every_node_and_the_second_takes_its_layers_from
     let (id, token) = (v["id"].as_str().unwrap(), v["token"].as_str().unwrap());
     assert_eq!(a.exec(id, token, "echo $GREETING")["stdout"], "hello fleet\n");
     assert_eq!(a.req("DELETE", path, Some(&acme), None).0, 204);
+    // A deleted tenant's registered templates go with it, from the whole fleet.
+    let (status, v) = a.req("POST", "/v1/templates", Some(&acme), Some(&body));
+    assert_eq!(status, 202, "{v}");
+    a.req("DELETE", &format!("/v1/sandboxes/{id}"), Some(token), None);
+    within_bound("b knows the tenant's template", || template(&b, "acme/mine").0 == 200);
+    let (status, v) = a.req("DELETE", "/v1/tenants/acme?force=true", Some(ROOT), None);
+    assert_eq!(status, 204, "{v}");
+    assert_eq!(template(&a, "acme/mine").0, 404);
+    within_bound("b forgets the tenant's template", || template(&b, "acme/mine").0 == 404);
 }
 
 #[test]

@@ -2,12 +2,14 @@
 //! (`<dir>/sha256/<hex>`), shared by every template that uses the layer. A blob is written to a
 //! temporary file, its digest checked, then renamed into place, so a file under its digest's
 //! name always holds those bytes. When the cache outgrows its bound, the least recently used
-//! blobs go (a blob's mtime is its last use).
+//! blobs go (a blob's mtime is its last use), except those a pull holds ([`Held`]): a blob one
+//! template's pull fetched is not collected by another's before it is unpacked.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use crate::digest::{Digest, Hasher};
@@ -22,6 +24,34 @@ pub struct LayerCache {
     max_bytes: u64,
     min_free_bytes: u64,
     next: AtomicU64,
+    /// Blobs pulls hold, by digest: how many hold each.
+    held: Arc<Mutex<HashMap<Digest, usize>>>,
+}
+
+/// Blobs kept from [`LayerCache::gc`] until this (and every clone of it) drops.
+#[derive(Debug, Clone)]
+pub struct Held {
+    _blobs: Arc<HeldBlobs>,
+}
+
+#[derive(Debug)]
+struct HeldBlobs {
+    digests: Vec<Digest>,
+    by: Arc<Mutex<HashMap<Digest, usize>>>,
+}
+
+impl Drop for HeldBlobs {
+    fn drop(&mut self) {
+        let mut held = self.by.lock().unwrap_or_else(|e| e.into_inner());
+        for d in &self.digests {
+            if let Some(n) = held.get_mut(d) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(d);
+                }
+            }
+        }
+    }
 }
 
 impl LayerCache {
@@ -36,7 +66,18 @@ impl LayerCache {
             }
         }
         let next = AtomicU64::new(0);
-        Ok(LayerCache { dir: dir.to_path_buf(), max_bytes, min_free_bytes, next })
+        let held = Arc::default();
+        Ok(LayerCache { dir: dir.to_path_buf(), max_bytes, min_free_bytes, next, held })
+    }
+
+    /// Keeps `digests` from collection until the answer drops (hold them before fetching).
+    pub fn hold(&self, digests: impl IntoIterator<Item = Digest>) -> Held {
+        let digests: Vec<Digest> = digests.into_iter().collect();
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        for d in &digests {
+            *held.entry(d.clone()).or_default() += 1;
+        }
+        Held { _blobs: Arc::new(HeldBlobs { digests, by: self.held.clone() }) }
     }
 
     fn path(&self, digest: &Digest) -> PathBuf {
@@ -82,8 +123,8 @@ impl LayerCache {
         Ok(())
     }
 
-    /// Removes least recently used blobs not in `keep` until the cache is within its bound.
-    /// Returns the bytes freed.
+    /// Removes least recently used blobs neither in `keep` nor held until the cache is within
+    /// its bound. Returns the bytes freed.
     pub fn gc(&self, keep: &HashSet<Digest>) -> u64 {
         let Ok(entries) = std::fs::read_dir(self.dir.join("sha256")) else { return 0 };
         let mut blobs: Vec<(SystemTime, u64, PathBuf, String)> = entries
@@ -104,18 +145,17 @@ impl LayerCache {
             if keep.iter().any(|d| d.hex() == name) {
                 continue;
             }
+            // Checked blob by blob, under the lock, so a pull that holds one now keeps it.
+            let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            if held.keys().any(|d| d.hex() == name) {
+                continue;
+            }
             if std::fs::remove_file(&path).is_ok() {
                 total -= len;
                 freed += len;
             }
         }
         freed
-    }
-
-    /// Bytes the cache holds now.
-    pub fn size(&self) -> u64 {
-        let Ok(entries) = std::fs::read_dir(self.dir.join("sha256")) else { return 0 };
-        entries.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()
     }
 }
 
@@ -226,8 +266,18 @@ mod tests {
         assert_eq!(cache.gc(&HashSet::new()), 10);
         assert!(cache.get(&digests[1]).is_none());
         let cache = LayerCache::open(dir.path(), 0, 0).unwrap();
-        assert_eq!(cache.gc(&[digests[2].clone()].into()), 10);
+        // Another pull holds the newest: it stays while held, in any clone of the hold.
+        let held = cache.hold([digests[2].clone()]);
+        let also = held.clone();
+        drop(held);
+        assert_eq!(cache.gc(&HashSet::new()), 10);
+        assert!(cache.get(&digests[0]).is_none());
         assert!(cache.get(&digests[2]).is_some());
+        drop(also);
+        assert_eq!(cache.gc(&[digests[2].clone()].into()), 0);
+        assert!(cache.get(&digests[2]).is_some());
+        assert_eq!(cache.gc(&HashSet::new()), 10);
+        assert!(cache.get(&digests[2]).is_none());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //!   tag that moves changes nothing until the template is refreshed.
 //! - [`Puller::pull`] fetches the pinned manifest, the image config and every layer into the
 //!   node's [`LayerCache`]. A layer comes from the cache, else from the object store
-//!   (`layers/sha256/<hex>`, where the first node of a fleet to pull it put it), else from the
+//!   (`images/sha256/<hex>`, where the first node of a fleet to pull it put it), else from the
 //!   registry, and then goes to the store. Every blob's digest is checked on arrival, whichever
 //!   the source: a registry and a store are both outside the node.
 //!
@@ -26,7 +26,7 @@ use std::sync::atomic::AtomicU64;
 
 use serde::{Deserialize, Serialize};
 
-pub use cache::LayerCache;
+pub use cache::{Held, LayerCache};
 pub use digest::Digest;
 pub use error::{RegistryError, Result};
 pub use pull::Puller;
@@ -101,4 +101,6 @@ pub struct Pulled {
     /// Bottom layer first.
     pub layers: Vec<Layer>,
     pub sources: Sources,
+    /// Keeps the image's blobs in the layer cache until it is unpacked (drop it then).
+    pub held: Vec<Held>,
 }

@@ -38,8 +38,8 @@ pub struct Puller {
     settings: Settings,
     cache: LayerCache,
     store: Option<Arc<dyn ObjectStore>>,
-    /// One client per registry host: each keeps that registry's tokens and connections.
-    clients: Mutex<HashMap<String, Arc<Client>>>,
+    /// Clients per registry host: each keeps that registry's tokens and connections.
+    clients: Mutex<HashMap<String, Clients>>,
 }
 
 impl std::fmt::Debug for Puller {
@@ -84,11 +84,22 @@ struct Descriptor {
     size: u64,
 }
 
-/// A registry to fetch from: the reference, its client and credentials.
+/// A registry to fetch from: the reference, its clients and credentials.
 struct Remote {
     reference: Reference,
     client: Arc<Client>,
+    /// For manifests, read with a bound (see [`Remote::manifest`]).
+    http: reqwest::Client,
+    scheme: &'static str,
     auth: RegistryAuth,
+}
+
+/// One registry's clients: oci-client's (its tokens and connections), and a plain one.
+#[derive(Clone)]
+struct Clients {
+    oci: Arc<Client>,
+    http: reqwest::Client,
+    scheme: &'static str,
 }
 
 /// What a blob is, for the registry's two endpoints.
@@ -123,10 +134,6 @@ fn compression(media_type: &str) -> Result<Compression> {
 impl Puller {
     pub fn new(settings: Settings, cache: LayerCache, store: Option<Arc<dyn ObjectStore>>) -> Self {
         Puller { settings, cache, store, clients: Mutex::default() }
-    }
-
-    pub fn cache(&self) -> &LayerCache {
-        &self.cache
     }
 
     /// The digest of `reference`'s linux/amd64 image manifest.
@@ -165,20 +172,29 @@ impl Puller {
         let reference = parse(reference)?.clone_with_digest(digest.to_string());
         let remote = self.remote(reference)?;
         let mut sources = Sources::default();
+        let mut held = vec![self.cache.hold([digest.clone()])];
         let (path, from) = self.fetch(&remote, Kind::Manifest, digest, MAX_DOCUMENT, None).await?;
         sources.count(from);
         let doc = document(&read(&path)?)?;
         let layers = image_layers(&doc)?;
         let config = doc.config.ok_or_else(|| RegistryError::Unsupported("no config".into()))?;
-        let total: u64 = layers.iter().map(|(d, _)| d.size).sum();
+        // Sizes are the registry's word: a sum past u64 is over any cap, not a wrap below it.
+        let total = layers.iter().try_fold(config.size, |sum, (d, _)| sum.checked_add(d.size));
         let cap = self.settings.max_image_bytes;
-        if total > cap {
-            let what = format!("image {}", remote.reference.whole());
-            return Err(RegistryError::TooLarge { what, size: total, cap });
-        }
-        progress.total.store(total + config.size, Ordering::Relaxed);
+        let total = match total {
+            Some(total) if total <= cap => total,
+            _ => {
+                let what = format!("image {}", remote.reference.whole());
+                let size = total.unwrap_or(u64::MAX);
+                return Err(RegistryError::TooLarge { what, size, cap });
+            }
+        };
+        progress.total.store(total, Ordering::Relaxed);
 
         let config_digest = Digest::parse(&config.digest)?;
+        let layer_digests = layers.iter().map(|(d, _)| Digest::parse(&d.digest));
+        held.push(self.cache.hold(layer_digests.collect::<Result<Vec<_>>>()?));
+        held.push(self.cache.hold([config_digest.clone()]));
         let (path, from) =
             self.fetch(&remote, Kind::Blob, &config_digest, MAX_DOCUMENT, Some(progress)).await?;
         sources.count(from);
@@ -211,7 +227,7 @@ impl Puller {
             );
         }
         let layers = fetched.into_iter().map(|(l, _)| l).collect();
-        Ok(Pulled { digest: digest.clone(), config, layers, sources })
+        Ok(Pulled { digest: digest.clone(), config, layers, sources, held })
     }
 
     /// The blob `digest` in the layer cache: from there, else the store, else the registry.
@@ -235,15 +251,21 @@ impl Puller {
         let key = Key::new(format!("{STORE_PREFIX}{}", digest.hex()))
             .map_err(|e| RegistryError::Unsupported(e.to_string()))?;
         if let Some(store) = &self.store {
-            let before = progress.map_or(0, |p| p.done.load(Ordering::Relaxed));
-            match self.from_store(store.as_ref(), &key, digest, cap, &add).await {
+            // What this fetch counted from the store, taken back if the registry must serve
+            // it (other fetches of the pull count beside it).
+            let counted = std::sync::atomic::AtomicU64::new(0);
+            let add_counted = |n: u64| {
+                counted.fetch_add(n, Ordering::Relaxed);
+                add(n);
+            };
+            match self.from_store(store.as_ref(), &key, digest, cap, &add_counted).await {
                 Ok(path) => return Ok((path, Source::Store)),
                 Err(e @ (RegistryError::DiskFull(_) | RegistryError::Io { .. })) => return Err(e),
                 Err(RegistryError::Store(StoreError::NotFound { .. })) => {}
                 Err(e) => tracing::warn!(%key, "store copy unusable: {e}; using the registry"),
             }
             if let Some(p) = progress {
-                p.done.store(before, Ordering::Relaxed);
+                p.done.fetch_sub(counted.into_inner(), Ordering::Relaxed);
             }
         }
         let mut staged = self.cache.stage(digest, cap)?;
@@ -304,31 +326,44 @@ impl Puller {
         }
         let auth = auth::credentials(&registry, settings, self.settings.auth_file.as_ref())?;
         let mut clients = self.clients.lock().unwrap_or_else(|e| e.into_inner());
-        let client = match clients.get(&registry) {
+        let c = match clients.get(&registry) {
             Some(c) => c.clone(),
             None => {
+                let connect = Duration::from_secs(5);
+                let read = Duration::from_secs(60);
                 let mut config = ClientConfig {
-                    connect_timeout: Some(Duration::from_secs(5)),
-                    read_timeout: Some(Duration::from_secs(60)),
+                    connect_timeout: Some(connect),
+                    read_timeout: Some(read),
                     ..Default::default()
                 };
+                let mut http =
+                    reqwest::Client::builder().connect_timeout(connect).read_timeout(read);
+                let mut scheme = "https";
                 if let Some(s) = settings {
                     if s.insecure {
                         config.protocol = ClientProtocol::Http;
+                        scheme = "http";
                     }
                     if let Some(ca) = &s.ca {
                         let data = std::fs::read(ca)
                             .map_err(RegistryError::io(format!("read {}", ca.display())))?;
+                        let bad_ca = |e: reqwest::Error| {
+                            RegistryError::Unsupported(format!("ca {}: {e}", ca.display()))
+                        };
+                        http = http.tls_certs_merge(
+                            reqwest::Certificate::from_pem_bundle(&data).map_err(bad_ca)?,
+                        );
                         let cert = Certificate { encoding: CertificateEncoding::Pem, data };
                         config.extra_root_certificates.push(cert);
                     }
                 }
-                let c = Arc::new(Client::new(config));
+                let http = http.build().map_err(|e| RegistryError::Unsupported(e.to_string()))?;
+                let c = Clients { oci: Arc::new(Client::new(config)), http, scheme };
                 clients.insert(registry, c.clone());
                 c
             }
         };
-        Ok(Remote { reference, client, auth })
+        Ok(Remote { reference, client: c.oci, http: c.http, scheme: c.scheme, auth })
     }
 }
 
@@ -396,21 +431,69 @@ fn check_platform(config: &[u8], reference: &Reference) -> Result<()> {
 
 impl Remote {
     /// The manifest the reference names, its digest checked when the reference pins one.
+    ///
+    /// Fetched here rather than by oci-client, which reads the whole body into memory: a
+    /// registry is whatever a template names, so a manifest that never ends must stop at
+    /// [`MAX_DOCUMENT`]. Authentication is still oci-client's (it answers the challenge).
     async fn manifest(&self) -> Result<bytes::Bytes> {
-        let (body, _) = self
+        let r = &self.reference;
+        let token = self
             .client
-            .pull_manifest_raw(&self.reference, &self.auth, MANIFEST_TYPES)
+            .auth(r, &self.auth, oci_client::RegistryOperation::Pull)
             .await
             .map_err(|e| self.error(e))?;
-        if body.len() as u64 > MAX_DOCUMENT {
-            let what = format!("manifest of {}", self.reference.whole());
-            return Err(RegistryError::TooLarge {
-                what,
-                size: body.len() as u64,
-                cap: MAX_DOCUMENT,
+        let at = r.digest().or(r.tag()).unwrap_or("latest");
+        let url = format!(
+            "{}://{}/v2/{}/manifests/{at}",
+            self.scheme,
+            r.resolve_registry(),
+            r.repository()
+        );
+        let mut req = self.http.get(url).header("accept", MANIFEST_TYPES.join(", "));
+        req = match (token, &self.auth) {
+            (Some(token), _) => req.bearer_auth(token),
+            (None, RegistryAuth::Basic(user, password)) => req.basic_auth(user, Some(password)),
+            (None, _) => req,
+        };
+        let registry = r.registry().to_string();
+        let unreachable = |e: reqwest::Error| RegistryError::Unreachable {
+            registry: registry.clone(),
+            reason: source_chain(&e),
+        };
+        let mut res = req.send().await.map_err(unreachable)?;
+        let status = res.status().as_u16();
+        let too_large = |size: u64| RegistryError::TooLarge {
+            what: format!("manifest of {}", r.whole()),
+            size,
+            cap: MAX_DOCUMENT,
+        };
+        if let Some(len) = res.content_length().filter(|&len| len > MAX_DOCUMENT) {
+            return Err(too_large(len));
+        }
+        let mut body = bytes::BytesMut::new();
+        while let Some(chunk) = res.chunk().await.map_err(unreachable)? {
+            body.extend_from_slice(&chunk);
+            if body.len() as u64 > MAX_DOCUMENT {
+                return Err(too_large(body.len() as u64));
+            }
+        }
+        if status != 200 {
+            let text = String::from_utf8_lossy(&body[..body.len().min(1024)]).into_owned();
+            return Err(match status {
+                401 | 403 => RegistryError::Denied {
+                    registry,
+                    reason: format!("HTTP {status}: credentials refused or missing"),
+                },
+                404 => RegistryError::NotFound(r.whole()),
+                429 | 500.. => RegistryError::Unreachable {
+                    registry,
+                    reason: format!("HTTP {status}: {text}"),
+                },
+                _ => RegistryError::Unsupported(format!("manifest: HTTP {status}: {text}")),
             });
         }
-        if let Some(pinned) = self.reference.digest() {
+        let body = body.freeze();
+        if let Some(pinned) = r.digest() {
             let actual = Digest::of(&body);
             if actual.to_string() != pinned {
                 let expected = pinned.to_string();

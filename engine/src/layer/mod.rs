@@ -76,11 +76,16 @@ fn bad(msg: impl Into<String>) -> EngineError {
     EngineError::BadTemplate(msg.into())
 }
 
-/// Unpacks the layer tar read from `input` (plain, gzip or zstd) into `root`, owners translated
-/// into the host range `ids`. Device nodes are skipped; setuid bits are kept (the files are only
-/// ever used under `nosuid` mounts, in 0700 directories, by owners in the sandbox's range).
+/// Unpacks the plain layer tar read from `input` into `root`, owners translated into the host
+/// range `ids`. Device nodes are skipped; setuid bits are kept (the files are only ever used
+/// under `nosuid` mounts, in 0700 directories, by owners in the sandbox's range).
+///
+/// Never decompressed here: an image layer goes through [`decompress`] once, by its caller, so
+/// what a size budget counts is what lands on disk (a gzip inside a gzip is a broken tar, not a
+/// second, uncounted expansion), and a snapshot's tar is ours, whatever its first bytes spell.
 pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> Result<()> {
-    let mut archive = tar::Archive::new(decompress(input)?);
+    // Buffered: tar reads each 512-byte header on its own.
+    let mut archive = tar::Archive::new(std::io::BufReader::with_capacity(256 << 10, input));
     // Owners are set below, translated into `ids`.
     archive.set_preserve_ownerships(false);
     archive.set_preserve_permissions(true);

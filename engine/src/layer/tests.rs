@@ -52,7 +52,7 @@ fn escaping_paths_are_rejected_and_symlinks_stay_inside() {
     let root = tempfile::tempdir().unwrap();
     let err = apply(&layer(&[("../evil", b"x")])[..], root.path(), Whiteouts::Delete, Ids::HOST)
         .unwrap_err();
-    assert!(matches!(err, EngineError::BadTemplate(_)), "{err}");
+    assert!(matches!(err, EngineError::Unsafe(_)), "{err}");
 
     // A symlink to an absolute host path, then a file "through" it: lands inside the root.
     let outside = tempfile::tempdir().unwrap();

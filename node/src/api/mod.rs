@@ -143,7 +143,7 @@ pub fn status(e: &NodeError) -> StatusCode {
         }
         RegistryDenied => StatusCode::FORBIDDEN,
         MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-        Conflict | BaseUnavailable | MemorySnapshotFailed | TemplatePulling => StatusCode::CONFLICT,
+        Conflict | BaseUnavailable | MemorySnapshotFailed => StatusCode::CONFLICT,
         NodeFull | QuotaExceeded | RateLimited => StatusCode::TOO_MANY_REQUESTS,
         Draining | Moving | AgentUnavailable | SandboxNotReady | StoreUnavailable => {
             StatusCode::SERVICE_UNAVAILABLE

@@ -127,25 +127,26 @@ pub(super) async fn get(
     Ok(axum::Json(find(&node, &name, scope.as_deref())?))
 }
 
-#[derive(Debug, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RegisterQuery {
-    /// Answer when the pull on this node has ended (`201`, or its error), not at once (`202`).
-    #[serde(default)]
-    wait: bool,
-}
-
 pub(super) async fn register(
     State(node): Shared,
     headers: HeaderMap,
-    query: axum::extract::Query<RegisterQuery>,
+    RawQuery(query): RawQuery,
     JsonBody(req): JsonBody<silk_api::RegisterTemplate>,
 ) -> Result<Response, NodeError> {
     let scope = node.principal(bearer(&headers)).scope()?;
+    // `?wait=true`: answer when the pull on this node has ended (`201`, or its error), not at
+    // once (`202`). Read by hand so a bad value is our JSON 400, not axum's plain-text one.
+    let wait = match query.as_deref() {
+        None | Some("") | Some("wait=false") => false,
+        Some("wait=true") => true,
+        Some(other) => {
+            return Err(NodeError::bad_request(format!("query {other:?}: only wait=true")));
+        }
+    };
     let n = node.clone();
     let record = detached(async move { n.register_template(req, scope.as_deref()).await }).await?;
     let name = record.name.clone();
-    if query.wait {
+    if wait {
         let n = node.clone();
         let pulled = name.clone();
         detached(async move { n.template_ready(&pulled).await }).await?;

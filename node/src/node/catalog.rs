@@ -83,20 +83,18 @@ impl Node {
             return Ok(t);
         };
         let digest = self.pinned_digest(name, &image, registered).await?;
-        let pulled = self.images.pull(name, &image, &digest).await?;
-        let def = TemplateDef { name: name.into(), source: TemplateSource::Pulled(pulled) };
         let engine = self.engine.clone();
-        let made = tokio::task::spawn_blocking(move || engine.template(&def))
-            .await
-            .map_err(|e| NodeError::internal(format!("engine task failed: {e}")))?;
-        let t = made.map_err(|e| {
-            let e = match e {
+        let unpack = |pulled| async move {
+            let def = TemplateDef { name: name.into(), source: TemplateSource::Pulled(pulled) };
+            let made = tokio::task::spawn_blocking(move || engine.template(&def))
+                .await
+                .map_err(|e| NodeError::internal(format!("engine task failed: {e}")))?;
+            made.map_err(|e| match e {
                 EngineError::Unsafe(m) => NodeError::new(Code::ImageUnsafe, m),
                 other => NodeError::from(other),
-            };
-            self.images.failed(name, &digest, &e);
-            e
-        })?;
+            })
+        };
+        let t = self.images.pull(name, &image, &digest, unpack).await?;
         // Unless the template was refreshed or removed meanwhile.
         if self.image_template(name).is_some_and(|(i, r)| {
             i == image && r.or_else(|| self.images.pinned(name, &i)).as_ref() == Some(&digest)

@@ -181,11 +181,17 @@ impl Node {
         here + self.fleet().map_or(0, |f| f.tenant_sandboxes(tenant))
     }
 
-    /// After `tenant` was deleted here: its checkpoints go from the store, and this node's
-    /// share of its sandboxes and templates goes at once (the others' as they learn of it).
+    /// After `tenant` was deleted here: its checkpoints and registered templates go from the
+    /// store, and this node's share of its sandboxes and templates goes at once (the others' as
+    /// they learn of it).
     pub async fn forget_tenant(&self, tenant: &str) -> Result<(), NodeError> {
         for ck in self.checkpoints(None, Some(tenant)).await? {
             self.delete_checkpoint(&ck.id).await?;
+        }
+        // Its registered templates are the fleet's records: they go from the store here, those
+        // this node has not read yet too.
+        for name in self.images.stored_under(&format!("{tenant}/")).await? {
+            self.unregister_template(&name).await?;
         }
         self.clear_tenant(tenant).await;
         Ok(())

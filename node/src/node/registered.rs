@@ -33,8 +33,12 @@ impl Node {
         }
         self.name_is_free(&name)?;
         let digest = self.images.resolve(&req.image).await?;
-        // Resolving takes a round trip to the registry: look again.
+        // Resolving takes a round trip to the registry: look again, and in the store (another
+        // node may have registered it since this one last read it).
         self.name_is_free(&name)?;
+        if self.images.stored(&name).await? {
+            return Err(conflict(format!("{name:?} is a registered template; pick another name")));
+        }
         let record = Registered {
             name: name.clone(),
             image: req.image,
@@ -118,8 +122,10 @@ impl Node {
         if changed {
             tracing::info!(template = name, %image, digest, "template pinned to a new image");
             self.drop_template(name);
-            self.pull_in_background(name);
         }
+        // Pulled here whether or not it changed, so the caller that follows its pull sees it
+        // end (at once, when it was pulled already).
+        self.pull_in_background(name);
         Ok(digest)
     }
 

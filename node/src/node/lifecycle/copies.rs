@@ -313,6 +313,11 @@ impl Node {
             _ => name.to_string(),
         };
         let name = full.as_str();
+        if self.images.registered(name).is_some() {
+            return Err(conflict(format!(
+                "{name:?} is a registered template; promote under another name"
+            )));
+        }
         let owner = (!by_root).then(|| live.record.token_hash.clone());
         // A tenant's template is its tenant's to replace: any of its sandboxes or its key.
         let tenant_owned = full.contains('/');
