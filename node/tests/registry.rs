@@ -95,15 +95,24 @@ fn configured_refs_pull_by_tag_and_digest_zstd_and_multi_platform_and_tags_stay_
     );
     assert_eq!(run(&n, "multi", "cat /platform"), "linux/amd64", "the index's amd64 image");
 
-    // The tag moves: the template stays on the image it was pinned to until a refresh.
+    // A configured name is no name to register.
+    let (status, v) = register(&n, "tag", &format!("{h}/tiny:v1"), false);
+    assert_eq!((status, code(&v)), (409, "conflict"), "{v}");
+
+    // The tag moves: the template stays on the image it was pinned to until a refresh, its
+    // warm sandboxes too; a refresh replaces those.
+    let pools = r#"{"pools": [{"template": "tag", "warm": 1}]}"#;
+    assert_eq!(n.req("PUT", "/v1/pools", Some(ROOT), Some(pools)).0, 200);
+    n.wait_warm(1);
     let v2 = push(&r, dir.path(), "tiny:v1", "hello v2", false);
     assert_ne!(v1, v2);
     assert_eq!(run(&n, "tag", "echo $GREETING"), "hello v1");
+    n.wait_warm(1);
     let (status, v) = n.req("POST", "/v1/templates/tag/refresh", Some(ROOT), None);
     assert_eq!(status, 200, "{v}");
     assert_eq!(v["image_digest"], v2.as_str());
     eventually("the refreshed image is pulled", || template(&n, "tag").1["status"] == "ready");
-    assert_eq!(run(&n, "tag", "echo $GREETING"), "hello v2");
+    assert_eq!(run(&n, "tag", "echo $GREETING"), "hello v2", "the old warm sandbox was flushed");
     // A template that is no registry image has nothing to refresh.
     let (status, v) = n.req("POST", "/v1/templates/host/refresh", Some(ROOT), None);
     assert_eq!((status, code(&v)), (409, "conflict"), "{v}");
@@ -126,7 +135,7 @@ fn a_registered_template_runs_on_every_node_and_the_second_takes_its_layers_from
         registries(&[&r]),
         store.display()
     );
-    let a = Sandboxd::start_at("127.0.0.62:0", &cfg);
+    let mut a = Sandboxd::start_at("127.0.0.62:0", &cfg);
     let b = Sandboxd::start_at("127.0.0.63:0", &cfg);
 
     let image = format!("{}/agent/base:v4", r.host());
@@ -147,6 +156,11 @@ fn a_registered_template_runs_on_every_node_and_the_second_takes_its_layers_from
     let (_, v) = template(&b, "base");
     assert_eq!(v["status"], "ready", "{v}");
     assert_eq!(r.blob_gets(), pulled_once, "b pulled no blob from the registry");
+
+    // A registered template outlives its node's restart (kill -9).
+    a.restart();
+    assert_eq!(template(&a, "base").0, 200);
+    assert_eq!(run(&a, "base", "echo $GREETING"), "hello fleet");
 
     // Names are the fleet's: a clash is refused, whoever holds the name.
     let (status, v) = register(&b, "base", &image, false);
@@ -223,7 +237,7 @@ fn bad_images_answer_their_own_codes_and_nothing_half_made_is_used() {
     )
     .unwrap();
     let n = Sandboxd::start(&format!(
-        "max_image_unpacked_mib = 8\nregistry_auth_file = \"{}\"\n{}",
+        "max_image_mib = 4\nmax_image_unpacked_mib = 8\nregistry_auth_file = \"{}\"\n{}",
         auth_file.display(),
         registries(&[&open, &locked, &gone])
     ));
@@ -279,6 +293,34 @@ fn bad_images_answer_their_own_codes_and_nothing_half_made_is_used() {
     images::busybox_archive(&bomb, "bomb", &[("/zeros", vec![0; 16 << 20])]);
     open.push_archive(&bomb, "bomb:v1", false);
     failing("bomb", &format!("{o}/bomb:v1"), 413, "image_too_large");
+
+    // Over max_image_mib as the manifest declares it: 6 MiB that does not compress.
+    let huge = dir.path().join("huge.tar");
+    let mut noise = vec![0u8; 6 << 20];
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    for b in &mut noise {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x as u8;
+    }
+    images::busybox_archive(&huge, "huge", &[("/noise", noise)]);
+    open.push_archive(&huge, "huge:v1", false);
+    failing("huge", &format!("{o}/huge:v1"), 413, "image_too_large");
+
+    // The right password opens the basic-auth registry the wrong one could not.
+    let right = dir.path().join("right.json");
+    let basic = silk_testkit::registry::basic_auth("alice", "right");
+    std::fs::write(&right, json!({ "auths": { l.clone(): { "auth": basic } } }).to_string())
+        .unwrap();
+    let trusted = Sandboxd::start(&format!(
+        "registry_auth_file = \"{}\"\n{}",
+        right.display(),
+        registries(&[&locked])
+    ));
+    let (got, v) = register(&trusted, "private", &format!("{l}/private:v1"), true);
+    assert_eq!(got, 201, "{v}");
+    assert_eq!(run(&trusted, "private", "echo $GREETING"), "secret");
 
     // The disk reserve: a node that keeps more free space than the disk has pulls nothing.
     let full = Sandboxd::start(&format!("min_free_mib = 1000000000\n{}", registries(&[&open])));

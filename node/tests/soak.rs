@@ -220,6 +220,12 @@ fn client(
                 ("release", answer)
             }
         };
+        if let Some((status, v)) = &answer
+            && *status >= 500
+            && *status != 503
+        {
+            eprintln!("soak: {op} answered {status}: {v}");
+        }
         tally.lock().unwrap().answered(op, answer.as_ref().map(|a| a.0));
         if answer.is_none() {
             std::thread::sleep(Duration::from_millis(20)); // the node is down
