@@ -63,20 +63,57 @@ pub fn run(args: RegistryArgs) -> anyhow::Result<()> {
         let cfg = FsConfig { fsync: false, ..FsConfig::new(&store_dir) };
         Ok(Arc::new(runtime.block_on(FsStore::open(cfg))?))
     };
-    // One pull into a fresh layer cache, from `store` (when given) or the registry.
-    let pull = |store: Option<Arc<dyn ObjectStore>>, n: usize| -> anyhow::Result<(Duration, u32)> {
+    // One pull into a fresh layer cache, from `store` (when given) or the registry; with
+    // `unpack`, also its layers unpacked, as a template's import does, and `tar -xzf` of the
+    // same blobs beside it.
+    let pull = |store: Option<Arc<dyn ObjectStore>>,
+                n: usize,
+                unpack: Option<(&mut Samples, &mut Samples)>|
+     -> anyhow::Result<(Duration, u32)> {
         let cache_dir = work.path().join(format!("cache-{n}"));
         let cache = LayerCache::open(&cache_dir, u64::MAX, 0)?;
         let puller = Puller::new(settings.clone(), cache, store);
         let t0 = Instant::now();
         let pulled = runtime.block_on(puller.pull(&reference, &digest, &Progress::default()))?;
         let took = t0.elapsed();
+        if let Some((ours, tar)) = unpack {
+            let root = work.path().join("unpacked");
+            let t0 = Instant::now();
+            for l in &pulled.layers {
+                let file = std::fs::File::open(&l.path)?;
+                let plain = silk_engine::layer::decompress(file)?;
+                let ids = silk_engine::layer::Ids::HOST;
+                silk_engine::layer::apply(
+                    plain,
+                    &root,
+                    silk_engine::layer::Whiteouts::Delete,
+                    ids,
+                )?;
+            }
+            ours.push(t0.elapsed());
+            std::fs::remove_dir_all(&root)?;
+            std::fs::create_dir(&root)?;
+            let t0 = Instant::now();
+            for l in &pulled.layers {
+                let ok = std::process::Command::new("tar")
+                    .args(["-xzf"])
+                    .arg(&l.path)
+                    .arg("-C")
+                    .arg(&root)
+                    .status()?
+                    .success();
+                anyhow::ensure!(ok, "tar -xzf failed");
+            }
+            tar.push(t0.elapsed());
+            std::fs::remove_dir_all(&root)?;
+        }
         std::fs::remove_dir_all(&cache_dir)?;
         Ok((took, pulled.sources.registry))
     };
 
     let (mut floor, mut bare, mut shared, mut from_store) =
         (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    let (mut unpack, mut untar) = (Samples::default(), Samples::default());
     let mut n = 0;
     for _ in 0..args.runs {
         let out = work.path().join("skopeo-dir");
@@ -90,15 +127,15 @@ pub fn run(args: RegistryArgs) -> anyhow::Result<()> {
         anyhow::ensure!(status.success(), "skopeo copy failed");
         std::fs::remove_dir_all(&out)?;
         n += 1;
-        bare.push(pull(None, n)?.0);
+        bare.push(pull(None, n, Some((&mut unpack, &mut untar)))?.0);
         // A first node: from the registry, each blob then put in the (emptied) store.
         let store = open_store()?;
         n += 1;
-        shared.push(pull(Some(store.clone()), n)?.0);
+        shared.push(pull(Some(store.clone()), n, None)?.0);
         // A second node: every blob from the store.
         let gets = registry.blob_gets().len();
         n += 1;
-        let (took, from_registry) = pull(Some(store), n)?;
+        let (took, from_registry) = pull(Some(store), n, None)?;
         anyhow::ensure!(from_registry == 0 && registry.blob_gets().len() == gets);
         from_store.push(took);
     }
@@ -120,6 +157,19 @@ pub fn run(args: RegistryArgs) -> anyhow::Result<()> {
             row("silk-registry pull, no store", &bare),
             row("first node: registry → cache, shared to the store", &shared),
             row("second node: store → cache (no registry blob GET)", &from_store),
+        ],
+    );
+    let untar_p50 = untar.pct(0.5);
+    table(
+        "Unpacking the pulled layer (p50; × the floor's p50)",
+        &["arm", "p50 ms", "× floor"],
+        &[
+            vec!["floor: tar -xzf".into(), ms(untar_p50), "1.00×".into()],
+            vec![
+                "layer::decompress + layer::apply (as a template import)".into(),
+                ms(unpack.pct(0.5)),
+                format!("{:.2}×", unpack.pct(0.5).as_secs_f64() / untar_p50.as_secs_f64()),
+            ],
         ],
     );
     Ok(())
