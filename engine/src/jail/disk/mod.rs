@@ -47,6 +47,8 @@ pub struct Disks {
     mechanism: DiskMechanism,
     sizes: DiskSizes,
     stock: Option<Stock>,
+    /// Blank images new ones are copied from (see [`image::make_copy`]).
+    blanks: PathBuf,
 }
 
 impl Disks {
@@ -54,9 +56,10 @@ impl Disks {
     /// mounts again the images of boxes a host reboot unmounted (made while `bound` was on).
     pub fn open(data_dir: &Path, sizes: DiskSizes, bound: bool) -> Disks {
         let boxes = data_dir.join("boxes");
+        let blanks = data_dir.join("disk-blanks");
         remount_images(&boxes);
         if !bound {
-            return Disks { mechanism: DiskMechanism::None, sizes, stock: None };
+            return Disks { mechanism: DiskMechanism::None, sizes, stock: None, blanks };
         }
         let unbounded = |why: String| {
             tracing::warn!("sandboxes' disk use is not bounded: {why}");
@@ -75,12 +78,12 @@ impl Disks {
             Err(e) => unbounded(e.to_string()),
         };
         let stock = match mechanism {
-            DiskMechanism::Ext4Image => Stock::open(&data_dir.join("disks"), sizes)
+            DiskMechanism::Ext4Image => Stock::open(&data_dir.join("disks"), &blanks, sizes)
                 .inspect_err(|e| tracing::warn!("no stock of disk images: {e}"))
                 .ok(),
             _ => None,
         };
-        Disks { mechanism, sizes, stock }
+        Disks { mechanism, sizes, stock, blanks }
     }
 
     pub fn mechanism(&self) -> DiskMechanism {
@@ -101,7 +104,7 @@ impl Disks {
                     None => false,
                 };
                 if !taken {
-                    image::make(&image, bytes)?;
+                    image::make_copy(&self.blanks, &image, bytes)?;
                     image::mount(&image, &at)?;
                 }
                 Ok(())

@@ -31,6 +31,7 @@ pub struct Stock {
 #[derive(Debug)]
 struct Shared {
     dir: PathBuf,
+    blanks: PathBuf,
     sizes: DiskSizes,
     state: Mutex<State>,
     wake: Condvar,
@@ -52,7 +53,7 @@ fn tier(size: Size) -> usize {
 
 impl Stock {
     /// Opens the stock under `disks`, clearing what dead engines left there.
-    pub fn open(disks: &Path, sizes: DiskSizes) -> io::Result<Stock> {
+    pub fn open(disks: &Path, blanks: &Path, sizes: DiskSizes) -> io::Result<Stock> {
         std::fs::create_dir_all(disks)?;
         clear_abandoned(disks);
         let instance = format!("{}-{:x}", std::process::id(), super::super::host::now_ms());
@@ -65,6 +66,7 @@ impl Stock {
         }
         let shared = Arc::new(Shared {
             dir,
+            blanks: blanks.to_path_buf(),
             sizes,
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
@@ -148,7 +150,7 @@ fn refill(shared: &Shared) {
             (TIERS[short], state.next)
         };
         let entry = shared.dir.join(n.to_string());
-        match make_entry(&entry, shared.sizes.of(size)) {
+        match make_entry(&entry, &shared.blanks, shared.sizes.of(size)) {
             Ok(()) => {
                 let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
                 state.ready[tier(size)].push(entry);
@@ -163,10 +165,10 @@ fn refill(shared: &Shared) {
     }
 }
 
-fn make_entry(entry: &Path, bytes: u64) -> io::Result<()> {
+fn make_entry(entry: &Path, blanks: &Path, bytes: u64) -> io::Result<()> {
     std::fs::create_dir(entry)?;
     std::fs::create_dir(entry.join("mnt"))?;
-    image::make(&entry.join("disk.img"), bytes)?;
+    image::make_copy(blanks, &entry.join("disk.img"), bytes)?;
     image::mount(&entry.join("disk.img"), &entry.join("mnt"))
 }
 
