@@ -38,6 +38,12 @@ pub struct NodeArgs {
     /// Also measure this build with its API over TLS.
     #[arg(long)]
     tls: bool,
+    /// Also time a burst of this many claims from a pool pre-filled with as many, by
+    /// `--burst-clients` clients at once, beside as many `GET /healthz` (0: skipped).
+    #[arg(long, default_value_t = 0)]
+    burst: usize,
+    #[arg(long, default_value_t = 16)]
+    burst_clients: usize,
 }
 
 pub(crate) const TOKEN: &str = "bench-root-token";
@@ -187,7 +193,12 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
                 Some(silk_testkit::tls_client(&certs.join("ca.pem"))),
             ));
         }
-        sections(&args, &nodes)
+        sections(&args, &nodes)?;
+        drop(nodes);
+        if args.burst > 0 {
+            burst(&args, &work)?;
+        }
+        Ok(())
     })();
     // Disk images of sandboxes a killed node left are still mounted.
     silk_engine::jail::unmount_under(&work);
@@ -195,8 +206,111 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
     result
 }
 
+/// `total` calls of `call` by `clients` threads at once, each on its own kept connection:
+/// the wall time and each call's latency.
+fn spread(
+    addr: SocketAddr,
+    clients: usize,
+    total: usize,
+    call: impl Fn(&mut Http) -> anyhow::Result<()> + Sync,
+) -> anyhow::Result<(Duration, Samples)> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let mut conns =
+        (0..clients).map(|_| Http::connect(addr)).collect::<anyhow::Result<Vec<_>>>()?;
+    let start = std::sync::Barrier::new(clients + 1);
+    let (wall, per_client) = std::thread::scope(|scope| {
+        let workers: Vec<_> = conns
+            .iter_mut()
+            .map(|http| {
+                let (next, start, call) = (&next, &start, &call);
+                scope.spawn(move || -> anyhow::Result<Samples> {
+                    let mut took = Samples::default();
+                    start.wait();
+                    while next.fetch_add(1, Ordering::Relaxed) < total {
+                        let t = Instant::now();
+                        call(http)?;
+                        took.push(t.elapsed());
+                    }
+                    Ok(took)
+                })
+            })
+            .collect();
+        start.wait();
+        let t0 = Instant::now();
+        let joined: Vec<_> = workers.into_iter().map(|w| w.join()).collect();
+        (t0.elapsed(), joined)
+    });
+    let mut all = Samples::default();
+    for joined in per_client {
+        all.extend(joined.map_err(|_| anyhow::anyhow!("a client thread panicked"))??);
+    }
+    Ok((wall, all))
+}
+
+/// A burst of claims from a pool pre-filled to the burst's size (disks unbounded: a loop
+/// device per sandbox is not what is measured), beside the same number of `GET /healthz`.
+fn burst(args: &NodeArgs, work: &std::path::Path) -> anyhow::Result<()> {
+    let n = args.burst;
+    let dir = work.join("burst");
+    std::fs::create_dir_all(&dir)?;
+    let config = format!(
+        "max_claims = 100000\nmax_warm = {n}\n[disk]\nbounded = false\n[[pools]]\n\
+         template = \"host\"\nwarm = {n}\nwarm_max = {n}\n"
+    );
+    let node = NodeProc::start(&args.silkd, &dir, &config)?;
+    let mut http = Http::connect(node.addr)?;
+    let t = Instant::now();
+    wait_warm_for(&mut http, n, Duration::from_secs(600))?;
+    let filled = t.elapsed();
+    let clients = args.burst_clients;
+    let (floor_wall, floor) = spread(node.addr, clients, n, |h| {
+        let (status, _) = h.call("GET", "/healthz", "")?;
+        anyhow::ensure!(status == 200, "healthz answered {status}");
+        Ok(())
+    })?;
+    let (claims_wall, claims) = spread(node.addr, clients, n, |h| {
+        let (status, body) = h.call("POST", "/v1/sandboxes", "{}")?;
+        anyhow::ensure!(status == 201, "claim answered {status}: {body}");
+        anyhow::ensure!(json(&body)["tier"] == "warm", "not a warm hit: {body}");
+        Ok(())
+    })?;
+    let per_s = |wall: Duration| format!("{:.0}", n as f64 / wall.as_secs_f64());
+    table(
+        &format!(
+            "burst: {n} claims from a pool pre-filled with {n} (filled in {:.1} s), {clients} clients on kept connections",
+            filled.as_secs_f64()
+        ),
+        &["arm", "wall", "per second", "p50", "p99", "wall ratio"],
+        &[
+            vec![
+                format!("{n} × `GET /healthz` (floor)"),
+                us(floor_wall),
+                per_s(floor_wall),
+                us(floor.pct(0.5)),
+                us(floor.pct(0.99)),
+                "1.00".into(),
+            ],
+            vec![
+                format!("{n} × `POST /v1/sandboxes`, warm hits"),
+                us(claims_wall),
+                per_s(claims_wall),
+                us(claims.pct(0.5)),
+                us(claims.pct(0.99)),
+                format!("{:.2}", claims_wall.as_secs_f64() / floor_wall.as_secs_f64()),
+            ],
+        ],
+    );
+    Ok(())
+}
+
 fn wait_warm(http: &mut Http, n: usize) -> anyhow::Result<()> {
-    for _ in 0..3000 {
+    wait_warm_for(http, n, Duration::from_secs(15))
+}
+
+fn wait_warm_for(http: &mut Http, n: usize, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    while Instant::now() < deadline {
         let (_, info) = http.call("GET", "/v1/info", "")?;
         if json(&info)["pools"][0]["warm"] == n {
             return Ok(());

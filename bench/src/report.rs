@@ -17,6 +17,10 @@ impl Samples {
         v[((v.len() - 1) as f64 * p).round() as usize]
     }
 
+    pub fn extend(&mut self, other: Samples) {
+        self.0.extend(other.0);
+    }
+
     pub fn len(&self) -> usize {
         self.0.len()
     }
