@@ -44,6 +44,10 @@ pub struct NodeArgs {
     burst: usize,
     #[arg(long, default_value_t = 16)]
     burst_clients: usize,
+    /// Also time `GET /v1/checkpoints` with this many checkpoints in the node's (fs) store,
+    /// on this build and the baseline (0: skipped).
+    #[arg(long, default_value_t = 0)]
+    checkpoints: usize,
 }
 
 pub(crate) const TOKEN: &str = "bench-root-token";
@@ -198,6 +202,9 @@ pub fn run(args: NodeArgs) -> anyhow::Result<()> {
         if args.burst > 0 {
             burst(&args, &work)?;
         }
+        if args.checkpoints > 0 {
+            listing(&args, &work)?;
+        }
         Ok(())
     })();
     // Disk images of sandboxes a killed node left are still mounted.
@@ -300,6 +307,65 @@ fn burst(args: &NodeArgs, work: &std::path::Path) -> anyhow::Result<()> {
                 format!("{:.2}", claims_wall.as_secs_f64() / floor_wall.as_secs_f64()),
             ],
         ],
+    );
+    Ok(())
+}
+
+/// `GET /v1/checkpoints` with `--checkpoints` of them in the store (small ones, written here
+/// through the store's own snapshot API), on each build in turn, beside `GET /healthz`.
+fn listing(args: &NodeArgs, work: &std::path::Path) -> anyhow::Result<()> {
+    let n = args.checkpoints;
+    let store_dir = work.join("listing-store");
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let t = Instant::now();
+    rt.block_on(async {
+        let cfg =
+            silk_store::fs::FsConfig { fsync: false, ..silk_store::fs::FsConfig::new(&store_dir) };
+        let store: std::sync::Arc<dyn silk_store::ObjectStore> =
+            std::sync::Arc::new(silk_store::fs::FsStore::open(cfg).await?);
+        let snaps = silk_store::SnapshotStore::new(store, Default::default(), None)?;
+        for i in 0..n {
+            let name = silk_store::SnapshotName::checkpoint(&format!("{i:032x}"))?;
+            let meta = [("sandbox", "sb-bench"), ("template", "host"), ("token_hash", "x")]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into();
+            snaps.put(&name, &b"a small checkpoint"[..], meta).await?;
+        }
+        anyhow::Ok(())
+    })?;
+    let filled = t.elapsed();
+    let config = format!("[store.fs]\nroot = {store_dir:?}\n");
+    let this = std::env::current_exe()?.with_file_name("sandboxd");
+    let mut rows = vec![];
+    for (name, binary) in
+        std::iter::once(("this build", this)).chain(args.baseline.clone().map(|b| ("baseline", b)))
+    {
+        let dir = work.join(format!("listing-{}", name.replace(' ', "-")));
+        std::fs::create_dir_all(&dir)?;
+        let node = NodeProc::start_binary(&binary, &args.silkd, &dir, &config)?;
+        let mut http = Http::connect(node.addr)?;
+        let (mut floor, mut list) = (Samples::default(), Samples::default());
+        for _ in 0..5 {
+            let t = Instant::now();
+            http.call("GET", "/healthz", "")?;
+            floor.push(t.elapsed());
+            let t = Instant::now();
+            let (status, body) = http.call("GET", "/v1/checkpoints", "")?;
+            list.push(t.elapsed());
+            anyhow::ensure!(status == 200, "list answered {status}");
+            let listed = json(&body)["checkpoints"].as_array().map_or(0, Vec::len);
+            anyhow::ensure!(listed == n, "listed {listed} of {n}");
+        }
+        rows.push(row(&format!("{name}: `GET /healthz` (floor)"), &floor, &floor));
+        rows.push(row(&format!("{name}: `GET /v1/checkpoints`, {n} listed"), &list, &floor));
+    }
+    table(
+        &format!(
+            "listing {n} checkpoints in the fs store (written in {:.1} s; n = 5 each)",
+            filled.as_secs_f64()
+        ),
+        &["arm", "p50", "p90", "max", "p50 ratio"],
+        &rows,
     );
     Ok(())
 }
