@@ -19,7 +19,7 @@ use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use silk_api::{ErrorDetail, PullStatus};
 use silk_engine::{PulledImage, Template};
-use silk_registry::{Digest, LayerCache, Progress, Puller, RegistryError};
+use silk_registry::{Digest, Held, LayerCache, Progress, Puller, RegistryError};
 use silk_store::{Key, ObjectStore, StoreError};
 
 use crate::config::Config;
@@ -127,7 +127,7 @@ fn read_json<T: for<'de> Deserialize<'de> + Default>(path: &PathBuf) -> T {
     std::fs::read(path).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
 }
 
-fn save_json(path: &PathBuf, value: &impl Serialize) {
+fn save_json(path: &std::path::Path, value: &impl Serialize) {
     let json = serde_json::to_vec_pretty(value).unwrap_or_default();
     if let Err(e) = crate::durable::replace(path, &json) {
         tracing::warn!("saving {}: {e}", path.display());
@@ -284,8 +284,9 @@ impl Images {
 
     /// The image `digest` of `image`'s repository, pulled for template `name` and made a
     /// template by `unpack` (once: a caller that waited for another's pull gets its result,
-    /// failed or not; a later one tries again). It is `ready` only once unpacked, and its blobs
-    /// stay in the layer cache until then.
+    /// failed or not; a later one tries again). It is `ready` only once unpacked; `unpack` keeps
+    /// the holds on its blobs until it has read them (they are otherwise the layer cache's to
+    /// collect).
     pub async fn pull<Unpack, Unpacked>(
         &self,
         name: &str,
@@ -294,7 +295,7 @@ impl Images {
         unpack: Unpack,
     ) -> Result<Template, NodeError>
     where
-        Unpack: FnOnce(PulledImage) -> Unpacked,
+        Unpack: FnOnce(PulledImage, Vec<Held>) -> Unpacked,
         Unpacked: Future<Output = Result<Template, NodeError>>,
     {
         use std::sync::atomic::Ordering::Relaxed;
@@ -337,9 +338,7 @@ impl Images {
                     max_bytes: self.max_unpacked,
                     min_free_bytes: self.min_free,
                 };
-                let made = unpack(pulled).await;
-                drop(p.held);
-                made
+                unpack(pulled, p.held).await
             }
             Err(e) => Err(registry_error(e)),
         };

@@ -10,9 +10,11 @@
 //!   registry, and then goes to the store. Every blob's digest is checked on arrival, whichever
 //!   the source: a registry and a store are both outside the node.
 //!
-//! The registry protocol (manifests, blobs, the bearer-token challenge, basic auth) is
-//! `oci-client`'s; this crate reads the manifests itself, so a platform that is missing and a
-//! media type it cannot unpack are errors of their own.
+//! The registry protocol's blobs and authentication (the bearer-token challenge, basic auth)
+//! are `oci-client`'s. Manifests this crate fetches itself, with oci-client's credentials:
+//! oci-client reads a manifest whole into memory, and a registry is whatever a template names,
+//! so a manifest is read no further than 4 MiB and within 120 s. It parses them itself too, so
+//! a platform that is missing and a media type it cannot unpack are errors of their own.
 
 mod auth;
 mod cache;

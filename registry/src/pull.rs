@@ -22,6 +22,8 @@ use crate::{
 
 /// Manifests and image configs are small; a larger one is refused before it is read whole.
 const MAX_DOCUMENT: u64 = 4 << 20;
+/// How long a manifest may take to arrive whole.
+const MANIFEST_WITHIN: Duration = Duration::from_secs(120);
 /// Blobs fetched at once in one pull (a registry's usual per-client allowance).
 const PARALLEL: usize = 3;
 /// Where the fleet keeps the blobs its nodes pulled, by digest.
@@ -258,7 +260,7 @@ impl Puller {
                 counted.fetch_add(n, Ordering::Relaxed);
                 add(n);
             };
-            match self.from_store(store.as_ref(), &key, digest, cap, &add_counted).await {
+            match self.fetch_from_store(store.as_ref(), &key, digest, cap, &add_counted).await {
                 Ok(path) => return Ok((path, Source::Store)),
                 Err(e @ (RegistryError::DiskFull(_) | RegistryError::Io { .. })) => return Err(e),
                 Err(RegistryError::Store(StoreError::NotFound { .. })) => {}
@@ -294,7 +296,7 @@ impl Puller {
         Ok((path, Source::Registry))
     }
 
-    async fn from_store(
+    async fn fetch_from_store(
         &self,
         store: &dyn ObjectStore,
         key: &Key,
@@ -336,8 +338,10 @@ impl Puller {
                     read_timeout: Some(read),
                     ..Default::default()
                 };
-                let mut http =
-                    reqwest::Client::builder().connect_timeout(connect).read_timeout(read);
+                let mut http = reqwest::Client::builder()
+                    .connect_timeout(connect)
+                    .read_timeout(read)
+                    .user_agent(concat!("silkmesh-sandboxd/", env!("CARGO_PKG_VERSION")));
                 let mut scheme = "https";
                 if let Some(s) = settings {
                     if s.insecure {
@@ -436,6 +440,18 @@ impl Remote {
     /// registry is whatever a template names, so a manifest that never ends must stop at
     /// [`MAX_DOCUMENT`]. Authentication is still oci-client's (it answers the challenge).
     async fn manifest(&self) -> Result<bytes::Bytes> {
+        // A whole answer within this, not only each read within the client's read timeout: a
+        // registry that trickles a byte a minute holds no pull (and its name's lock) for ever.
+        match tokio::time::timeout(MANIFEST_WITHIN, self.fetch_manifest()).await {
+            Ok(got) => got,
+            Err(_) => Err(RegistryError::Unreachable {
+                registry: self.reference.registry().to_string(),
+                reason: format!("no whole manifest within {} s", MANIFEST_WITHIN.as_secs()),
+            }),
+        }
+    }
+
+    async fn fetch_manifest(&self) -> Result<bytes::Bytes> {
         let r = &self.reference;
         let token = self
             .client
@@ -462,6 +478,31 @@ impl Remote {
         };
         let mut res = req.send().await.map_err(unreachable)?;
         let status = res.status().as_u16();
+        if status != 200 {
+            // What a refusal says, from its first KiB only.
+            let mut text = Vec::new();
+            while text.len() < 1024 {
+                match res.chunk().await {
+                    Ok(Some(chunk)) => text.extend_from_slice(&chunk),
+                    _ => break,
+                }
+            }
+            text.truncate(1024);
+            let text = String::from_utf8_lossy(&text).into_owned();
+            // The distribution spec's error codes, where the registry sends them; else the status.
+            let says = |code: &str| text.contains(&format!("\"{code}\""));
+            return Err(if says("MANIFEST_UNKNOWN") || says("NAME_UNKNOWN") || status == 404 {
+                RegistryError::NotFound(r.whole())
+            } else if says("UNAUTHORIZED") || says("DENIED") || matches!(status, 401 | 403) {
+                RegistryError::Denied {
+                    registry: registry.clone(),
+                    reason: format!("HTTP {status}: credentials refused or missing"),
+                }
+            } else {
+                let reason = format!("HTTP {status}: {text}");
+                RegistryError::Unreachable { registry: registry.clone(), reason }
+            });
+        }
         let too_large = |size: u64| RegistryError::TooLarge {
             what: format!("manifest of {}", r.whole()),
             size,
@@ -476,21 +517,6 @@ impl Remote {
             if body.len() as u64 > MAX_DOCUMENT {
                 return Err(too_large(body.len() as u64));
             }
-        }
-        if status != 200 {
-            let text = String::from_utf8_lossy(&body[..body.len().min(1024)]).into_owned();
-            return Err(match status {
-                401 | 403 => RegistryError::Denied {
-                    registry,
-                    reason: format!("HTTP {status}: credentials refused or missing"),
-                },
-                404 => RegistryError::NotFound(r.whole()),
-                429 | 500.. => RegistryError::Unreachable {
-                    registry,
-                    reason: format!("HTTP {status}: {text}"),
-                },
-                _ => RegistryError::Unsupported(format!("manifest: HTTP {status}: {text}")),
-            });
         }
         let body = body.freeze();
         if let Some(pinned) = r.digest() {

@@ -84,11 +84,15 @@ impl Node {
         };
         let digest = self.pinned_digest(name, &image, registered).await?;
         let engine = self.engine.clone();
-        let unpack = |pulled| async move {
+        let unpack = |pulled, held| async move {
             let def = TemplateDef { name: name.into(), source: TemplateSource::Pulled(pulled) };
-            let made = tokio::task::spawn_blocking(move || engine.template(&def))
-                .await
-                .map_err(|e| NodeError::internal(format!("engine task failed: {e}")))?;
+            // The blobs stay held while the import reads them, even if this call is dropped.
+            let made = tokio::task::spawn_blocking(move || {
+                let _held: Vec<silk_registry::Held> = held;
+                engine.template(&def)
+            })
+            .await
+            .map_err(|e| NodeError::internal(format!("engine task failed: {e}")))?;
             made.map_err(|e| match e {
                 EngineError::Unsafe(m) => NodeError::new(Code::ImageUnsafe, m),
                 other => NodeError::from(other),

@@ -57,6 +57,7 @@ impl Disks {
     pub fn open(data_dir: &Path, sizes: DiskSizes, bound: bool) -> Disks {
         let boxes = data_dir.join("boxes");
         let blanks = data_dir.join("disk-blanks");
+        image::sweep_blanks(&blanks);
         remount_images(&boxes);
         if !bound {
             return Disks { mechanism: DiskMechanism::None, sizes, stock: None, blanks };
