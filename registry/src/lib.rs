@@ -21,6 +21,7 @@ mod cache;
 mod digest;
 mod error;
 mod pull;
+mod remote;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
