@@ -242,6 +242,18 @@ async fn claim(
     }
 }
 
+/// A route's one boolean query parameter `name` (absent: false). Read by hand, not by axum's
+/// query extractor, so a bad value is our JSON 400, not its plain-text one.
+fn flag(query: Option<&str>, name: &str) -> Result<bool, NodeError> {
+    let query = query.unwrap_or("");
+    match query.split_once('=') {
+        None if query.is_empty() => Ok(false),
+        Some((n, "true")) if n == name => Ok(true),
+        Some((n, "false")) if n == name => Ok(false),
+        _ => Err(NodeError::bad_request(format!("query {query:?}: only {name}=true"))),
+    }
+}
+
 fn percent_decode(s: &str) -> String {
     let b = s.as_bytes();
     let hex = |c: u8| (c as char).to_digit(16);

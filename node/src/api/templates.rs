@@ -135,14 +135,8 @@ pub(super) async fn register(
 ) -> Result<Response, NodeError> {
     let scope = node.principal(bearer(&headers)).scope()?;
     // `?wait=true`: answer when the pull on this node has ended (`201`, or its error), not at
-    // once (`202`). Read by hand so a bad value is our JSON 400, not axum's plain-text one.
-    let wait = match query.as_deref() {
-        None | Some("") | Some("wait=false") => false,
-        Some("wait=true") => true,
-        Some(other) => {
-            return Err(NodeError::bad_request(format!("query {other:?}: only wait=true")));
-        }
-    };
+    // once (`202`).
+    let wait = flag(query.as_deref(), "wait")?;
     let n = node.clone();
     let record = detached(async move { n.register_template(req, scope.as_deref()).await }).await?;
     let name = record.name.clone();

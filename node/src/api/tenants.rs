@@ -96,13 +96,7 @@ pub(super) async fn delete(
     RawQuery(query): RawQuery,
 ) -> Result<StatusCode, NodeError> {
     root(&node, &headers)?;
-    let force = match query.as_deref() {
-        None | Some("") | Some("force=false") => false,
-        Some("force=true") => true,
-        Some(other) => {
-            return Err(NodeError::bad_request(format!("query {other:?}: only force=true")));
-        }
-    };
+    let force = flag(query.as_deref(), "force")?;
     node.tenants.get(&name).ok_or_else(|| unknown(&name))?;
     let live = node.tenant_sandboxes(&name);
     if live > 0 && !force {
