@@ -187,7 +187,12 @@ fn client(
             10..=39 => {
                 let n = s.written + 1;
                 s.writing = Some(n);
-                let body = format!(r#"{{"argv": ["sh", "-c", "echo {n} > /root/counter"]}}"#);
+                // Through a rename: silkd kills a call's processes when its connection drops,
+                // so a plain `echo > counter` cut by the kill could leave the file truncated and
+                // empty, a state no write was answered for.
+                let body = format!(
+                    r#"{{"argv": ["sh", "-c", "echo {n} > /root/counter.new && mv /root/counter.new /root/counter"]}}"#
+                );
                 let answer = call("POST", &format!("{base}/exec"), &s.token, &body);
                 match &answer {
                     Some((200, v)) if v["exit_code"] == 0 => (s.written, s.writing) = (n, None),
@@ -236,7 +241,8 @@ fn client(
 const READ: &str = r#"{"argv": ["sh", "-c", "cat /root/counter 2>/dev/null || echo 0"]}"#;
 
 fn value(exec: &serde_json::Value) -> u64 {
-    exec["stdout"].as_str().unwrap().trim().parse().unwrap()
+    let out = exec["stdout"].as_str().unwrap().trim();
+    out.parse().unwrap_or_else(|_| panic!("the counter holds {out:?}: {exec}"))
 }
 
 /// After a start: each of a client's sandboxes is there (unless its release was cut) and holds
