@@ -15,6 +15,7 @@ mod e2b;
 mod egress;
 mod engine;
 mod fleet;
+mod gossip;
 mod journal;
 mod lifecycle;
 mod load;
@@ -63,6 +64,9 @@ enum Section {
     Memory(memory::MemoryArgs),
     /// Redirected vs local claims, forwarded exec, failure detection, gossip volume (needs root).
     Mesh(mesh::MeshArgs),
+    /// The membership core simulated at fleet sizes: gossip bytes under churn, how fast a change
+    /// spreads, failure detection with loss, no live node declared down over a long run.
+    Gossip(gossip::GossipArgs),
     /// Golden fetch vs build, move and wake-anywhere between two nodes (needs root).
     Cluster(cluster::ClusterArgs),
     /// Snapshot put/get on fs and S3 beside cp, dedup ratio, chunking + hashing on one core.
@@ -105,6 +109,7 @@ fn main() -> anyhow::Result<()> {
         Section::Lifecycle(a) => lifecycle::run(a),
         Section::Memory(a) => memory::run(a),
         Section::Mesh(a) => mesh::run(a),
+        Section::Gossip(g) => gossip::run(g),
         Section::Cluster(a) => cluster::run(a),
         Section::Journal(j) => journal::run(j),
         Section::Audit(a) => audit::run(a),

@@ -306,7 +306,7 @@ fn measure(args: &MeshArgs, work: &Path, certs: &Path) -> anyhow::Result<()> {
         ]);
     }
     table(
-        "gossip sent per node (SWIM datagrams + state pushes every second)",
+        "gossip sent per node (SWIM datagrams + state pushes: on change, refresh 30 s)",
         &["nodes", "bytes / node / s"],
         &rows,
     );

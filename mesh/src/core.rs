@@ -1,7 +1,21 @@
 //! The membership core, without I/O: foca (SWIM) plus the view of every live node's state.
-//! Packets, timers and state updates go in; packets to send, timers to set and membership
-//! changes come out. The driver feeds it from QUIC and tokio; the simulation in the tests
-//! feeds it from a virtual network and a virtual clock.
+//! Packets, timers, state updates and the time go in; packets to send, timers to set, state
+//! pushes and membership changes come out. The driver feeds it from QUIC and tokio; the
+//! simulation in the tests feeds it from a virtual network and a virtual clock.
+//!
+//! **State pushes** ([`StateMessage`]). A node's state goes from the node itself to each peer
+//! (never relayed: the driver takes a message naming N only on a connection whose certificate
+//! names N, so relaying would let any member speak for another):
+//! - whole, to a peer that comes up or asks for it (`Want`);
+//! - as a [`StateChange`] (the fields that differ, a few dozen bytes) to every peer when it
+//!   changes, at most once per [`push_gap`] (later changes wait for the next
+//!   [`Membership::tick`]);
+//! - as its version alone (an empty change) to a peer that heard nothing from us for `refresh`.
+//!
+//! A peer that gets a change or a version it cannot apply (it missed one: a push lost with its
+//! connection, or two pushes overtaking each other) asks for the whole state, so every view
+//! heals within `refresh`. At 500 nodes a change costs 499 small messages once, and a quiet
+//! node one version per peer per `refresh`: not every state to every peer every second.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -80,6 +94,95 @@ impl NodeState {
     }
 }
 
+/// The fields of a node's state that changed between two versions (`base` → `seq`, one
+/// epoch), each whole. With none, it says only "I am at `seq`".
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StateChange {
+    pub name: String,
+    pub epoch: u64,
+    pub base: u64,
+    pub seq: u64,
+    pub api: Option<String>,
+    pub public: Option<Option<String>>,
+    pub warm: Option<BTreeMap<String, u32>>,
+    pub goldens: Option<Vec<String>>,
+    pub templates: Option<Vec<String>>,
+    pub claims: Option<u32>,
+    pub capacity: Option<u32>,
+    pub draining: Option<bool>,
+    pub tenants: Option<BTreeMap<String, u32>>,
+    pub tenant_seconds: Option<BTreeMap<String, u64>>,
+}
+
+impl StateChange {
+    /// What turns `old` into `new` (two versions of one node's state in one epoch).
+    pub fn between(old: &NodeState, new: &NodeState) -> StateChange {
+        fn changed<T: Clone + PartialEq>(old: &T, new: &T) -> Option<T> {
+            (old != new).then(|| new.clone())
+        }
+        StateChange {
+            name: new.name.clone(),
+            epoch: new.epoch,
+            base: old.seq,
+            seq: new.seq,
+            api: changed(&old.api, &new.api),
+            public: changed(&old.public, &new.public),
+            warm: changed(&old.warm, &new.warm),
+            goldens: changed(&old.goldens, &new.goldens),
+            templates: changed(&old.templates, &new.templates),
+            claims: changed(&old.claims, &new.claims),
+            capacity: changed(&old.capacity, &new.capacity),
+            draining: changed(&old.draining, &new.draining),
+            tenants: changed(&old.tenants, &new.tenants),
+            tenant_seconds: changed(&old.tenant_seconds, &new.tenant_seconds),
+        }
+    }
+
+    /// The state at `seq`, from `base`'s (the caller checked it is at this change's base).
+    fn apply(self, base: &NodeState) -> NodeState {
+        let mut s = base.clone();
+        s.seq = self.seq;
+        s.api = self.api.unwrap_or(s.api);
+        s.public = self.public.unwrap_or(s.public);
+        s.warm = self.warm.unwrap_or(s.warm);
+        s.goldens = self.goldens.unwrap_or(s.goldens);
+        s.templates = self.templates.unwrap_or(s.templates);
+        s.claims = self.claims.unwrap_or(s.claims);
+        s.capacity = self.capacity.unwrap_or(s.capacity);
+        s.draining = self.draining.unwrap_or(s.draining);
+        s.tenants = self.tenants.unwrap_or(s.tenants);
+        s.tenant_seconds = self.tenant_seconds.unwrap_or(s.tenant_seconds);
+        s
+    }
+}
+
+/// What travels on a state stream (see the module docs).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StateMessage {
+    Full(NodeState),
+    Change(StateChange),
+    /// The sender (`name`) missed a change: send it the whole state.
+    Want {
+        name: String,
+    },
+}
+
+impl StateMessage {
+    /// Its size as a frame on a stream (a 4-byte length, then the postcard body).
+    pub fn wire_len(&self) -> usize {
+        4 + postcard::to_stdvec(self).map_or(0, |b| b.len())
+    }
+
+    /// The node the message speaks for: the one the connection's certificate must name.
+    pub fn name(&self) -> &str {
+        match self {
+            StateMessage::Full(s) => &s.name,
+            StateMessage::Change(c) => &c.name,
+            StateMessage::Want { name } => name,
+        }
+    }
+}
+
 /// A live member and what it last said about itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Peer {
@@ -94,8 +197,10 @@ pub enum Output {
     Packet(NodeId, Bytes),
     /// Call [`Membership::handle_timer`] with this after the delay.
     Timer(Duration, Timer<NodeId>),
-    /// A member joined (send it our state).
+    /// A member joined.
     Up(NodeId),
+    /// Send this on a state stream to this peer.
+    State(NodeId, Box<StateMessage>),
     Down(NodeId),
     /// The failure detector says this member is down, which a lying member can make it say:
     /// probe it directly and report with [`Membership::verified`]. It stays a peer until then.
@@ -125,6 +230,28 @@ pub struct Membership {
     left: BTreeSet<String>,
     /// Output produced outside `drain` (a verification's verdict), emitted by the next one.
     pending: Vec<Output>,
+    /// The time as of the last [`Membership::tick`].
+    now: Duration,
+    /// A peer that heard nothing from this node for this long gets its state again.
+    refresh: Duration,
+    /// When each peer was last sent anything of our state, and the version it was sent.
+    sent: BTreeMap<String, (Duration, u64)>,
+    /// Our state as of the last push to every peer (changes are made against it), when that
+    /// was, and whether a change has waited since.
+    pushed: NodeState,
+    pushed_at: Option<Duration>,
+    unpushed: bool,
+}
+
+/// How often the driver calls [`Membership::tick`].
+pub const TICK: Duration = Duration::from_millis(250);
+
+/// The least time between two pushes of a changed state to every peer: a change costs
+/// `peers × state size` bytes, so a node whose state changes all the time sends at most about
+/// 500 states a second, whatever the cluster's size (20 peers: 40 ms, i.e. at once; 500 or
+/// more: one push a second).
+pub fn push_gap(peers: usize) -> Duration {
+    (Duration::from_millis(2) * peers as u32).min(Duration::from_secs(1))
 }
 
 impl std::fmt::Debug for Membership {
@@ -155,25 +282,40 @@ pub fn swim_config(
         frequency: Duration::from_secs(10),
         num_members: std::num::NonZeroUsize::new(1).expect("non-zero"),
     });
+    // While there is news (a member up or down), 3 members every 200 ms: news reaches 500
+    // nodes in about 6 rounds (memberlist's LAN setting); nothing is sent without news.
     c.periodic_gossip = Some(foca::PeriodicParams {
-        frequency: probe_period / 2,
-        num_members: std::num::NonZeroUsize::new(2).expect("non-zero"),
+        frequency: Duration::from_millis(200),
+        num_members: std::num::NonZeroUsize::new(3).expect("non-zero"),
     });
     c
 }
 
 impl Membership {
-    pub fn new(id: NodeId, config: foca::Config, seed: u64, me: NodeState) -> Membership {
+    /// `refresh`: how long a peer may go without hearing our state (see the module docs).
+    pub fn new(
+        id: NodeId,
+        config: foca::Config,
+        seed: u64,
+        me: NodeState,
+        refresh: Duration,
+    ) -> Membership {
         let foca = Foca::new(id, config, StdRng::seed_from_u64(seed), PostcardCodec);
         Membership {
             foca,
             runtime: AccumulatingRuntime::new(),
+            pushed: me.clone(),
             me,
             peers: BTreeMap::new(),
             early: BTreeMap::new(),
             doubted: BTreeMap::new(),
             left: BTreeSet::new(),
             pending: vec![],
+            now: Duration::ZERO,
+            refresh,
+            sent: BTreeMap::new(),
+            pushed_at: None,
+            unpushed: false,
         }
     }
 
@@ -227,6 +369,7 @@ impl Membership {
     }
 
     /// Changes this node's own state; returns it with its version bumped if anything changed.
+    /// The change goes to every peer now, or at the first tick once [`push_gap`] has passed.
     pub fn update_local(&mut self, f: impl FnOnce(&mut NodeState)) -> Option<NodeState> {
         let mut next = self.me.clone();
         f(&mut next);
@@ -236,7 +379,90 @@ impl Membership {
         }
         next.seq += 1;
         self.me = next.clone();
+        self.unpushed = true;
+        self.push_if_due();
         Some(next)
+    }
+
+    /// Advances the core's clock (the driver ticks it every [`TICK`]): a change that waited
+    /// goes out, and peers that heard nothing for `refresh` get our version.
+    pub fn tick(&mut self, now: Duration) {
+        self.now = self.now.max(now);
+        self.push_if_due();
+        let quiet: Vec<NodeId> = self
+            .peers
+            .values()
+            .filter(|p| self.sent.get(&p.id.name).is_none_or(|t| self.now >= t.0 + self.refresh))
+            .map(|p| p.id.clone())
+            .collect();
+        for id in quiet {
+            let version = StateChange::between(&self.me, &self.me);
+            self.send(id, StateMessage::Change(version));
+        }
+    }
+
+    fn push_if_due(&mut self) {
+        let gap = push_gap(self.peers.len());
+        if !self.unpushed || self.pushed_at.is_some_and(|t| self.now < t + gap) {
+            return;
+        }
+        self.unpushed = false;
+        self.pushed_at = Some(self.now);
+        let change = StateChange::between(&self.pushed, &self.me);
+        let ids: Vec<NodeId> = self.peers.values().map(|p| p.id.clone()).collect();
+        for id in ids {
+            // A peer sent something other than the last push gets the whole state.
+            let msg = match self.sent.get(&id.name) {
+                Some((_, seq)) if *seq == self.pushed.seq => StateMessage::Change(change.clone()),
+                _ => StateMessage::Full(self.me.clone()),
+            };
+            self.send(id, msg);
+        }
+        self.pushed = self.me.clone();
+    }
+
+    fn send(&mut self, id: NodeId, msg: StateMessage) {
+        if !matches!(msg, StateMessage::Want { .. }) {
+            self.sent.insert(id.name.clone(), (self.now, self.me.seq));
+        }
+        self.pending.push(Output::State(id, Box::new(msg)));
+    }
+
+    /// A message from a peer's state stream, from the node it names (the driver checked).
+    /// Returns whether that node's state here changed.
+    pub fn apply_message(&mut self, msg: StateMessage) -> bool {
+        match msg {
+            StateMessage::Full(state) => self.apply_state(state),
+            StateMessage::Want { name } => {
+                if let Some(id) = self.peers.get(&name).map(|p| p.id.clone()) {
+                    self.send(id, StateMessage::Full(self.me.clone()));
+                }
+                false
+            }
+            StateMessage::Change(change) => {
+                if change.name == self.me.name {
+                    return false;
+                }
+                let current = self
+                    .peers
+                    .get(&change.name)
+                    .and_then(|p| p.state.as_ref())
+                    .or_else(|| self.early.get(&change.name));
+                let held = current.map(NodeState::version);
+                if held == Some((change.epoch, change.base)) {
+                    let next = change.apply(current.expect("held"));
+                    return self.apply_state(next);
+                }
+                // Missed one (or never had it): ask for the whole state, once we know the peer.
+                if held.is_none_or(|v| v < (change.epoch, change.seq))
+                    && let Some(id) = self.peers.get(&change.name).map(|p| p.id.clone())
+                {
+                    let want = StateMessage::Want { name: self.me.name.clone() };
+                    self.pending.push(Output::State(id, Box::new(want)));
+                }
+                false
+            }
+        }
     }
 
     /// A peer's state from gossip: kept if newer than what we have. A node's own entry is never
@@ -277,6 +503,7 @@ impl Membership {
         self.doubted.remove(&id.name);
         if self.peers.get(&id.name).is_some_and(|p| p.id == id) {
             self.peers.remove(&id.name);
+            self.sent.remove(&id.name);
         }
         self.pending.push(Output::Down(id));
     }
@@ -289,6 +516,10 @@ impl Membership {
     /// Live members (never this node).
     pub fn peers(&self) -> impl Iterator<Item = &Peer> {
         self.peers.values()
+    }
+
+    pub fn peer(&self, name: &str) -> Option<&Peer> {
+        self.peers.get(name)
     }
 
     /// Everything the last calls produced, in order.
@@ -305,7 +536,9 @@ impl Membership {
                     let kept = self.peers.get(&id.name).and_then(|p| p.state.clone());
                     let state = state.or(kept.filter(|s| s.epoch >= id.epoch));
                     self.peers.insert(id.name.clone(), Peer { id: id.clone(), state });
-                    out.push(Output::Up(id));
+                    self.sent.insert(id.name.clone(), (self.now, self.me.seq));
+                    out.push(Output::Up(id.clone()));
+                    out.push(Output::State(id, Box::new(StateMessage::Full(self.me.clone()))));
                 }
                 // Kept until this node's own probe agrees: a member can gossip that another is
                 // down, and the failure detector believes it.
@@ -319,6 +552,7 @@ impl Membership {
                 OwnedNotification::MemberDown(id) => {
                     if self.peers.get(&id.name).is_some_and(|p| p.id == id) {
                         self.peers.remove(&id.name);
+                        self.sent.remove(&id.name);
                     }
                     self.doubted.remove(&id.name);
                     out.push(Output::Down(id));
@@ -374,7 +608,7 @@ pub mod mutations {
         );
         let state =
             NodeState { name: format!("n{i}"), api: format!("http://n{i}"), ..Default::default() };
-        Membership::new(id(i), swim, u64::from(i), state)
+        Membership::new(id(i), swim, u64::from(i), state, Duration::from_secs(30))
     }
 
     /// Three members that have found each other, delivering packets at once and firing every

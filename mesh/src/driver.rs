@@ -1,7 +1,8 @@
 //! The mesh at run time: one quinn endpoint (one UDP socket, both dialing and accepting) and one
 //! task that owns the membership core. Membership packets travel as QUIC datagrams; node state
-//! goes to every peer on a unidirectional stream when it changes and every `state_interval`;
-//! node-to-node calls are bidirectional streams handed to the caller as [`Incoming`].
+//! goes to a peer on a unidirectional stream when the core says so (on change, and to a peer
+//! that heard nothing for `state_refresh`: see `core`); node-to-node calls are bidirectional
+//! streams handed to the caller as [`Incoming`].
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -14,7 +15,9 @@ use foca::Timer;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::MeshError;
-use crate::core::{Membership, NodeId, NodeState, Output, Peer, swim_config};
+use crate::core::{
+    Membership, NodeId, NodeState, Output, Peer, StateChange, StateMessage, TICK, swim_config,
+};
 use crate::tls::{SERVER_NAME, TlsFiles, names_node, peer_chain};
 use crate::wire::{read_frame, write_frame};
 
@@ -32,8 +35,9 @@ pub struct MeshConfig {
     pub probe_period: Duration,
     pub probe_rtt: Duration,
     pub suspect_to_down: Duration,
-    /// Our state is re-sent to every peer this often, besides at every change.
-    pub state_interval: Duration,
+    /// Our state is sent again to a peer that heard nothing from us for this long (a change
+    /// goes to every peer at once).
+    pub state_refresh: Duration,
     /// The revocation list (`trust`), re-read when it changes; none: nothing is revoked.
     pub revoked: Option<std::path::PathBuf>,
 }
@@ -50,11 +54,14 @@ impl MeshConfig {
             probe_period: Duration::from_millis(500),
             probe_rtt: Duration::from_millis(150),
             suspect_to_down: Duration::from_millis(1500),
-            state_interval: Duration::from_secs(1),
+            state_refresh: STATE_REFRESH,
             revoked: None,
         }
     }
 }
+
+/// See [`MeshConfig::state_refresh`].
+pub const STATE_REFRESH: Duration = Duration::from_secs(30);
 
 /// A node-to-node call opened by a peer: read its request from `recv`, answer on `send`.
 #[derive(Debug)]
@@ -67,7 +74,7 @@ pub struct Incoming {
 enum Cmd {
     Packet(Bytes),
     Timer(Timer<NodeId>),
-    State(NodeState),
+    State(StateMessage),
     /// This node's own probe of a peer declared down: alive or not.
     Verified(NodeId, bool),
     Local(Box<dyn FnOnce(&mut NodeState) + Send>),
@@ -114,7 +121,6 @@ struct Inner {
     verify_within: Duration,
     /// Membership and state bytes sent (datagrams and state streams' payloads).
     gossip_bytes: AtomicU64,
-    state_interval: Duration,
 }
 
 impl Mesh {
@@ -134,7 +140,7 @@ impl Mesh {
         let local = NodeState { name: cfg.name.clone(), epoch: cfg.epoch, seq: 1, ..local };
         let swim = swim_config(cfg.probe_period, cfg.probe_rtt, cfg.suspect_to_down);
         let seed = u64::from_le_bytes(*b"silkmesh") ^ cfg.epoch ^ u64::from(addr.port());
-        let core = Membership::new(me.clone(), swim, seed, local.clone());
+        let core = Membership::new(me.clone(), swim, seed, local.clone(), cfg.state_refresh);
         let (cmds, rx) = mpsc::unbounded_channel();
         let (incoming, incoming_rx) = mpsc::channel(256);
         let inner = Arc::new(Inner {
@@ -149,7 +155,6 @@ impl Mesh {
             client: Mutex::new(client),
             verify_within: (cfg.probe_rtt * 4).max(Duration::from_secs(1)),
             gossip_bytes: AtomicU64::new(0),
-            state_interval: cfg.state_interval,
         });
         tokio::spawn(accept_loop(inner.clone()));
         tokio::spawn(watch_trust(Arc::downgrade(&inner), cfg.tls.clone(), revoked));
@@ -299,8 +304,10 @@ async fn probe(inner: &Arc<Inner>, id: &NodeId) -> bool {
     let attempt = async {
         let conn = connection(inner, id).await.ok()?;
         let mut send = conn.open_uni().await.ok()?;
+        // Our version: a state message it reads whole, as it reads every state stream.
         let state = lock(&inner.view).0.clone();
-        write_frame(&mut send, &state).await.ok()?;
+        let version = StateMessage::Change(StateChange::between(&state, &state));
+        write_frame(&mut send, &version).await.ok()?;
         send.finish().ok()?;
         send.stopped().await.ok()?;
         Some(())
@@ -436,11 +443,11 @@ async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
             while let Ok(mut recv) = conn.accept_uni().await {
                 let (inner, chain) = (inner.clone(), chain.clone());
                 tokio::spawn(async move {
-                    match read_frame::<NodeState>(&mut recv).await {
-                        Ok(Some(state)) if names_node(&chain, &state.name) => {
-                            let _ = inner.cmds.send(Cmd::State(state));
+                    match read_frame::<StateMessage>(&mut recv).await {
+                        Ok(Some(msg)) if names_node(&chain, msg.name()) => {
+                            let _ = inner.cmds.send(Cmd::State(msg));
                         }
-                        Ok(Some(state)) => impostor(&state.name),
+                        Ok(Some(msg)) => impostor(msg.name()),
                         Ok(None) => {}
                         Err(e) => tracing::debug!("state stream: {e}"),
                     }
@@ -472,23 +479,21 @@ async fn membership_task(
         core.join(*seed);
     }
     apply(&inner, &mut core);
-    let mut tick = tokio::time::interval(inner.state_interval);
+    let started = tokio::time::Instant::now();
+    let mut tick = tokio::time::interval(TICK);
     let mut rejoin = tokio::time::interval(Duration::from_secs(1));
     loop {
         tokio::select! {
             cmd = rx.recv() => match cmd {
                 Some(Cmd::Packet(p)) => core.handle_packet(&p),
                 Some(Cmd::Timer(t)) => core.handle_timer(t),
-                Some(Cmd::State(s)) => {
-                    core.apply_state(s);
+                Some(Cmd::State(msg)) => {
+                    core.apply_message(msg);
                 }
                 Some(Cmd::Verified(id, alive)) => core.verified(id, alive),
                 Some(Cmd::Local(f)) => {
-                    if let Some(state) = core.update_local(f) {
-                        for peer in core.peers() {
-                            push_state(&inner, peer.id.clone(), state.clone());
-                        }
-                    }
+                    core.tick(started.elapsed());
+                    core.update_local(f);
                 }
                 Some(Cmd::Leave(done)) => {
                     core.leave();
@@ -501,11 +506,7 @@ async fn membership_task(
                 }
                 None => return,
             },
-            _ = tick.tick() => {
-                for peer in core.peers() {
-                    push_state(&inner, peer.id.clone(), core.me().clone());
-                }
-            }
+            _ = tick.tick() => core.tick(started.elapsed()),
             _ = rejoin.tick() => {
                 // Seeds that were not up yet when we started: keep knocking until someone answers.
                 if core.peers().next().is_none() {
@@ -548,9 +549,9 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
             }
             Output::Up(id) => {
                 tracing::info!(peer = id.name, addr = %id.addr, "peer up");
-                push_state(inner, id.clone(), core.me().clone());
                 changed = true;
             }
+            Output::State(id, msg) => push_state(inner, id, *msg),
             Output::Verify { id, again } => {
                 let inner2 = inner.clone();
                 tokio::spawn(async move {
@@ -579,13 +580,13 @@ fn apply(inner: &Arc<Inner>, core: &mut Membership) -> Vec<tokio::task::JoinHand
     sends
 }
 
-fn push_state(inner: &Arc<Inner>, to: NodeId, state: NodeState) {
+fn push_state(inner: &Arc<Inner>, to: NodeId, msg: StateMessage) {
     let inner = inner.clone();
     tokio::spawn(async move {
         let sent = async {
             let conn = connection(&inner, &to).await?;
             let mut send = conn.open_uni().await.map_err(|e| MeshError::Io(e.to_string()))?;
-            let n = write_frame(&mut send, &state).await?;
+            let n = write_frame(&mut send, &msg).await?;
             send.finish().map_err(|e| MeshError::Io(e.to_string()))?;
             Ok::<_, MeshError>(n)
         };

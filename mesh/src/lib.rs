@@ -18,7 +18,7 @@ pub mod trust;
 pub mod wire;
 
 pub use crate::core::{NodeId, NodeState, Peer};
-pub use driver::{Incoming, Mesh, MeshConfig};
+pub use driver::{Incoming, Mesh, MeshConfig, STATE_REFRESH};
 /// The QUIC stream types calls hand out.
 pub use quinn;
 pub use tls::TlsFiles;

@@ -50,7 +50,7 @@ pub async fn read_frame<T: DeserializeOwned>(
 #[cfg(any(test, fuzzing))]
 pub mod mutations {
     use super::*;
-    use crate::core::{Membership, NodeState};
+    use crate::core::{Membership, NodeState, StateChange, StateMessage};
 
     /// `write_frame`'s bytes.
     pub fn write<T: Serialize>(msg: &T) -> Result<Vec<u8>, MeshError> {
@@ -78,34 +78,38 @@ pub mod mutations {
         postcard::from_bytes(&body).map(Some).map_err(|e| MeshError::Codec(e.to_string()))
     }
 
-    /// A stream of frames as the first byte says: node states (what the driver reads from a
+    /// A stream of frames as the first byte says: state messages (what the driver reads from a
     /// peer's state stream) or `u64`s. Every frame read writes back to a frame that reads the
-    /// same; a state holds no more than its bytes spelled out; and a member applies a state at
-    /// most once (a newer version replaces, the same one is ignored), never its own; `nodes`:
-    /// a cluster (`core::mutations::cluster`), whose first member takes the states.
+    /// same; a state holds no more than its bytes spelled out; and a member applies a message
+    /// at most once (a newer version replaces, the same one is ignored), never one for itself;
+    /// `nodes`: a cluster (`core::mutations::cluster`), whose first member takes the messages.
     pub fn check(data: &[u8], nodes: &mut [Membership]) {
         let Some((&which, mut input)) = data.split_first() else { return };
         loop {
             let before = input.len();
             if which & 1 == 0 {
-                let Ok(Some(state)) = read::<NodeState>(&mut input) else { break };
-                let again = write(&state).expect("a read state writes");
-                assert_eq!(read::<NodeState>(&mut &again[..]).unwrap().as_ref(), Some(&state));
-                let text = state.name.len()
-                    + state.api.len()
-                    + state.public.as_ref().map_or(0, String::len);
-                let lists: usize =
-                    state.goldens.iter().chain(&state.templates).map(String::len).sum();
-                let maps: usize = [&state.warm, &state.tenants]
-                    .iter()
-                    .flat_map(|m| m.keys())
-                    .map(String::len)
-                    .sum();
-                assert!(text + lists + maps <= before - input.len(), "more read than sent");
-                let mine = state.name == nodes[0].me().name;
-                let applied = nodes[0].apply_state(state.clone());
+                let Ok(Some(msg)) = read::<StateMessage>(&mut input) else { break };
+                let again = write(&msg).expect("a read message writes");
+                assert_eq!(read::<StateMessage>(&mut &again[..]).unwrap().as_ref(), Some(&msg));
+                if let StateMessage::Full(state) = &msg {
+                    let text = state.name.len()
+                        + state.api.len()
+                        + state.public.as_ref().map_or(0, String::len);
+                    let lists: usize =
+                        state.goldens.iter().chain(&state.templates).map(String::len).sum();
+                    let maps: usize = [&state.warm, &state.tenants]
+                        .iter()
+                        .flat_map(|m| m.keys())
+                        .map(String::len)
+                        .sum();
+                    assert!(text + lists + maps <= before - input.len(), "more read than sent");
+                }
+                let mine = msg.name() == nodes[0].me().name;
+                let me = nodes[0].me().clone();
+                let applied = nodes[0].apply_message(msg.clone());
                 assert!(!(mine && applied), "took a state for itself");
-                assert!(!nodes[0].apply_state(state), "the same state applied twice");
+                assert_eq!(nodes[0].me(), &me, "its own state changed");
+                assert!(!nodes[0].apply_message(msg), "the same message applied twice");
             } else {
                 let Ok(Some(n)) = read::<u64>(&mut input) else { break };
                 assert_eq!(read::<u64>(&mut &write(&n).unwrap()[..]).unwrap(), Some(n));
@@ -138,7 +142,14 @@ pub mod mutations {
                 tenant_seconds: [("team-a".to_string(), 7200)].into(),
             };
             let own = NodeState { name: "n0".into(), ..NodeState::default() };
-            let states = [write(&full).unwrap(), write(&own).unwrap()].concat();
+            let next = NodeState { seq: 10, claims: 5, draining: false, ..full.clone() };
+            let states = [
+                write(&StateMessage::Full(full.clone())).unwrap(),
+                write(&StateMessage::Change(StateChange::between(&full, &next))).unwrap(),
+                write(&StateMessage::Full(own)).unwrap(),
+                write(&StateMessage::Want { name: "n1".into() }).unwrap(),
+            ]
+            .concat();
             let numbers = [write(&41u64).unwrap(), write(&u64::MAX).unwrap()].concat();
             let seeds = [[&[0][..], &states].concat(), [&[1][..], &numbers].concat()];
             let mut nodes = crate::core::mutations::cluster();
@@ -174,7 +185,7 @@ pub mod mutations {
                 }
                 check(&data, &mut nodes);
                 let mut input = &data[1..];
-                if data[0] == 0 && matches!(read::<NodeState>(&mut input), Ok(Some(_))) {
+                if data[0] == 0 && matches!(read::<StateMessage>(&mut input), Ok(Some(_))) {
                     read_back += 1;
                 }
             }
