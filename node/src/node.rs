@@ -96,6 +96,10 @@ pub struct Node {
     pub audit: crate::audit::Audit,
     /// Sandbox-seconds per tenant, size and lane.
     pub usage: crate::usage::Usage,
+    /// Checkpoints as their manifests said when this node last listed them. A checkpoint's
+    /// manifest is written once and never changed, so what it said stays true until the
+    /// checkpoint goes, and the store's list says which ones are still there.
+    checkpoint_infos: Mutex<HashMap<String, lifecycle::CheckpointInfo>>,
     /// The crash point the in-process crash tests stop calls at.
     #[cfg(feature = "crash-points")]
     crash_at: Mutex<Option<(String, bool)>>,
@@ -364,6 +368,7 @@ impl Node {
             images,
             audit,
             usage,
+            checkpoint_infos: Mutex::default(),
             #[cfg(feature = "crash-points")]
             crash_at: Mutex::new(None),
         });

@@ -350,3 +350,42 @@ fn every_lifecycle_call_refuses_what_it_cannot_do_and_changes_nothing() {
     assert_eq!(node.list(&[]).len(), 2);
     assert_eq!(node.table_sizes()["pending"], 0);
 }
+
+/// A listing remembers the manifests it read (a checkpoint's never changes), yet shows what the
+/// store holds now: one deleted by another node (straight from the shared store) or through
+/// this one is gone from the next listing, and a new one is in it.
+#[test]
+fn a_checkpoint_listing_shows_what_the_store_holds_now() {
+    let h = Harness::new();
+    let (rt, node) = h.open(h.config(0));
+    let c = rt.block_on(node.claim(spec(600))).unwrap();
+    let ids = || -> Vec<String> {
+        let list = rt.block_on(node.checkpoints(None, None)).unwrap();
+        list.into_iter().map(|i| i.checkpoint.id).collect()
+    };
+    let a = rt.block_on(node.checkpoint(&c.record.id, Some("a".into()), AUTO)).unwrap();
+    assert_eq!(ids(), std::slice::from_ref(&a.id));
+    std::thread::sleep(std::time::Duration::from_millis(5)); // a later created_ms
+    let b = rt.block_on(node.checkpoint(&c.record.id, Some("b".into()), AUTO)).unwrap();
+    assert_eq!(ids(), [a.id.clone(), b.id.clone()]);
+
+    // Another node deletes `a` from the shared store.
+    fn manifests(dir: &std::path::Path, hex: &str, found: &mut Vec<std::path::PathBuf>) {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                manifests(&p, hex, found);
+            } else if p.to_string_lossy().contains(hex) && !p.to_string_lossy().contains("chunks") {
+                found.push(p);
+            }
+        }
+    }
+    let mut found = vec![];
+    manifests(&h.dir.path().join("data/store"), &a.id["ck_".len()..], &mut found);
+    assert_eq!(found.len(), 1, "{found:?}");
+    std::fs::remove_file(&found[0]).unwrap();
+    assert_eq!(ids(), std::slice::from_ref(&b.id));
+
+    rt.block_on(node.delete_checkpoint(&b.id)).unwrap();
+    assert!(ids().is_empty());
+}

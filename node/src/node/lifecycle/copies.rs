@@ -116,17 +116,38 @@ impl Node {
                 _ => None,
             })
             .collect();
-        let mut reads = futures_util::stream::iter(names)
-            .map(|(hex, name)| async move { self.checkpoint_info(&hex, &name).await })
+        // Manifests read before are not read again (see `Node::checkpoint_infos`); the ones
+        // gone from the store are forgotten.
+        let (mut infos, unread) = {
+            let mut known = self.checkpoint_infos.lock().unwrap_or_else(|p| p.into_inner());
+            let listed: std::collections::HashSet<&str> =
+                names.iter().map(|(hex, _)| hex.as_str()).collect();
+            known.retain(|hex, _| listed.contains(hex.as_str()));
+            let (read, unread): (Vec<_>, Vec<_>) =
+                names.into_iter().partition(|(hex, _)| known.contains_key(hex));
+            (read.iter().map(|(hex, _)| known[hex].clone()).collect::<Vec<_>>(), unread)
+        };
+        let mut reads = futures_util::stream::iter(unread)
+            .map(|(hex, name)| async move { (self.checkpoint_info(&hex, &name).await, hex) })
             .buffer_unordered(CHECKPOINT_READS);
-        let mut out = vec![];
-        while let Some(read) = reads.next().await {
-            let info = match read {
-                Ok(info) => info,
+        let mut fresh = vec![];
+        while let Some((read, hex)) = reads.next().await {
+            match read {
+                Ok(info) => fresh.push((hex, info)),
                 // Deleted between the list and the read.
                 Err(e) if e.code == Code::NotFound => continue,
                 Err(e) => return Err(e),
-            };
+            }
+        }
+        {
+            let mut known = self.checkpoint_infos.lock().unwrap_or_else(|p| p.into_inner());
+            for (hex, info) in fresh {
+                infos.push(info.clone());
+                known.insert(hex, info);
+            }
+        }
+        let mut out = vec![];
+        for info in infos {
             let in_scope = scope.is_none_or(|t| info.tenant.as_deref() == Some(t));
             if in_scope && sandbox.is_none_or(|s| s == info.sandbox) {
                 out.push(info);
