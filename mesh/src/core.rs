@@ -27,6 +27,8 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 use serde::{Deserialize, Serialize};
 
+pub use crate::state::{NodeState, StateChange, StateMessage};
+
 /// A node as the membership protocol knows it. Its cluster-wide address is its QUIC endpoint: a
 /// node that restarts on the same address (a higher `epoch`) replaces its old identity; one that
 /// comes back on a new address is a new member, and the old one is declared down.
@@ -54,132 +56,6 @@ impl foca::Identity for NodeId {
 
     fn win_addr_conflict(&self, other: &Self) -> bool {
         (self.epoch, self.renewal) > (other.epoch, other.renewal)
-    }
-}
-
-/// What a node tells the others about itself. Never per-sandbox data, never secrets.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct NodeState {
-    pub name: String,
-    /// The version: the node's epoch, then a counter within it. A newer version replaces an
-    /// older one; an older or equal one is ignored.
-    pub epoch: u64,
-    pub seq: u64,
-    /// The node's API address as peers reach it (`http://127.0.0.2:7777`).
-    pub api: String,
-    /// The address clients reach it by, when different (behind NAT or a proxy).
-    pub public: Option<String>,
-    /// Warm sandboxes ready, by pool key (`template/size/lane`).
-    pub warm: BTreeMap<String, u32>,
-    /// Golden and template digests this node holds.
-    pub goldens: Vec<String>,
-    pub templates: Vec<String>,
-    pub claims: u32,
-    pub capacity: u32,
-    pub draining: bool,
-    /// Live sandboxes per tenant (for fleet-wide quotas).
-    pub tenants: BTreeMap<String, u32>,
-    /// Sandbox-seconds per tenant this calendar month (UTC).
-    pub tenant_seconds: BTreeMap<String, u64>,
-}
-
-impl NodeState {
-    pub fn version(&self) -> (u64, u64) {
-        (self.epoch, self.seq)
-    }
-
-    /// Where clients should be sent.
-    pub fn client_url(&self) -> &str {
-        self.public.as_deref().unwrap_or(&self.api)
-    }
-}
-
-/// The fields of a node's state that changed between two versions (`base` → `seq`, one
-/// epoch), each whole. With none, it says only "I am at `seq`".
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
-pub struct StateChange {
-    pub name: String,
-    pub epoch: u64,
-    pub base: u64,
-    pub seq: u64,
-    pub api: Option<String>,
-    pub public: Option<Option<String>>,
-    pub warm: Option<BTreeMap<String, u32>>,
-    pub goldens: Option<Vec<String>>,
-    pub templates: Option<Vec<String>>,
-    pub claims: Option<u32>,
-    pub capacity: Option<u32>,
-    pub draining: Option<bool>,
-    pub tenants: Option<BTreeMap<String, u32>>,
-    pub tenant_seconds: Option<BTreeMap<String, u64>>,
-}
-
-impl StateChange {
-    /// What turns `old` into `new` (two versions of one node's state in one epoch).
-    pub fn between(old: &NodeState, new: &NodeState) -> StateChange {
-        fn changed<T: Clone + PartialEq>(old: &T, new: &T) -> Option<T> {
-            (old != new).then(|| new.clone())
-        }
-        StateChange {
-            name: new.name.clone(),
-            epoch: new.epoch,
-            base: old.seq,
-            seq: new.seq,
-            api: changed(&old.api, &new.api),
-            public: changed(&old.public, &new.public),
-            warm: changed(&old.warm, &new.warm),
-            goldens: changed(&old.goldens, &new.goldens),
-            templates: changed(&old.templates, &new.templates),
-            claims: changed(&old.claims, &new.claims),
-            capacity: changed(&old.capacity, &new.capacity),
-            draining: changed(&old.draining, &new.draining),
-            tenants: changed(&old.tenants, &new.tenants),
-            tenant_seconds: changed(&old.tenant_seconds, &new.tenant_seconds),
-        }
-    }
-
-    /// The state at `seq`, from `base`'s (the caller checked it is at this change's base).
-    fn apply(self, base: &NodeState) -> NodeState {
-        let mut s = base.clone();
-        s.seq = self.seq;
-        s.api = self.api.unwrap_or(s.api);
-        s.public = self.public.unwrap_or(s.public);
-        s.warm = self.warm.unwrap_or(s.warm);
-        s.goldens = self.goldens.unwrap_or(s.goldens);
-        s.templates = self.templates.unwrap_or(s.templates);
-        s.claims = self.claims.unwrap_or(s.claims);
-        s.capacity = self.capacity.unwrap_or(s.capacity);
-        s.draining = self.draining.unwrap_or(s.draining);
-        s.tenants = self.tenants.unwrap_or(s.tenants);
-        s.tenant_seconds = self.tenant_seconds.unwrap_or(s.tenant_seconds);
-        s
-    }
-}
-
-/// What travels on a state stream (see the module docs).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub enum StateMessage {
-    Full(NodeState),
-    Change(StateChange),
-    /// The sender (`name`) missed a change: send it the whole state.
-    Want {
-        name: String,
-    },
-}
-
-impl StateMessage {
-    /// Its size as a frame on a stream (a 4-byte length, then the postcard body).
-    pub fn wire_len(&self) -> usize {
-        4 + postcard::to_stdvec(self).map_or(0, |b| b.len())
-    }
-
-    /// The node the message speaks for: the one the connection's certificate must name.
-    pub fn name(&self) -> &str {
-        match self {
-            StateMessage::Full(s) => &s.name,
-            StateMessage::Change(c) => &c.name,
-            StateMessage::Want { name } => name,
-        }
     }
 }
 
@@ -395,9 +271,9 @@ impl Membership {
             .filter(|p| self.sent.get(&p.id.name).is_none_or(|t| self.now >= t.0 + self.refresh))
             .map(|p| p.id.clone())
             .collect();
+        let version = StateChange::between(&self.me, &self.me);
         for id in quiet {
-            let version = StateChange::between(&self.me, &self.me);
-            self.send(id, StateMessage::Change(version));
+            self.send(id, StateMessage::Change(version.clone()));
         }
     }
 
@@ -443,11 +319,7 @@ impl Membership {
                 if change.name == self.me.name {
                     return false;
                 }
-                let current = self
-                    .peers
-                    .get(&change.name)
-                    .and_then(|p| p.state.as_ref())
-                    .or_else(|| self.early.get(&change.name));
+                let current = self.held(&change.name);
                 let held = current.map(NodeState::version);
                 if held == Some((change.epoch, change.base)) {
                     let next = change.apply(current.expect("held"));
@@ -457,12 +329,17 @@ impl Membership {
                 if held.is_none_or(|v| v < (change.epoch, change.seq))
                     && let Some(id) = self.peers.get(&change.name).map(|p| p.id.clone())
                 {
-                    let want = StateMessage::Want { name: self.me.name.clone() };
-                    self.pending.push(Output::State(id, Box::new(want)));
+                    self.send(id, StateMessage::Want { name: self.me.name.clone() });
                 }
                 false
             }
         }
+    }
+
+    /// What this node holds of `name`'s state: a peer's, or one that came before its member
+    /// came up.
+    fn held(&self, name: &str) -> Option<&NodeState> {
+        self.peers.get(name).and_then(|p| p.state.as_ref()).or_else(|| self.early.get(name))
     }
 
     /// A peer's state from gossip: kept if newer than what we have. A node's own entry is never
@@ -471,12 +348,7 @@ impl Membership {
         if state.name == self.me.name {
             return false;
         }
-        let current = self
-            .peers
-            .get(&state.name)
-            .and_then(|p| p.state.as_ref())
-            .or_else(|| self.early.get(&state.name));
-        if current.is_some_and(|c| c.version() >= state.version()) {
+        if self.held(&state.name).is_some_and(|c| c.version() >= state.version()) {
             return false;
         }
         match self.peers.get_mut(&state.name) {
@@ -580,190 +452,6 @@ impl Membership {
     }
 }
 
-/// Membership packets under mutation: the property of the fuzz target `gossip` (`mesh/fuzz`),
-/// and its seeded quick pass. A member of a three-node cluster takes packets of every kind the
-/// protocol has (made by foca's own codec) damaged, or arbitrary bytes: it must not panic, a
-/// header it reads must encode back to itself, it must never list itself as a peer nor take a
-/// new state for itself, and every packet it sends must still fit a datagram.
+/// Membership packets under mutation, for the fuzz target `gossip` and its quick pass.
 #[cfg(any(test, fuzzing))]
-pub mod mutations {
-    use super::*;
-    use bytes::BufMut;
-    use foca::{Codec, Header, Member, Message, State};
-
-    fn id(i: u8) -> NodeId {
-        NodeId {
-            name: format!("n{i}"),
-            addr: SocketAddr::from(([10, 0, 0, i + 1], 7946)),
-            epoch: 1,
-            renewal: 0,
-        }
-    }
-
-    fn member(i: u8) -> Membership {
-        let swim = swim_config(
-            Duration::from_millis(500),
-            Duration::from_millis(150),
-            Duration::from_millis(1500),
-        );
-        let state =
-            NodeState { name: format!("n{i}"), api: format!("http://n{i}"), ..Default::default() };
-        Membership::new(id(i), swim, u64::from(i), state, Duration::from_secs(30))
-    }
-
-    /// Three members that have found each other, delivering packets at once and firing every
-    /// timer but those that would declare a member down.
-    pub fn cluster() -> Vec<Membership> {
-        let mut nodes: Vec<Membership> = (0..3).map(member).collect();
-        nodes[1].join(id(0).addr);
-        nodes[2].join(id(0).addr);
-        for _ in 0..20 {
-            if nodes.iter().all(|n| n.peers().count() == 2) {
-                break;
-            }
-            for i in 0..nodes.len() {
-                for out in nodes[i].drain() {
-                    match out {
-                        Output::Packet(to, data) => {
-                            if let Some(n) = nodes.iter_mut().find(|n| n.id().addr == to.addr) {
-                                n.handle_packet(&data);
-                            }
-                        }
-                        Output::Timer(
-                            _,
-                            Timer::ChangeSuspectToDown { .. } | Timer::RemoveDown(_),
-                        ) => {}
-                        Output::Timer(_, timer) => nodes[i].handle_timer(timer),
-                        _ => {}
-                    }
-                }
-            }
-        }
-        assert!(nodes.iter().all(|n| n.peers().count() == 2), "the cluster formed");
-        nodes
-    }
-
-    /// A packet from member `src` to member 0 of each kind of message, with cluster updates.
-    pub fn packets() -> Vec<Vec<u8>> {
-        let messages = [
-            Message::Ping(7),
-            Message::Ack(7),
-            Message::PingReq { target: id(2), probe_number: 3 },
-            Message::IndirectPing { origin: id(2), probe_number: 3 },
-            Message::IndirectAck { target: id(2), probe_number: 3 },
-            Message::ForwardedAck { origin: id(2), probe_number: 3 },
-            Message::Announce,
-            Message::Feed,
-            Message::Gossip,
-            Message::Broadcast,
-            Message::TurnUndead,
-        ];
-        let updates = [
-            Member::new(id(2), 1, State::Alive),
-            Member::new(id(0), 0, State::Suspect),
-            Member::new(id(3), 0, State::Down),
-        ];
-        let mut out = vec![];
-        for (k, message) in messages.into_iter().enumerate() {
-            let n =
-                if matches!(message, Message::Announce | Message::Broadcast) { 0 } else { k % 4 };
-            let header =
-                Header { src: id(1 + k as u8 % 2), src_incarnation: 0, dst: id(0), message };
-            let mut buf = bytes::BytesMut::new();
-            PostcardCodec.encode_header(&header, &mut buf).expect("a header encodes");
-            if n > 0 {
-                buf.put_u16(n as u16);
-                for m in &updates[..n.min(3)] {
-                    PostcardCodec.encode_member(m, &mut buf).expect("a member encodes");
-                }
-            }
-            out.push(buf.to_vec());
-        }
-        out
-    }
-
-    /// Member 0 of `nodes` takes `data`; checks what it makes of it.
-    pub fn check_packet(nodes: &mut [Membership], data: &[u8]) {
-        if let Ok(header) = PostcardCodec.decode_header(data) {
-            let mut again = bytes::BytesMut::new();
-            PostcardCodec.encode_header(&header, &mut again).expect("a decoded header encodes");
-            assert_eq!(PostcardCodec.decode_header(&again[..]).ok(), Some(header.clone()));
-            assert_eq!(Membership::sender(data), Some(header.src));
-        }
-        let me = nodes[0].me().clone();
-        nodes[0].handle_packet(data);
-        for out in nodes[0].drain() {
-            if let Output::Packet(_, packet) = out {
-                assert!(packet.len() <= 1100, "a {} byte packet does not fit", packet.len());
-            }
-        }
-        assert_eq!(nodes[0].me(), &me);
-        let names: BTreeSet<&str> = nodes[0].peers().map(|p| p.id.name.as_str()).collect();
-        assert_eq!(names.len(), nodes[0].peers().count(), "one peer per name");
-        assert!(!names.contains(me.name.as_str()), "itself as a peer");
-    }
-
-    #[cfg(test)]
-    mod tests {
-        use super::*;
-
-        /// Found by the seeded pass: a member can gossip an identity with this node's name at
-        /// another member's address. foca takes it for that member renewed (`Rename`), and the
-        /// view made it a peer under this node's own name, dropping the real member. The
-        /// driver checks a packet's sender against its certificate, not the members it
-        /// gossips, so any member could do this; now the renamed one just goes.
-        #[test]
-        fn a_member_gossiped_under_our_own_name_is_never_a_peer() {
-            let mut nodes = cluster();
-            let impostor = NodeId { name: "n0".into(), addr: id(1).addr, epoch: 2, renewal: 0 };
-            let header =
-                Header { src: id(2), src_incarnation: 0, dst: id(0), message: Message::Gossip };
-            let mut buf = bytes::BytesMut::new();
-            PostcardCodec.encode_header(&header, &mut buf).unwrap();
-            buf.put_u16(1);
-            PostcardCodec.encode_member(&Member::new(impostor, 0, State::Alive), &mut buf).unwrap();
-            check_packet(&mut nodes, &buf);
-            assert!(nodes[0].peers().all(|p| p.id.name != "n0"));
-        }
-
-        /// 20 000 packets of every kind, damaged (bits flipped, bytes inserted or dropped,
-        /// cut short, a piece of another packet spliced in), into one long-lived member.
-        #[test]
-        fn mutated_packets_keep_the_membership_sane() {
-            let seeds = packets();
-            let mut nodes = cluster();
-            for seed in &seeds {
-                check_packet(&mut nodes, seed);
-            }
-            let mut state = 0x9e37_79b9_7f4a_7c15u64;
-            let mut next = move || {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state
-            };
-            for case in 0..20_000 {
-                if case % 2_000 == 0 {
-                    nodes = cluster();
-                }
-                let mut data = seeds[case % seeds.len()].clone();
-                for _ in 0..1 + next() % 3 {
-                    let at = (next() as usize) % (data.len() + 1);
-                    match next() % 5 {
-                        0 if at < data.len() => data[at] ^= 1 << (next() % 8),
-                        1 => data.insert(at, next() as u8),
-                        2 if at < data.len() => drop(data.remove(at)),
-                        3 => {
-                            let other = &seeds[next() as usize % seeds.len()];
-                            let from = next() as usize % other.len();
-                            let to = (from + 1 + next() as usize % 32).min(other.len());
-                            data.splice(at..at, other[from..to].iter().copied());
-                        }
-                        _ => data.truncate(at),
-                    }
-                }
-                check_packet(&mut nodes, &data);
-            }
-        }
-    }
-}
+pub mod mutations;

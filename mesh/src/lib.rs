@@ -4,7 +4,8 @@
 //! - [`tls`]: the cluster CA and node certificates (rcgen), and the mutual-TLS QUIC configs.
 //! - [`trust`]: the revocation list checked at every handshake.
 //! - [`core`]: membership without I/O — foca (SWIM) and the versioned view of every node's
-//!   state. The simulation tests drive it with a virtual clock and a lossy virtual network.
+//!   state, and when this node's state goes to whom (its records and messages: `state`).
+//!   The simulation tests drive it with a virtual clock and a lossy virtual network.
 //! - [`Mesh`]: the run-time driver — one quinn endpoint per node; SWIM packets as QUIC
 //!   datagrams, node state on unidirectional streams, node-to-node calls on bidirectional
 //!   streams framed by [`wire`].
@@ -13,6 +14,7 @@
 pub mod core;
 mod driver;
 pub mod sim;
+mod state;
 pub mod tls;
 pub mod trust;
 pub mod wire;
