@@ -70,10 +70,29 @@ async fn claim_ready(
     template: &str,
     size: Size,
 ) -> anyhow::Result<(Duration, Tier, silkmesh::Sandbox)> {
+    let (parts, tier, sb) = claim_parts(client, template, size).await?;
+    Ok((parts.total, tier, sb))
+}
+
+/// Where a claim → first answer went: the claim's answer in the SDK, the node's own work on
+/// it (`claim_micros`), and the first `info` after it.
+struct ClaimParts {
+    total: Duration,
+    answered: Duration,
+    node: Duration,
+}
+
+async fn claim_parts(
+    client: &Client,
+    template: &str,
+    size: Size,
+) -> anyhow::Result<(ClaimParts, Tier, silkmesh::Sandbox)> {
     let t = Instant::now();
     let sb = client.claim(template).size(size).send().await?;
+    let answered = t.elapsed();
     sb.agent_info().await?;
-    Ok((t.elapsed(), sb.tier(), sb))
+    let node = sb.claim_took().unwrap_or_default();
+    Ok((ClaimParts { total: t.elapsed(), answered, node }, sb.tier(), sb))
 }
 
 /// One loopback HTTP round trip on a kept connection: the floor for a warm claim.
@@ -105,13 +124,18 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
     // Tiers, A B B A with the HTTP floor.
     let (mut floor, mut warm, mut clone, mut cold) =
         (Samples::default(), Samples::default(), Samples::default(), Samples::default());
+    let (mut answered, mut node_work, mut first_info) =
+        (Samples::default(), Samples::default(), Samples::default());
     let mut keep = vec![];
     for _ in 0..args.claims {
         wait_warm(&client, args.warm).await?;
         floor.push(http_floor(&mut http)?);
-        let (d, tier, sb) = claim_ready(&client, "host", Size::Small).await?;
+        let (parts, tier, sb) = claim_parts(&client, "host", Size::Small).await?;
         anyhow::ensure!(tier == Tier::Warm, "expected a warm hit");
-        warm.push(d);
+        warm.push(parts.total);
+        answered.push(parts.answered);
+        node_work.push(parts.node);
+        first_info.push(parts.total - parts.answered);
         keep.push(sb);
         // Medium has no pool: the host golden serves it, the clone tier.
         let (d, tier, sb) = claim_ready(&client, "host", Size::Medium).await?;
@@ -142,6 +166,7 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
     for i in 0..args.claims.min(50) {
         unshare.push(crate::engine::floor_once(&scratch.join(i.to_string()), &host_root)?);
     }
+    let ratio = |s: &Samples, f: &Samples| s.pct(0.5).as_secs_f64() / f.pct(0.5).as_secs_f64();
     let row = |name: &str, s: &Samples, f: &Samples| {
         vec![
             name.into(),
@@ -149,7 +174,7 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
             us(s.pct(0.9)),
             us(s.pct(1.0)),
             s.len().to_string(),
-            format!("{:.2}", s.pct(0.5).as_secs_f64() / f.pct(0.5).as_secs_f64()),
+            format!("{:.2}", ratio(s, f)),
         ]
     };
     table(
@@ -161,6 +186,19 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
             row("unshare 6 ns + overlay + /bin/true (floor for clone, cold)", &unshare, &unshare),
             row("clone from golden", &clone, &unshare),
             row("cold boot from template", &cold, &unshare),
+        ],
+    );
+
+    let part = |name: &str, s: &Samples| {
+        vec![name.into(), us(s.pct(0.5)), us(s.pct(0.9)), format!("{:.2}", ratio(s, &floor))]
+    };
+    table(
+        "warm hit through the SDK, in parts",
+        &["part", "p50", "p90", "p50 ratio to the HTTP round trip"],
+        &[
+            part("claim answered (connect, `POST /v1/sandboxes`, its `101`)", &answered),
+            part("of which the node's claim (`claim_micros`)", &node_work),
+            part("first `info` on the claim's connection", &first_info),
         ],
     );
 

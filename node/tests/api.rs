@@ -97,6 +97,48 @@ fn relay_carries_the_silkd_protocol() {
 }
 
 #[test]
+fn a_claim_that_asks_for_the_relay_runs_calls_on_its_own_connection() {
+    let node = Sandboxd::start(ONE_WARM);
+    node.wait_warm(1);
+    // Metadata beyond ASCII and with a DEL: the row travels in a header, and arrives whole.
+    let metadata = "caf\u{e9} \u{7f} \u{1f980}";
+    let body = json!({ "metadata": { "note": metadata } }).to_string();
+    let (status, row, stream) = claim_upgraded(node.addr, ROOT, &body);
+    assert!(status.contains(" 101 "), "{status} {row}");
+    let (id, token) = (row["id"].as_str().unwrap(), row["token"].as_str().unwrap());
+    assert_eq!(
+        (row["tier"].as_str(), row["metadata"]["note"].as_str()),
+        (Some("warm"), Some(metadata))
+    );
+    let (status, held) = node.req("GET", &format!("/v1/sandboxes/{id}"), Some(token), None);
+    assert_eq!((status, &held["metadata"]), (200, &row["metadata"]), "the claim is the node's");
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let mut conn = relay_connection(stream);
+        for _ in 0..2 {
+            let (out, code) = relay_exec(&mut conn, &["hostname"]).await;
+            assert_eq!((out, code), (format!("{id}\n").into_bytes(), 0), "this sandbox's silkd");
+        }
+    });
+    // The claim is audited as a claim, with its status, and the program run through it too.
+    let (_, audit) = node.req("GET", "/v1/audit?limit=100", Some(ROOT), None);
+    let entries = audit["entries"].as_array().unwrap();
+    let of = |action: &str, status: u16| {
+        let by = |e: &&Value| e["action"] == action && e["target"] == id && e["status"] == status;
+        entries.iter().filter(by).count()
+    };
+    assert_eq!((of("claim", 101), of("exec", 101)), (1, 2), "{audit}");
+
+    // A refused claim is the usual JSON error, and the connection never switches.
+    let (status, error, _) = claim_upgraded(node.addr, ROOT, r#"{"template": "nope"}"#);
+    assert!(status.contains(" 404 "), "{status}");
+    assert_eq!(error["error"]["code"], "template_not_found");
+    let (status, error, _) = claim_upgraded(node.addr, "wrong", "{}");
+    assert!(status.contains(" 401 "), "{status} {error}");
+}
+
+#[test]
 fn buffered_exec_with_stdin_exit_codes_and_an_output_cap() {
     let node = Sandboxd::start(&format!("exec_output_cap = 1000\n{ONE_WARM}"));
     let s = node.claim("{}");

@@ -206,6 +206,20 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     assert_eq!(status, 204);
     let (status, _) = owner.req("GET", &format!("/v1/sandboxes/{id}"), Some(token), None);
     assert_eq!(status, 404, "released on the owner");
+
+    // A claim that asks for the relay, placed on the owner through front: the owner's `101`
+    // and row come back through front, and the connection reaches the new sandbox's silkd.
+    owner.wait_warm(1);
+    eventually("front sees owner's capacity", || peer_warm(&front, "owner") == Some(1));
+    let (status, row, stream) = claim_upgraded(front.addr, ROOT, "{}");
+    assert!(status.contains(" 101 "), "{status} {row}");
+    assert!(row["owner"].as_str().unwrap().starts_with("127.0.0.5:"), "{row}");
+    let id = row["id"].as_str().unwrap().to_string();
+    rt.block_on(async move {
+        let mut conn = relay_connection(stream);
+        let (out, code) = relay_exec(&mut conn, &["hostname"]).await;
+        assert_eq!((code, out), (0, format!("{id}\n").into_bytes()));
+    });
 }
 
 #[test]

@@ -14,7 +14,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::http::Http;
+use crate::http::{Http, Opened, Opening, SANDBOX_HEADER};
 use crate::sandbox::Sandbox;
 
 /// The fleet's sandboxes, and the nodes that did not answer (their sandboxes are missing).
@@ -314,10 +314,39 @@ impl ClaimBuilder {
             body["egress"] = json!(egress);
         }
         let c = &self.client;
-        let claimed: Claimed =
-            c.call(Method::POST, "/v1/sandboxes", c.root_token(), Some(&body)).await?;
-        Ok(claimed.into_sandbox(c, self.auto_release))
+        if c.max_idle() == 0 {
+            // Nowhere to keep a connection: the claim alone.
+            let claimed: Claimed =
+                c.call(Method::POST, "/v1/sandboxes", c.root_token(), Some(&body)).await?;
+            return Ok(claimed.into_sandbox(c, self.auto_release));
+        }
+        // The claim asks for the relay too: its connection becomes the sandbox's first, so the
+        // first call needs no new connection and upgrade of its own.
+        let body = serde_json::to_vec(&body).map_err(|e| Error::Invalid(e.to_string()))?;
+        let token = c.root_token().unwrap_or_default();
+        let opening =
+            Opening { method: Method::POST, path: "/v1/sandboxes", token, body: body.into() };
+        let (claimed, relay) = match c.http().open(opening, c.http().request_timeout).await? {
+            Opened::Relay(stream, row) => {
+                let row = row.ok_or_else(|| {
+                    Error::Protocol(format!("claim: a 101 without its {SANDBOX_HEADER} header"))
+                })?;
+                (parse_claimed(row.as_bytes())?, Some(stream))
+            }
+            // A node that did not switch answers the claim as JSON.
+            Opened::Answer(_, body) => (parse_claimed(&body)?, None),
+        };
+        let sandbox = claimed.into_sandbox(c, self.auto_release);
+        if let Some(stream) = relay {
+            sandbox.adopt(stream);
+        }
+        Ok(sandbox)
     }
+}
+
+fn parse_claimed(json: &[u8]) -> Result<Claimed> {
+    serde_json::from_slice(json)
+        .map_err(|e| Error::Protocol(format!("POST /v1/sandboxes: unexpected answer: {e}")))
 }
 
 /// A new sandbox as the node answers it: its row, which carries its token (claim, branch, fork).

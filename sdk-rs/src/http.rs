@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 use hyper::header::{AUTHORIZATION, CONNECTION, CONTENT_TYPE, HOST, LOCATION, UPGRADE};
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::Client as Pooled;
@@ -179,15 +179,28 @@ impl Http {
 
     /// `GET path` with `Upgrade: silkd` on a new connection; after the `101`, the bare socket.
     pub(crate) async fn upgrade(&self, path: &str, token: &str) -> Result<NodeStream> {
-        let origin = self.url(path)?;
+        let get = Opening { method: Method::GET, path, token, body: Bytes::new() };
+        match self.open(get, self.connect_timeout).await? {
+            Opened::Relay(stream, _) => Ok(stream),
+            Opened::Answer(status, _) => {
+                Err(Error::Protocol(format!("GET {path}: {status} where the relay answers 101")))
+            }
+        }
+    }
+
+    /// A request with `Upgrade: silkd` on a new connection, within `limit`: the bare socket and
+    /// the `101`'s [`SANDBOX_HEADER`] if the node switched, or a success answer's body if it
+    /// did not (a node that does not offer the relay on this route).
+    pub(crate) async fn open(&self, opening: Opening<'_>, limit: Duration) -> Result<Opened> {
+        let origin = self.url(opening.path)?;
         let mut uri = origin.clone();
         let mut hopped = false;
         let mut fell_back = false;
         loop {
-            let handshake = upgrade_once(&uri, token, self.tls.as_ref());
-            let outcome = tokio::time::timeout(self.connect_timeout, handshake)
+            let handshake = upgrade_once(&uri, &opening, self.tls.as_ref());
+            let outcome = tokio::time::timeout(limit, handshake)
                 .await
-                .map_err(|_| Error::timeout(&format!("upgrade {path}")))
+                .map_err(|_| Error::timeout(&format!("{} {}", opening.method, opening.path)))
                 .and_then(|r| r);
             let outcome = match outcome {
                 Ok(o) => o,
@@ -199,9 +212,12 @@ impl Http {
                 Err(e) => return Err(e),
             };
             match outcome {
-                Upgraded::Stream(s) => return Ok(s),
+                Upgraded::Stream(s, header) => return Ok(Opened::Relay(s, header)),
                 Upgraded::Redirect(location) => {
                     uri = redirect(&uri, location.as_ref(), &mut hopped)?;
+                }
+                Upgraded::Refused(status, body) if status.is_success() => {
+                    return Ok(Opened::Answer(status, body));
                 }
                 Upgraded::Refused(status, body) => return Err(api_error(status, &body)),
             }
@@ -209,15 +225,35 @@ impl Http {
     }
 }
 
+/// The header of a claim's `101` that carries the new sandbox's row.
+pub(crate) const SANDBOX_HEADER: &str = "silk-sandbox";
+
+/// A request that asks for the relay.
+pub(crate) struct Opening<'a> {
+    pub(crate) method: Method,
+    pub(crate) path: &'a str,
+    pub(crate) token: &'a str,
+    /// JSON, or empty for none.
+    pub(crate) body: Bytes,
+}
+
+/// How the node answered an [`Opening`].
+pub(crate) enum Opened {
+    /// `101`: the relay, and the answer's [`SANDBOX_HEADER`].
+    Relay(NodeStream, Option<hyper::header::HeaderValue>),
+    /// A success without the switch, and its body.
+    Answer(StatusCode, Bytes),
+}
+
 enum Upgraded {
-    Stream(NodeStream),
+    Stream(NodeStream, Option<hyper::header::HeaderValue>),
     Redirect(Option<hyper::header::HeaderValue>),
     Refused(StatusCode, Bytes),
 }
 
 async fn upgrade_once(
     uri: &Uri,
-    token: &str,
+    opening: &Opening<'_>,
     tls: Option<&Arc<rustls::ClientConfig>>,
 ) -> Result<Upgraded> {
     let authority = uri.authority().ok_or_else(|| Error::Invalid(format!("{uri}: no host")))?;
@@ -231,74 +267,98 @@ async fn upgrade_once(
         .await
         .map_err(|e| Error::transport(format!("connect {addr}"), e))?;
     tcp.set_nodelay(true).map_err(|e| Error::transport("set TCP_NODELAY", e))?;
-    let res = match tls {
-        None => upgrade_on(TokioIo::new(tcp), uri, token).await?,
+    Ok(match tls {
+        None => match open_on(TokioIo::new(tcp), uri, opening).await? {
+            Answer::Switched(io, row) => Upgraded::Stream(NodeStream::Tcp(io.into_inner()), row),
+            Answer::Other(other) => other,
+        },
         Some(config) => {
             let tls = crate::tls::connect(config, authority.host(), tcp).await?;
-            upgrade_on(TokioIo::new(tls), uri, token).await?
-        }
-    };
-    match res.status() {
-        StatusCode::SWITCHING_PROTOCOLS => {
-            let upgraded = hyper::upgrade::on(res)
-                .await
-                .map_err(|e| Error::transport(format!("upgrade {uri}"), e))?;
-            let (stream, unread) = match upgraded.downcast::<TokioIo<TcpStream>>() {
-                Ok(parts) => (NodeStream::Tcp(parts.io.into_inner()), parts.read_buf),
-                Err(upgraded) => {
-                    let parts = upgraded
-                        .downcast::<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>>()
-                        .map_err(|_| {
-                            Error::Protocol("upgraded stream is not the dialled socket".into())
-                        })?;
-                    (NodeStream::Tls(Box::new(parts.io.into_inner())), parts.read_buf)
+            match open_on(TokioIo::new(tls), uri, opening).await? {
+                Answer::Switched(io, row) => {
+                    Upgraded::Stream(NodeStream::Tls(Box::new(io.into_inner())), row)
                 }
-            };
-            // silkd only ever answers, so nothing can follow the 101 before the first request.
-            if !unread.is_empty() {
-                return Err(Error::Protocol(format!(
-                    "{} unexpected bytes after the 101",
-                    unread.len()
-                )));
+                Answer::Other(other) => other,
             }
-            Ok(Upgraded::Stream(stream))
         }
-        StatusCode::TEMPORARY_REDIRECT => {
-            Ok(Upgraded::Redirect(res.headers().get(LOCATION).cloned()))
-        }
-        status => {
-            let body = res.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-            Ok(Upgraded::Refused(status, body))
-        }
-    }
+    })
 }
 
-/// The relay's `GET` with `Upgrade: silkd` on a fresh connection `io`.
-async fn upgrade_on<I>(
-    io: I,
-    uri: &Uri,
-    token: &str,
-) -> Result<hyper::Response<hyper::body::Incoming>>
+/// What [`open_on`] got: the switched connection and the `101`'s [`SANDBOX_HEADER`], or any
+/// other answer.
+enum Answer<I> {
+    Switched(I, Option<hyper::header::HeaderValue>),
+    Other(Upgraded),
+}
+
+/// `opening` with `Upgrade: silkd` on a fresh connection `io`. hyper's connection future is
+/// driven here rather than spawned, so the answer and the socket come back without a hop
+/// between tasks; it is spawned only to read the body of an answer that did not switch.
+async fn open_on<I>(io: I, uri: &Uri, opening: &Opening<'_>) -> Result<Answer<I>>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
     let authority = uri.authority().ok_or_else(|| Error::Invalid(format!("{uri}: no host")))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(io)
-        .await
-        .map_err(|e| Error::transport(format!("handshake with {authority}"), e))?;
-    // hyper needs the connection polled to send the request and to hand over the socket.
-    tokio::spawn(conn.with_upgrades());
+    let failed = |what: &str, e: hyper::Error| Error::transport(format!("{what} {uri}"), e);
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(io).await.map_err(|e| failed("handshake with", e))?;
+    let mut conn = conn.with_upgrades();
     let path = uri.path_and_query().map_or("/", |p| p.as_str());
-    let mut req = Request::get(path).header(HOST, authority.as_str());
-    if !token.is_empty() {
-        req = req.header(AUTHORIZATION, format!("Bearer {token}"));
+    let mut req = Request::builder()
+        .method(opening.method.clone())
+        .uri(path)
+        .header(HOST, authority.as_str());
+    if !opening.token.is_empty() {
+        req = req.header(AUTHORIZATION, format!("Bearer {}", opening.token));
+    }
+    if !opening.body.is_empty() {
+        req = req.header(CONTENT_TYPE, "application/json");
     }
     let req = req
         .header(CONNECTION, "upgrade")
         .header(UPGRADE, "silkd")
-        .body(Empty::<Bytes>::new())
+        .body(Full::new(opening.body.clone()))
         .map_err(|e| Error::Invalid(e.to_string()))?;
-    sender.send_request(req).await.map_err(|e| Error::transport(format!("GET {uri}"), e))
+    let method = opening.method.as_str();
+    let send = sender.send_request(req);
+    tokio::pin!(send);
+    let mut conn_ended = false;
+    let res = loop {
+        tokio::select! {
+            res = &mut send => break res.map_err(|e| failed(method, e))?,
+            // Ended before the answer: `send` says how.
+            ended = &mut conn, if !conn_ended => {
+                conn_ended = true;
+                ended.map_err(|e| failed(method, e))?;
+            }
+        }
+    };
+    if res.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let row = res.headers().get(SANDBOX_HEADER).cloned();
+        let upgrade = hyper::upgrade::on(res);
+        if !conn_ended {
+            conn.await.map_err(|e| failed("upgrade", e))?;
+        }
+        let upgraded = upgrade.await.map_err(|e| failed("upgrade", e))?;
+        let parts = upgraded
+            .downcast::<I>()
+            .map_err(|_| Error::Protocol("upgraded stream is not the dialled socket".into()))?;
+        // silkd only ever answers, so nothing can follow the 101 before the first request.
+        if !parts.read_buf.is_empty() {
+            let n = parts.read_buf.len();
+            return Err(Error::Protocol(format!("{n} unexpected bytes after the 101")));
+        }
+        return Ok(Answer::Switched(parts.io, row));
+    }
+    if !conn_ended {
+        tokio::spawn(conn);
+    }
+    if res.status() == StatusCode::TEMPORARY_REDIRECT {
+        return Ok(Answer::Other(Upgraded::Redirect(res.headers().get(LOCATION).cloned())));
+    }
+    let status = res.status();
+    let body = res.into_body().collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    Ok(Answer::Other(Upgraded::Refused(status, body)))
 }
 
 /// `uri` with `no_redirect=1` added to its query.

@@ -193,6 +193,12 @@ impl Sandbox {
         Ok(RelayConn::new(stream))
     }
 
+    /// Keeps a relay connection opened with the claim for the first call.
+    pub(crate) fn adopt(&self, stream: crate::conn::NodeStream) {
+        self.inner.pool.count_dial();
+        self.put_back(RelayConn::new(stream));
+    }
+
     /// An idle connection from the pool, or a new one.
     pub(crate) async fn conn(&self) -> Result<RelayConn> {
         match self.inner.pool.take() {

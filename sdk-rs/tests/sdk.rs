@@ -432,12 +432,20 @@ async fn connections_are_reused_and_redirects_reach_the_relay() {
     let node = Sandboxd::start(ONE_WARM);
     let c = node.client();
     let s = c.claim("host").send().await.unwrap();
-    assert_eq!(s.connection_stats(), ConnStats::default());
+    // The claim asked for the relay: its connection is kept for the first call.
+    assert_eq!(s.connection_stats(), ConnStats { dialled: 1, reused: 0, idle: 1 });
     for _ in 0..3 {
         s.run(["true"]).await.unwrap();
     }
     let stats = s.connection_stats();
-    assert_eq!((stats.dialled, stats.reused, stats.idle), (1, 2, 1));
+    assert_eq!((stats.dialled, stats.reused, stats.idle), (1, 3, 1));
+    // A client that keeps no connections claims without one.
+    let bare = Client::builder(node.url()).token(ROOT).max_idle_connections(0);
+    let t = bare.build().unwrap().claim("host").send().await.unwrap();
+    assert_eq!(t.connection_stats(), ConnStats::default());
+    t.run(["true"]).await.unwrap();
+    assert_eq!(t.connection_stats(), ConnStats { dialled: 1, reused: 0, idle: 0 });
+    t.release().await.unwrap();
     // silkd agrees: one live connection (the node's readiness probe may still be closing).
     eventually("silkd counts one connection", || async {
         s.agent_info().await.unwrap().connections == 1

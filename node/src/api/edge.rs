@@ -58,6 +58,7 @@ pub async fn place_claim(
     peer: silk_mesh::Peer,
     headers: &HeaderMap,
     request: &crate::claims::ClaimRequest,
+    mut upgrade: Option<hyper::upgrade::OnUpgrade>,
 ) -> Result<Response, NodeError> {
     let peers = api.peers.as_ref().expect("a peer was picked");
     let state = peer.state.as_ref().expect("picked peers have state");
@@ -73,7 +74,13 @@ pub async fn place_claim(
         req.headers_mut().insert(header::AUTHORIZATION, auth.clone());
     }
     req.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    forward(peers, &api.node, &peer, req, &mut None).await
+    if upgrade.is_some() {
+        // A claim that asks for the relay gets the peer's: its `101` is spliced through here.
+        req.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        let protocol = HeaderValue::from_static(super::relay::PROTOCOL);
+        req.headers_mut().insert(header::UPGRADE, protocol);
+    }
+    forward(peers, &api.node, &peer, req, &mut upgrade).await
 }
 
 /// The port a ports-route request names, and the preview tokens it carries.

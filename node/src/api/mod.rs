@@ -212,6 +212,7 @@ async fn claim(
     State(api): State<Api>,
     headers: HeaderMap,
     RawQuery(query): RawQuery,
+    relay::ClientUpgrade(upgrade): relay::ClientUpgrade,
     OptionalJsonBody(req): OptionalJsonBody<ClaimRequest>,
 ) -> Result<Response, NodeError> {
     let node = api.node.clone();
@@ -229,17 +230,38 @@ async fn claim(
     let peer = forwardable.as_ref().and_then(|_| edge::warm_peer(&api, &key, query.as_deref()));
     let n = node.clone();
     let offered = peer.is_some();
-    match detached(async move { n.claim_or_place(spec, offered).await }).await? {
-        Some(claimed) => {
-            let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
-            let row = axum::Json(claimed_row(&node, &claimed));
-            Ok((StatusCode::CREATED, axum::Extension(noted), row).into_response())
-        }
+    let claimed = match detached(async move { n.claim_or_place(spec, offered).await }).await? {
+        Some(claimed) => claimed,
         None => {
             let (peer, request) = (peer.expect("offered"), forwardable.expect("offered"));
-            edge::place_claim(&api, peer, &headers, &request).await
+            return edge::place_claim(&api, peer, &headers, &request, upgrade).await;
+        }
+    };
+    let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
+    let row = claimed_row(&node, &claimed);
+    if let Some(upgrade) = upgrade {
+        // The claim stands whatever happens here: a relay that does not open is the plain
+        // `201`, and the client dials one as it would have.
+        match node.open_agent(&row.id).await {
+            Ok((live, agent)) => {
+                let who = audited::principal(&node, bearer(&headers), None);
+                let mut res = relay::serve(node.clone(), live, agent, upgrade, who);
+                res.headers_mut().insert(relay::SANDBOX_HEADER, header_json(&row)?);
+                res.extensions_mut().insert(noted);
+                return Ok(res);
+            }
+            Err(e) => tracing::debug!(sandbox = row.id, "claimed; its relay did not open: {e}"),
         }
     }
+    Ok((StatusCode::CREATED, axum::Extension(noted), axum::Json(row)).into_response())
+}
+
+/// `value` as JSON in a header: serde_json escapes every control character but DEL, which a
+/// header may not hold either (UTF-8 beyond ASCII it may).
+fn header_json(value: &impl serde::Serialize) -> Result<header::HeaderValue, NodeError> {
+    let json = serde_json::to_string(value).map_err(|e| NodeError::internal(e.to_string()))?;
+    header::HeaderValue::from_bytes(json.replace('\u{7f}', "\\u007f").as_bytes())
+        .map_err(|e| NodeError::internal(format!("row as a header: {e}")))
 }
 
 /// A route's one boolean query parameter `name` (absent: false). Read by hand, not by axum's

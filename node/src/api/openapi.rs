@@ -29,6 +29,16 @@ fn op(summary: &str, ok: (u16, Value), errors: &[u16], body: Option<&str>) -> Va
     o
 }
 
+/// The claim: `201`, or with `Upgrade: silkd` a `101` carrying the row in `silk-sandbox`.
+fn claim_op() -> Value {
+    let mut o = op("Claim a sandbox: warm hit, clone from golden, or cold boot. With `Connection: upgrade` and `Upgrade: silkd`, a claim is answered 101 and the connection becomes the new sandbox's relay", (201, ok_json("Sandbox")), &[400, 401, 403, 404, 413, 415, 422, 429, 500, 501, 503, 507], Some("ClaimRequest?"));
+    o["responses"]["101"] = json!({
+        "description": "claimed (asked with `Upgrade: silkd`); the connection is now the sandbox's relay",
+        "headers": { "silk-sandbox": { "description": "the new sandbox's row, with its token, as JSON", "schema": { "type": "string" } } },
+    });
+    o
+}
+
 /// `op` with optional query parameters.
 fn queries(op: Value, params: &[(&str, Value)]) -> Value {
     params.iter().fold(op, |op, (name, schema)| with_query(op, name, schema.clone()))
@@ -255,7 +265,7 @@ fn paths_and_schemas(limits: Limits) -> Value {
                 "delete": op("Take claims again", (200, ok_json("NodeInfo")), &[401], None),
             },
             "/v1/sandboxes": {
-                "post": op("Claim a sandbox: warm hit, clone from golden, or cold boot", (201, ok_json("Sandbox")), &[400, 401, 403, 404, 413, 415, 422, 429, 500, 501, 503, 507], Some("ClaimRequest?")),
+                "post": claim_op(),
                 "get": queries(op("The caller's sandboxes on every node (this one's with scope=node), oldest first, paged; filter with metadata=key=value (repeatable)", (200, ok_json("SandboxList")), &[400, 401], None), &[("metadata", json!({ "type": "string", "pattern": "^[^=]+=" })), ("limit", json!({ "type": "integer", "minimum": 1, "maximum": 1000 })), ("cursor", json!({ "type": "string" })), ("scope", json!({ "enum": ["node"] }))]),
             },
             "/v1/sandboxes/{id}": sandbox,

@@ -174,6 +174,37 @@ pub fn upgrade(addr: SocketAddr, id: &str, token: &str) -> TcpStream {
     stream
 }
 
+/// `POST /v1/sandboxes` with `body`, asking for the relay: the status line, the `101`'s
+/// `silk-sandbox` row (JSON) or the refusal's body, and the connection (silkd's after a `101`).
+pub fn claim_upgraded(addr: SocketAddr, token: &str, body: &str) -> (String, Value, TcpStream) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    write!(stream, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let (mut status, mut line, mut row, mut length) = (String::new(), vec![], None, 0);
+    reader.read_line(&mut status).unwrap();
+    loop {
+        line.clear();
+        reader.read_until(b'\n', &mut line).unwrap();
+        if line == b"\r\n" {
+            break;
+        }
+        let text = String::from_utf8(line.clone()).expect("a header of UTF-8");
+        let (name, value) = text.split_once(':').unwrap();
+        match name.to_ascii_lowercase().as_str() {
+            "silk-sandbox" => row = Some(serde_json::from_str(value.trim()).unwrap()),
+            "content-length" => length = value.trim().parse().unwrap(),
+            _ => {}
+        }
+    }
+    if !status.contains(" 101 ") {
+        let mut body = vec![0; length];
+        reader.read_exact(&mut body).unwrap();
+        return (status, serde_json::from_slice(&body).unwrap_or(Value::Null), stream);
+    }
+    assert!(reader.buffer().is_empty(), "silkd bytes read with the headers");
+    (status, row.expect("a 101 carries the sandbox's row"), stream)
+}
+
 /// An upgraded stream as a silk-proto connection.
 pub fn relay_connection(stream: TcpStream) -> silk_proto::Connection<tokio::net::TcpStream> {
     stream.set_nonblocking(true).unwrap();
