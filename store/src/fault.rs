@@ -1,6 +1,7 @@
 //! A fault-injecting wrapper around any [`ObjectStore`], for tests: fail the next N calls, add
 //! latency to every call, fail calls whose key matches a pattern. It also counts the calls that
-//! got through (and the bytes put), and lets a test wait on those counts — a signal, not a sleep.
+//! got through (and the bytes put) and the most calls under way at once, and lets a test wait on
+//! those counts — a signal, not a sleep.
 //!
 //! Injected failures are [`StoreError::Unavailable`], what a real outage looks like after the
 //! backend's own retries.
@@ -39,6 +40,16 @@ pub struct Counts {
     pub put_bytes: u64,
     /// Calls failed on purpose.
     pub injected: u64,
+    /// The most puts under way at once, and the most calls of any kind.
+    pub peak_puts: u64,
+    pub peak_calls: u64,
+}
+
+/// Calls under way now.
+#[derive(Debug, Default)]
+struct InFlight {
+    puts: u64,
+    calls: u64,
 }
 
 #[derive(Debug, Default)]
@@ -54,6 +65,21 @@ pub struct FaultStore {
     inner: Arc<dyn ObjectStore>,
     faults: Mutex<Faults>,
     counts: watch::Sender<Counts>,
+    in_flight: Mutex<InFlight>,
+}
+
+/// One call under way: counted in [`FaultStore::in_flight`] until dropped.
+struct Underway<'a> {
+    store: &'a FaultStore,
+    put: bool,
+}
+
+impl Drop for Underway<'_> {
+    fn drop(&mut self) {
+        let mut now = self.store.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+        now.calls -= 1;
+        now.puts -= u64::from(self.put);
+    }
 }
 
 impl FaultStore {
@@ -63,6 +89,7 @@ impl FaultStore {
             inner,
             faults: Mutex::new(Faults::default()),
             counts: watch::Sender::new(Counts::default()),
+            in_flight: Mutex::default(),
         }
     }
 
@@ -102,6 +129,22 @@ impl FaultStore {
     fn faults(&self) -> MutexGuard<'_, Faults> {
         // A panic while holding this lock leaves plain data behind; keep going.
         self.faults.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Counts a call as under way until the guard is dropped, and its peaks.
+    fn underway(&self, op: Op) -> Underway<'_> {
+        let put = op == Op::Put;
+        let (puts, calls) = {
+            let mut now = self.in_flight.lock().unwrap_or_else(|e| e.into_inner());
+            now.calls += 1;
+            now.puts += u64::from(put);
+            (now.puts, now.calls)
+        };
+        self.count(|c| {
+            c.peak_puts = c.peak_puts.max(puts);
+            c.peak_calls = c.peak_calls.max(calls);
+        });
+        Underway { store: self, put }
     }
 
     /// Applies latency, then decides whether this call fails.
@@ -157,6 +200,7 @@ impl ObjectStore for FaultStore {
     }
 
     async fn put(&self, key: &Key, body: ByteStream) -> Result<u64> {
+        let _underway = self.underway(Op::Put);
         self.enter(Op::Put, &[key.as_str()]).await?;
         let n = self.inner.put(key, body).await?;
         self.count(|c| {
@@ -167,6 +211,7 @@ impl ObjectStore for FaultStore {
     }
 
     async fn get(&self, key: &Key, range: Option<ByteRange>) -> Result<GetObject> {
+        let _underway = self.underway(Op::Get);
         self.enter(Op::Get, &[key.as_str()]).await?;
         let got = self.inner.get(key, range).await?;
         self.count(|c| c.gets += 1);
@@ -174,6 +219,7 @@ impl ObjectStore for FaultStore {
     }
 
     async fn head(&self, key: &Key) -> Result<ObjectMeta> {
+        let _underway = self.underway(Op::Head);
         self.enter(Op::Head, &[key.as_str()]).await?;
         let meta = self.inner.head(key).await?;
         self.count(|c| c.heads += 1);
@@ -181,6 +227,7 @@ impl ObjectStore for FaultStore {
     }
 
     async fn list(&self, prefix: &str, page: Option<&str>) -> Result<ListPage> {
+        let _underway = self.underway(Op::List);
         self.enter(Op::List, &[prefix]).await?;
         let got = self.inner.list(prefix, page).await?;
         self.count(|c| c.lists += 1);
@@ -189,6 +236,7 @@ impl ObjectStore for FaultStore {
 
     async fn delete(&self, keys: &[Key]) -> Result<()> {
         let names: Vec<&str> = keys.iter().map(Key::as_str).collect();
+        let _underway = self.underway(Op::Delete);
         self.enter(Op::Delete, &names).await?;
         self.inner.delete(keys).await?;
         self.count(|c| c.deletes += 1);
@@ -196,6 +244,7 @@ impl ObjectStore for FaultStore {
     }
 
     async fn touch(&self, key: &Key) -> Result<()> {
+        let _underway = self.underway(Op::Touch);
         self.enter(Op::Touch, &[key.as_str()]).await?;
         self.inner.touch(key).await?;
         self.count(|c| c.touches += 1);

@@ -232,6 +232,20 @@ impl S3Store {
         map_err(op, key.as_str(), self.attempts, e)
     }
 
+    /// One `PutObject` of `bytes`.
+    async fn put_object(&self, key: &Key, bytes: Bytes) -> Result<u64> {
+        let len = bytes.len() as u64;
+        self.client
+            .put_object()
+            .bucket(&self.bucket)
+            .key(self.full(key))
+            .body(bytes.into())
+            .send()
+            .await
+            .map_err(|e| self.err("put", key, e))?;
+        Ok(len)
+    }
+
     async fn put_multipart(
         &self,
         key: &Key,
@@ -339,21 +353,19 @@ impl ObjectStore for S3Store {
         while buf.len() < self.threshold {
             match body.next().await {
                 Some(item) => buf.extend_from_slice(&item?),
-                None => {
-                    let len = buf.len() as u64;
-                    self.client
-                        .put_object()
-                        .bucket(&self.bucket)
-                        .key(self.full(key))
-                        .body(buf.freeze().into())
-                        .send()
-                        .await
-                        .map_err(|e| self.err("put", key, e))?;
-                    return Ok(len);
-                }
+                None => return self.put_object(key, buf.freeze()).await,
             }
         }
         self.put_multipart(key, buf, body).await
+    }
+
+    /// A buffer below the multipart threshold (every chunk) is sent as it is, not copied into
+    /// a new one first.
+    async fn put_bytes(&self, key: &Key, bytes: Bytes) -> Result<u64> {
+        if bytes.len() < self.threshold {
+            return self.put_object(key, bytes).await;
+        }
+        self.put(key, crate::object::stream_of(bytes)).await
     }
 
     async fn get(&self, key: &Key, range: Option<ByteRange>) -> Result<GetObject> {

@@ -2,8 +2,8 @@
 //!
 //! **Put.** The stream is cut into content-defined chunks ([`Chunker`]) and each chunk is named by
 //! its blake3 hash. A chunk is uploaded only if the store lacks it: first the local known-chunk
-//! index, then a HEAD. Uploads run in at most `upload_concurrency` tasks while the stream is
-//! still being cut. When every chunk is in, the manifest is written — the commit point. A failed
+//! index, then a HEAD. At most `upload_concurrency` PUTs are in flight while the stream is still
+//! being cut; the HEADs run ahead of them, on up to twice as many chunks. When every chunk is in, the manifest is written — the commit point. A failed
 //! or dropped put leaves chunks but no manifest: nothing half-written is visible, and garbage
 //! collection reclaims the orphans after the grace period.
 //!
@@ -32,6 +32,7 @@ use bytes::{Bytes, BytesMut};
 use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::cache::ChunkCache;
@@ -46,7 +47,7 @@ use crate::{Key, ObjectStore, Result, StoreError};
 pub struct SnapshotConfig {
     #[serde(default)]
     pub chunking: ChunkParams,
-    /// Chunk uploads (HEAD or PUT) in flight at once per snapshot.
+    /// Chunk PUTs in flight at once per snapshot (HEADs run ahead on up to twice as many).
     #[serde(default = "default_concurrency")]
     pub upload_concurrency: usize,
     /// Chunk downloads in flight at once per snapshot.
@@ -218,6 +219,9 @@ impl SnapshotStore {
         };
         // Dropping the set (an error here, or the caller dropping this future) aborts uploads.
         let mut uploads: JoinSet<Result<(ChunkId, Upload)>> = JoinSet::new();
+        // A chunk's HEAD runs ahead of the PUTs: twice as many chunks are in hand as PUTs may be
+        // in flight, so a PUT slot is never idle while its next chunk waits on a HEAD.
+        let puts = Arc::new(Semaphore::new(inner.upload_concurrency));
         loop {
             if !eof && buf.len() < max {
                 buf.reserve(fill - buf.len());
@@ -243,11 +247,13 @@ impl SnapshotStore {
             if inner.known.fresh_since(&id, fresh_since) {
                 continue;
             }
-            while uploads.len() >= inner.upload_concurrency {
+            while uploads.len() >= 2 * inner.upload_concurrency {
                 record(&mut report, &mut known, joined(uploads.join_next().await)?, now);
             }
-            let task = self.clone();
-            uploads.spawn(async move { task.upload(id, data, fresh_since).await.map(|u| (id, u)) });
+            let (task, puts) = (self.clone(), puts.clone());
+            uploads.spawn(async move {
+                task.upload(id, data, fresh_since, &puts).await.map(|u| (id, u))
+            });
         }
         while let Some(done) = uploads.join_next().await {
             record(&mut report, &mut known, joined(Some(done))?, now);
@@ -270,8 +276,15 @@ impl SnapshotStore {
         Ok(report)
     }
 
-    /// Makes sure one chunk is in the store and fresh enough to rely on.
-    async fn upload(&self, id: ChunkId, data: Bytes, fresh_since: SystemTime) -> Result<Upload> {
+    /// Makes sure one chunk is in the store and fresh enough to rely on; a PUT takes one of
+    /// `puts`.
+    async fn upload(
+        &self,
+        id: ChunkId,
+        data: Bytes,
+        fresh_since: SystemTime,
+        puts: &Semaphore,
+    ) -> Result<Upload> {
         let store = &self.inner.store;
         let key = id.key();
         match store.head(&key).await {
@@ -285,6 +298,7 @@ impl SnapshotStore {
             Err(StoreError::NotFound { .. }) => {}
             Err(e) => return Err(e),
         }
+        let _slot = puts.acquire().await.expect("the semaphore is never closed");
         let n = store.put_bytes(&key, data).await?;
         Ok(Upload::Uploaded(n))
     }

@@ -299,3 +299,26 @@ async fn bad_configs_are_refused() {
     let cfg = SnapshotConfig { upload_concurrency: 0, ..SnapshotConfig::default() };
     assert!(SnapshotStore::new(backend.store(), cfg, None).is_err());
 }
+
+/// At most `upload_concurrency` PUTs are under way at once, while the HEADs of the next chunks
+/// run beside them (a PUT slot does not wait on a HEAD), on no more than twice as many chunks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn puts_are_bounded_and_heads_run_ahead_of_them() {
+    let backend = common::fs_unsynced().await;
+    let fault = fault_over(&backend);
+    fault.set_latency(Duration::from_millis(5));
+    let cfg = SnapshotConfig {
+        chunking: common::small_chunks(),
+        upload_concurrency: 3,
+        ..SnapshotConfig::default()
+    };
+    let snaps = SnapshotStore::new(fault.clone(), cfg, None).unwrap();
+    let data = common::noise(7, 4 * MIB as usize);
+    let name = SnapshotName::checkpoint("bounded").unwrap();
+    let report = snaps.put(&name, &data[..], none()).await.unwrap();
+    assert!(report.uploaded_chunks > 20, "{report:?}");
+    let counts = fault.counts();
+    assert_eq!(counts.peak_puts, 3, "PUTs under way at once: {counts:?}");
+    assert!(counts.peak_calls > 3, "no HEAD ran beside the PUTs: {counts:?}");
+    assert!(counts.peak_calls <= 6, "more chunks in hand than twice the PUTs: {counts:?}");
+}

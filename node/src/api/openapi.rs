@@ -31,7 +31,12 @@ fn op(summary: &str, ok: (u16, Value), errors: &[u16], body: Option<&str>) -> Va
 
 /// The claim: `201`, or with `Upgrade: silkd` a `101` carrying the row in `silk-sandbox`.
 fn claim_op() -> Value {
-    let mut o = op("Claim a sandbox: warm hit, clone from golden, or cold boot. With `Connection: upgrade` and `Upgrade: silkd`, a claim is answered 101 and the connection becomes the new sandbox's relay", (201, ok_json("Sandbox")), &[400, 401, 403, 404, 413, 415, 422, 429, 500, 501, 503, 507], Some("ClaimRequest?"));
+    let mut o = op(
+        "Claim a sandbox: warm hit, clone from golden, or cold boot. With `Connection: upgrade` and `Upgrade: silkd`, a claim is answered 101 and the connection becomes the new sandbox's relay",
+        (201, ok_json("Sandbox")),
+        &[400, 401, 403, 404, 413, 415, 422, 429, 500, 501, 503, 507],
+        Some("ClaimRequest?"),
+    );
     o["responses"]["101"] = json!({
         "description": "claimed (asked with `Upgrade: silkd`); the connection is now the sandbox's relay",
         "headers": { "silk-sandbox": { "description": "the new sandbox's row, with its token, as JSON", "schema": { "type": "string" } } },
