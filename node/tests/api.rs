@@ -130,6 +130,16 @@ fn a_claim_that_asks_for_the_relay_runs_calls_on_its_own_connection() {
     };
     assert_eq!((of("claim", 101), of("exec", 101)), (1, 2), "{audit}");
 
+    // A row too large for a header (16 values of 512 characters) is the plain 201, token and
+    // all: proxies cap response headers, and the token must not be lost to one.
+    let big: serde_json::Map<String, Value> =
+        (0..16).map(|i| (format!("k{i}"), json!("v".repeat(512)))).collect();
+    let body = json!({ "metadata": big }).to_string();
+    let (status, row, _) = claim_upgraded(node.addr, ROOT, &body);
+    assert!(status.contains(" 201 "), "{status}");
+    assert!(row["token"].as_str().is_some_and(|t| !t.is_empty()), "{row}");
+    assert_eq!(row["metadata"]["k15"].as_str().map(str::len), Some(512));
+
     // A refused claim is the usual JSON error, and the connection never switches.
     let (status, error, _) = claim_upgraded(node.addr, ROOT, r#"{"template": "nope"}"#);
     assert!(status.contains(" 404 "), "{status}");

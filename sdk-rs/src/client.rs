@@ -331,12 +331,13 @@ impl ClaimBuilder {
                 let row = row.ok_or_else(|| {
                     Error::Protocol(format!("claim: a 101 without its {SANDBOX_HEADER} header"))
                 })?;
-                (parse_claimed(row.as_bytes())?, Some(stream))
+                (parse_claimed(row.as_bytes())?, stream)
             }
             // A node that did not switch answers the claim as JSON.
             Opened::Answer(_, body) => (parse_claimed(&body)?, None),
         };
         let sandbox = claimed.into_sandbox(c, self.auto_release);
+        // A 101 whose socket could not be taken over still claimed: the first call dials.
         if let Some(stream) = relay {
             sandbox.adopt(stream);
         }

@@ -7,7 +7,9 @@
 //! than redirecting again (DESIGN §7: at most one hop). A second `307` is an error. The bearer
 //! token travels to the redirect target: in a mesh every node is a peer that must see it. When
 //! the target cannot be reached (it died after the origin chose it), the call goes back to the
-//! origin once, with `no_redirect=1`, and the origin serves it itself. A redirect never changes
+//! origin once, with `no_redirect=1`, and the origin serves it itself (for an upgrade, the
+//! claim's above all, only if the target could not be reached: one that took the request may
+//! have acted on it). A redirect never changes
 //! the scheme: from `https://` to `http://` would send the token in clear text.
 //!
 //! The upgrade uses hyper's connection-level client on a socket this module dials itself, then
@@ -181,37 +183,38 @@ impl Http {
     pub(crate) async fn upgrade(&self, path: &str, token: &str) -> Result<NodeStream> {
         let get = Opening { method: Method::GET, path, token, body: Bytes::new() };
         match self.open(get, self.connect_timeout).await? {
-            Opened::Relay(stream, _) => Ok(stream),
+            Opened::Relay(Some(stream), _) => Ok(stream),
+            Opened::Relay(None, _) => {
+                Err(Error::Protocol(format!("GET {path}: the relay did not open")))
+            }
             Opened::Answer(status, _) => {
                 Err(Error::Protocol(format!("GET {path}: {status} where the relay answers 101")))
             }
         }
     }
 
-    /// A request with `Upgrade: silkd` on a new connection, within `limit`: the bare socket and
-    /// the `101`'s [`SANDBOX_HEADER`] if the node switched, or a success answer's body if it
-    /// did not (a node that does not offer the relay on this route).
+    /// A request with `Upgrade: silkd` on a new connection, within `limit` (the connect and TLS
+    /// handshake within `connect_timeout`): the bare socket and the `101`'s [`SANDBOX_HEADER`] if
+    /// the node switched, or a success answer's body if it did not (a node that does not offer
+    /// the relay on this route). After a redirect, only a target that could not be reached sends
+    /// the request back to the origin: one that took it may have acted on it (a claim).
     pub(crate) async fn open(&self, opening: Opening<'_>, limit: Duration) -> Result<Opened> {
         let origin = self.url(opening.path)?;
         let mut uri = origin.clone();
         let mut hopped = false;
         let mut fell_back = false;
         loop {
-            let handshake = upgrade_once(&uri, &opening, self.tls.as_ref());
+            let handshake = upgrade_once(&uri, &opening, self.tls.as_ref(), self.connect_timeout);
             let outcome = tokio::time::timeout(limit, handshake)
                 .await
                 .map_err(|_| Error::timeout(&format!("{} {}", opening.method, opening.path)))
-                .and_then(|r| r);
-            let outcome = match outcome {
-                Ok(o) => o,
-                Err(Error::Transport { .. }) if hopped && !fell_back => {
+                .and_then(|r| r)?;
+            match outcome {
+                Upgraded::Unreachable(_) if hopped && !fell_back => {
                     fell_back = true;
                     uri = no_redirect(&origin)?;
-                    continue;
                 }
-                Err(e) => return Err(e),
-            };
-            match outcome {
+                Upgraded::Unreachable(e) => return Err(e),
                 Upgraded::Stream(s, header) => return Ok(Opened::Relay(s, header)),
                 Upgraded::Redirect(location) => {
                     uri = redirect(&uri, location.as_ref(), &mut hopped)?;
@@ -239,14 +242,18 @@ pub(crate) struct Opening<'a> {
 
 /// How the node answered an [`Opening`].
 pub(crate) enum Opened {
-    /// `101`: the relay, and the answer's [`SANDBOX_HEADER`].
-    Relay(NodeStream, Option<hyper::header::HeaderValue>),
+    /// `101`: the relay, and the answer's [`SANDBOX_HEADER`]. A `101` that carried the header
+    /// is returned even if the socket could not be taken over (`None`): the node acted on the
+    /// request (a claim), and its answer must reach the caller.
+    Relay(Option<NodeStream>, Option<hyper::header::HeaderValue>),
     /// A success without the switch, and its body.
     Answer(StatusCode, Bytes),
 }
 
 enum Upgraded {
-    Stream(NodeStream, Option<hyper::header::HeaderValue>),
+    /// The connect or TLS handshake failed: nothing was sent.
+    Unreachable(Error),
+    Stream(Option<NodeStream>, Option<hyper::header::HeaderValue>),
     Redirect(Option<hyper::header::HeaderValue>),
     Refused(StatusCode, Bytes),
 }
@@ -255,6 +262,7 @@ async fn upgrade_once(
     uri: &Uri,
     opening: &Opening<'_>,
     tls: Option<&Arc<rustls::ClientConfig>>,
+    connect_timeout: Duration,
 ) -> Result<Upgraded> {
     let authority = uri.authority().ok_or_else(|| Error::Invalid(format!("{uri}: no host")))?;
     let tls = match uri.scheme_str() {
@@ -263,20 +271,35 @@ async fn upgrade_once(
     };
     let port = authority.port_u16().unwrap_or(if tls.is_some() { 443 } else { 80 });
     let addr = format!("{}:{port}", authority.host());
-    let tcp = TcpStream::connect(&addr)
-        .await
-        .map_err(|e| Error::transport(format!("connect {addr}"), e))?;
-    tcp.set_nodelay(true).map_err(|e| Error::transport("set TCP_NODELAY", e))?;
+    let connect = async {
+        let tcp = TcpStream::connect(&addr)
+            .await
+            .map_err(|e| Error::transport(format!("connect {addr}"), e))?;
+        tcp.set_nodelay(true).map_err(|e| Error::transport("set TCP_NODELAY", e))?;
+        Ok::<_, Error>(tcp)
+    };
+    let tcp = match tokio::time::timeout(connect_timeout, connect).await {
+        Ok(Ok(tcp)) => tcp,
+        Ok(Err(e)) => return Ok(Upgraded::Unreachable(e)),
+        Err(_) => return Ok(Upgraded::Unreachable(Error::timeout(&format!("connect {addr}")))),
+    };
     Ok(match tls {
         None => match open_on(TokioIo::new(tcp), uri, opening).await? {
-            Answer::Switched(io, row) => Upgraded::Stream(NodeStream::Tcp(io.into_inner()), row),
+            Answer::Switched(io, row) => {
+                Upgraded::Stream(io.map(|io| NodeStream::Tcp(io.into_inner())), row)
+            }
             Answer::Other(other) => other,
         },
         Some(config) => {
-            let tls = crate::tls::connect(config, authority.host(), tcp).await?;
+            let handshake = crate::tls::connect(config, authority.host(), tcp);
+            let tls = match tokio::time::timeout(connect_timeout, handshake).await {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(e)) => return Ok(Upgraded::Unreachable(e)),
+                Err(_) => return Ok(Upgraded::Unreachable(Error::timeout("TLS handshake"))),
+            };
             match open_on(TokioIo::new(tls), uri, opening).await? {
                 Answer::Switched(io, row) => {
-                    Upgraded::Stream(NodeStream::Tls(Box::new(io.into_inner())), row)
+                    Upgraded::Stream(io.map(|io| NodeStream::Tls(Box::new(io.into_inner()))), row)
                 }
                 Answer::Other(other) => other,
             }
@@ -284,10 +307,10 @@ async fn upgrade_once(
     })
 }
 
-/// What [`open_on`] got: the switched connection and the `101`'s [`SANDBOX_HEADER`], or any
-/// other answer.
+/// What [`open_on`] got: the switched connection (see [`Opened::Relay`]) and the `101`'s
+/// [`SANDBOX_HEADER`], or any other answer.
 enum Answer<I> {
-    Switched(I, Option<hyper::header::HeaderValue>),
+    Switched(Option<I>, Option<hyper::header::HeaderValue>),
     Other(Upgraded),
 }
 
@@ -336,19 +359,27 @@ where
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
         let row = res.headers().get(SANDBOX_HEADER).cloned();
         let upgrade = hyper::upgrade::on(res);
-        if !conn_ended {
-            conn.await.map_err(|e| failed("upgrade", e))?;
-        }
-        let upgraded = upgrade.await.map_err(|e| failed("upgrade", e))?;
-        let parts = upgraded
-            .downcast::<I>()
-            .map_err(|_| Error::Protocol("upgraded stream is not the dialled socket".into()))?;
-        // silkd only ever answers, so nothing can follow the 101 before the first request.
-        if !parts.read_buf.is_empty() {
-            let n = parts.read_buf.len();
-            return Err(Error::Protocol(format!("{n} unexpected bytes after the 101")));
-        }
-        return Ok(Answer::Switched(parts.io, row));
+        let switched = async {
+            if !conn_ended {
+                conn.await.map_err(|e| failed("upgrade", e))?;
+            }
+            let upgraded = upgrade.await.map_err(|e| failed("upgrade", e))?;
+            let parts = upgraded
+                .downcast::<I>()
+                .map_err(|_| Error::Protocol("upgraded stream is not the dialled socket".into()))?;
+            // silkd only ever answers, so nothing can follow the 101 before the first request.
+            if !parts.read_buf.is_empty() {
+                let n = parts.read_buf.len();
+                return Err(Error::Protocol(format!("{n} unexpected bytes after the 101")));
+            }
+            Ok(parts.io)
+        };
+        return match (switched.await, row) {
+            (Ok(io), row) => Ok(Answer::Switched(Some(io), row)),
+            // The node acted (claimed) and said so: that answer is kept, without the relay.
+            (Err(_), Some(row)) => Ok(Answer::Switched(None, Some(row))),
+            (Err(e), None) => Err(e),
+        };
     }
     if !conn_ended {
         tokio::spawn(conn);

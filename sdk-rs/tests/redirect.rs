@@ -158,3 +158,37 @@ async fn a_redirect_to_a_dead_node_falls_back_to_the_origin_once() {
         "asked once, then served by the origin itself"
     );
 }
+
+/// A claim's `101` names the sandbox in its `silk-sandbox` header: if the connection then
+/// cannot become the relay (here, bytes before any request), the claim still stands and its
+/// token reaches the caller; the first call dials a relay of its own.
+#[tokio::test]
+async fn a_101_that_names_the_sandbox_is_a_claim_even_if_the_relay_breaks() {
+    let row = CLAIMED.replace('\n', " ");
+    let node = FakeHttp::start(move |_| {
+        format!(
+            "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: silkd\r\nsilk-sandbox: {row}\r\n\r\nnot silk-proto"
+        )
+    })
+    .await;
+    let client = Client::builder(node.url()).token("root").build().unwrap();
+    let s = client.claim("host").send().await.unwrap();
+    assert_eq!((s.id(), s.token(), s.tier()), ("sb-elsewhere", "sbt_peer", Tier::Warm));
+    assert_eq!(s.connection_stats().dialled, 0, "the broken connection was not kept");
+    let asked = node.seen();
+    assert_eq!(asked.len(), 1);
+    assert_eq!(asked[0].header("upgrade"), Some("silkd"));
+}
+
+/// A redirect target that took the claim and then broke the connection may have claimed: the
+/// request is not sent again to the origin (only a target that could not be reached is).
+#[tokio::test]
+async fn a_claim_a_redirect_target_took_is_not_sent_again() {
+    let target = FakeHttp::start(|_| String::new()).await;
+    let to = format!("{}/v1/sandboxes", target.url());
+    let origin = FakeHttp::start(move |_| redirect_to(&to)).await;
+    let client = Client::builder(origin.url()).token("root").build().unwrap();
+    let err = client.claim("host").send().await.unwrap_err();
+    assert!(matches!(err, Error::Transport { .. }), "{err:?}");
+    assert_eq!((origin.seen().len(), target.seen().len()), (1, 1), "one hop, no fallback");
+}

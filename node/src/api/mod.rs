@@ -239,14 +239,14 @@ async fn claim(
     };
     let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
     let row = claimed_row(&node, &claimed);
-    if let Some(upgrade) = upgrade {
-        // The claim stands whatever happens here: a relay that does not open is the plain
-        // `201`, and the client dials one as it would have.
+    // The claim stands whatever happens here: a row too large for a header, or a relay that
+    // does not open, is the plain `201`, and the client dials one as it would have.
+    if let (Some(upgrade), Some(in_header)) = (upgrade, header_json(&row)) {
         match node.open_agent(&row.id).await {
             Ok((live, agent)) => {
                 let who = audited::principal(&node, bearer(&headers), None);
                 let mut res = relay::serve(node.clone(), live, agent, upgrade, who);
-                res.headers_mut().insert(relay::SANDBOX_HEADER, header_json(&row)?);
+                res.headers_mut().insert(relay::SANDBOX_HEADER, in_header);
                 res.extensions_mut().insert(noted);
                 return Ok(res);
             }
@@ -256,12 +256,15 @@ async fn claim(
     Ok((StatusCode::CREATED, axum::Extension(noted), axum::Json(row)).into_response())
 }
 
-/// `value` as JSON in a header: serde_json escapes every control character but DEL, which a
-/// header may not hold either (UTF-8 beyond ASCII it may).
-fn header_json(value: &impl serde::Serialize) -> Result<header::HeaderValue, NodeError> {
-    let json = serde_json::to_string(value).map_err(|e| NodeError::internal(e.to_string()))?;
-    header::HeaderValue::from_bytes(json.replace('\u{7f}', "\\u007f").as_bytes())
-        .map_err(|e| NodeError::internal(format!("row as a header: {e}")))
+/// The most a row may take in a header: proxies in front of a node commonly hold 4–8 KiB of
+/// response headers in all, and one that refused the answer would lose the claim's token.
+const HEADER_ROW_MAX: usize = 4096;
+
+/// `value` as JSON in a header, if it fits [`HEADER_ROW_MAX`]: serde_json escapes every control
+/// character but DEL, which a header may not hold either (UTF-8 beyond ASCII it may).
+fn header_json(value: &impl serde::Serialize) -> Option<header::HeaderValue> {
+    let json = serde_json::to_string(value).ok()?.replace('\u{7f}', "\\u007f");
+    (json.len() <= HEADER_ROW_MAX).then(|| header::HeaderValue::from_bytes(json.as_bytes()).ok())?
 }
 
 /// A route's one boolean query parameter `name` (absent: false). Read by hand, not by axum's
