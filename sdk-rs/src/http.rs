@@ -7,10 +7,10 @@
 //! than redirecting again (DESIGN §7: at most one hop). A second `307` is an error. The bearer
 //! token travels to the redirect target: in a mesh every node is a peer that must see it. When
 //! the target cannot be reached (it died after the origin chose it), the call goes back to the
-//! origin once, with `no_redirect=1`, and the origin serves it itself (for an upgrade, the
-//! claim's above all, only if the target could not be reached: one that took the request may
-//! have acted on it). A redirect never changes
-//! the scheme: from `https://` to `http://` would send the token in clear text.
+//! origin once, with `no_redirect=1`, and the origin serves it itself. An upgrade (the relay, a
+//! claim) goes back only if the target could not be reached: one that took the request may have
+//! acted on it. A redirect never changes the scheme: from `https://` to `http://` would send the
+//! token in clear text.
 //!
 //! The upgrade uses hyper's connection-level client on a socket this module dials itself, then
 //! downcasts the upgraded stream back to that `TcpStream` (or TLS stream): calls after the `101`
