@@ -124,7 +124,7 @@ fn a_peer_stopped_while_a_sandbox_moves_to_it_leaves_one_copy() {
     // Forward mode: either node serves any call, so the test reaches the sandbox through both.
     let extra = format!("{ONE_WARM}[store.fs]\nroot = \"{}\"\n", store.path().display());
     let a = forwarding_node(dir.path(), "a", 51, None, &extra);
-    let b = forwarding_node(dir.path(), "b", 52, Some(&mesh_addr(&a)), &extra);
+    let mut b = forwarding_node(dir.path(), "b", 52, Some(&mesh_addr(&a)), &extra);
     eventually("meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
     let s = claim(&a, "{}");
     sh(&a, &s, WRITE_TREE);
@@ -140,9 +140,21 @@ fn a_peer_stopped_while_a_sandbox_moves_to_it_leaves_one_copy() {
     eventually("b declared down", || peer_names(&a).is_empty());
     let claimed = a.claim("{}");
     assert!(claimed["owner"].as_str().unwrap().starts_with("127.0.0.51:"), "{claimed}");
-    // b comes back and answers: the move settles, one copy runs, reached through either node.
-    signal(&b, libc::SIGCONT);
+    // b dies without having read the move and starts again: it never took the sandbox, so the
+    // move settles as not made, and the sandbox runs on a again, as it did before it.
+    b.restart();
     eventually("b back", || peer_names(&a) == ["b"]);
+    eventually("running on a again", || running_on(&[&a], &s.id) == 1);
+    assert_eq!(running_on(&[&b], &s.id), 0);
+    assert_eq!(settled_hash(&a, &s), before);
+
+    // Stopped before the move, then let go: whether b read the move before it noticed a had
+    // given up on it is a race. Either way, once the move settles one copy runs, reached
+    // through either node.
+    signal(&b, libc::SIGSTOP);
+    let (status, v) = a.req("POST", &move_to_b, Some(&s.token), Some(r#"{"to": "b"}"#));
+    assert_eq!((status, code(&v)), (503, Some("moving")), "{v}");
+    signal(&b, libc::SIGCONT);
     eventually("one running copy", || running_on(&[&a, &b], &s.id) == 1);
     for n in [&a, &b] {
         assert_eq!(settled_hash(n, &s), before);

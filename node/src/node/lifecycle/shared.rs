@@ -211,7 +211,7 @@ impl Node {
         {
             // The target may or may not have taken it (the answer was lost): settle by asking
             // it, and keep the sandbox here, stopped, until it answers.
-            tokio::spawn(self.clone().settle_move(id.to_string()));
+            tokio::spawn(self.clone().settle_move(id.to_string(), was_running));
             return Err(NodeError::new(
                 Code::Moving,
                 format!(
@@ -321,8 +321,8 @@ impl Node {
 
     /// Settles moves a crash (or a lost answer) interrupted on this node: the target is
     /// asked until it answers for certain — it holds the sandbox (this node forgets its copy) or
-    /// it does not (the copy here stays, hibernated). Until then calls answer 503 `moving`:
-    /// better unavailable for a while than running twice.
+    /// it does not (the copy here stays, hibernated: its next call wakes it). Until then calls
+    /// answer 503 `moving`: better unavailable for a while than running twice.
     pub async fn settle_moves(self: std::sync::Arc<Self>) {
         let pending: Vec<String> = self
             .lock()
@@ -332,11 +332,18 @@ impl Node {
             .map(|l| l.record.id.clone())
             .collect();
         for id in pending {
-            tokio::spawn(self.clone().settle_move(id));
+            tokio::spawn(self.clone().settle_move(id, false));
         }
     }
 
-    pub(in crate::node) async fn settle_move(self: std::sync::Arc<Self>, id: String) {
+    /// Settles one move whose answer was lost. If the target does not hold the sandbox, it is
+    /// as it was before the move: running again here when `was_running` (known only to the
+    /// process that began the move).
+    pub(in crate::node) async fn settle_move(
+        self: std::sync::Arc<Self>,
+        id: String,
+        was_running: bool,
+    ) {
         let Some(fleet) = self.fleet() else { return };
         let mut pause = std::time::Duration::from_millis(100);
         loop {
@@ -360,10 +367,8 @@ impl Node {
                         None => Ok(()),
                     }
                 } else {
-                    let mut back = live.record.clone();
-                    back.intent = None;
-                    self.drop_archive(&archive).await;
-                    self.put_record(&back).await
+                    let archive = Some(archive.as_str());
+                    self.undo_stop(live.record.clone(), archive, was_running, "move").await
                 };
                 match settled {
                     Ok(()) => {
