@@ -12,6 +12,7 @@ use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use silk_engine::AgentAddr;
 use silk_proto::{Command, Connection, ExecRequest, Frame, ReadRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
@@ -84,7 +85,9 @@ async fn sections(
     println!("## silkd agent\n\n{}", host_stamp());
 
     // info vs echo, interleaved in blocks so drift hits both arms alike.
-    let mut silk = Connection::new(UnixStream::connect(&silkd_sock).await?);
+    // Dialled as the node dials a sandbox's silkd (its socket options included).
+    let dialled = silk_engine::agent::try_connect(&AgentAddr::Unix(silkd_sock.clone()))?;
+    let mut silk = Connection::new(UnixStream::from_std(dialled)?);
     let mut echo = UnixStream::connect(&echo_sock).await?;
     let (mut info, mut floor) = (Samples::default(), Samples::default());
     let block = 1000.min(args.rtt_iters);

@@ -7,13 +7,43 @@
 //! caller's network namespace for life), then connects to the name from anywhere.
 
 use std::ffi::CString;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
 use crate::AgentAddr;
 
 /// How long a connect waits for room in silkd's accept queue (see [`queue_full`]).
 pub const QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// What a connection to silkd may hold on its way there (`SO_SNDBUF`: a unix stream's sender's
+/// buffer bounds what is queued for the peer; the kernel doubles it for its bookkeeping). At
+/// the default (about 208 KiB) a bulk upload hands the CPU between sender and silkd every few
+/// hundred KiB: `silkbench agent` measured the 1 GiB write at 0.66-0.75x `cat` before, see
+/// docs/benchmarks.md for after. Memory is taken only while bytes wait, never reserved.
+pub const SEND_BUFFER: usize = 1 << 20;
+
+/// Raises `sock`'s send buffer to `bytes`: past `net.core.wmem_max` when the caller may
+/// (`SO_SNDBUFFORCE`, CAP_NET_ADMIN: the node), else up to it. Best effort: a smaller buffer
+/// only costs throughput.
+pub fn widen_send_buffer(sock: &impl AsFd, bytes: usize) {
+    let fd = sock.as_fd().as_raw_fd();
+    let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {
+        // SAFETY: setsockopt with an int option value on a descriptor the caller holds.
+        let set = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                opt,
+                (&raw const value).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if set == 0 {
+            return;
+        }
+    }
+}
 
 /// Whether `e` says silkd's accept queue is full: silkd is busy or, more often, throttled by
 /// its sandbox's CPU limit for the rest of a scheduler period (up to 100 ms) while a burst of
@@ -42,6 +72,12 @@ pub fn connect(addr: &AgentAddr) -> std::io::Result<UnixStream> {
 /// Connects to the silkd at `addr`, non-blocking (an instant answer either way: a unix
 /// socket's connect succeeds or fails without waiting, `WouldBlock` when its backlog is full).
 pub fn try_connect(addr: &AgentAddr) -> std::io::Result<UnixStream> {
+    let stream = connect_to(addr)?;
+    widen_send_buffer(&stream, SEND_BUFFER);
+    Ok(stream)
+}
+
+fn connect_to(addr: &AgentAddr) -> std::io::Result<UnixStream> {
     match addr {
         AgentAddr::Unix(path) => {
             let stream = UnixStream::connect(path)?;
@@ -133,4 +169,38 @@ fn connect_abstract(socket: &OwnedFd, name: &str) -> std::io::Result<()> {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn send_buffer(sock: &UnixStream) -> usize {
+        let mut value: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt into a local int of the size given.
+        let got = unsafe {
+            libc::getsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&raw mut value).cast(),
+                &mut len,
+            )
+        };
+        assert_eq!(got, 0, "{}", std::io::Error::last_os_error());
+        value as usize
+    }
+
+    #[test]
+    fn a_connection_to_silkd_may_hold_a_mebibyte_on_its_way() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("silkd.sock");
+        let _listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let plain = UnixStream::connect(&path).unwrap();
+        let dialled = try_connect(&AgentAddr::Unix(path)).unwrap();
+        // The kernel doubles what is set (its bookkeeping rides in the same budget).
+        assert!(send_buffer(&dialled) >= SEND_BUFFER, "{} bytes", send_buffer(&dialled));
+        assert!(send_buffer(&plain) < SEND_BUFFER, "the default is smaller: the test tests");
+    }
 }
