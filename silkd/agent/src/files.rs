@@ -1,12 +1,13 @@
 //! File verbs: `read` (streamed), `write` (streamed, atomic), `stat`, `list`, `mkdir`, `rm`,
 //! `rename`.
 //!
-//! Bulk transfers run the disk side on a blocking thread joined to the connection by a short
-//! bounded channel, so disk and socket work overlap and a slow client slows the disk side down
-//! instead of filling memory. Relative paths resolve against silkd's working directory.
+//! Bulk transfers run the disk side on a blocking thread, so a slow disk or client never stalls
+//! silkd's other connections. A read is joined to the connection by a short bounded channel (disk
+//! and socket work overlap, and a slow client slows the disk side down instead of filling
+//! memory); a write's thread moves the bytes from the socket into the file itself (`splice`).
+//! Relative paths resolve against silkd's working directory.
 
 use std::fs::{File, OpenOptions};
-use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -14,16 +15,20 @@ use std::path::{Path, PathBuf};
 use bytes::{Bytes, BytesMut};
 use silk_proto::{
     DATA_CHUNK, DirEntry, ErrorKind, FileKind, FileStat, Frame, FrameReader, FrameWriter,
-    ProtoError, ReadRequest, WireError, WriteRequest,
+    ReadRequest, WireError, WriteRequest,
 };
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 
 use crate::call::{CallResult, Fail};
 
+mod splice;
+pub use splice::SocketReader;
+use splice::Upload;
+
 /// Entries per `Entries` frame.
 const LIST_BATCH: usize = 256;
-/// Chunks in flight between the disk thread and the socket.
+/// Chunks in flight between a read's disk thread and the socket.
 const PIPELINE: usize = 4;
 
 /// Maps an I/O error to the wire's error kinds, naming the path.
@@ -138,15 +143,11 @@ fn pread_chunk(file: &File, offset: u64, want: usize) -> std::io::Result<Bytes> 
     }
 }
 
-/// Where a write stands when its stream stops.
-enum Upload {
-    Chunk(Bytes),
-    Commit,
-}
-
+/// `Write`: the stream's `Data` into a temp file beside `path`, renamed over it at `Eof`. The
+/// bytes go from the socket into the file without passing through silkd (`splice`).
 pub async fn write<R, W>(
     req: WriteRequest,
-    rd: &mut FrameReader<R>,
+    rd: &mut FrameReader<SocketReader<R>>,
     wr: &mut FrameWriter<W>,
 ) -> CallResult
 where
@@ -155,67 +156,21 @@ where
 {
     let path = checked_path(&req.path)?;
     let (tmp, file) = open_temp_for(&path, req.mode, req.parents)?;
-    let (tx, mut rx) = mpsc::channel::<Upload>(PIPELINE);
-    let writer = tokio::task::spawn_blocking(move || -> Result<(), WireError> {
-        let mut file = file;
-        let result = (|| {
-            while let Some(msg) = rx.blocking_recv() {
-                match msg {
-                    Upload::Chunk(data) => file.write_all(&data).map_err(|e| io_error(&path, e))?,
-                    Upload::Commit => {
-                        return std::fs::rename(&tmp, &path).map_err(|e| io_error(&path, e));
-                    }
-                }
-            }
-            Err(WireError::new(ErrorKind::BadRequest, "upload abandoned"))
-        })();
-        if result.is_err() {
+    let (upload, _abandon) = match Upload::new(rd.get_mut().fd()) {
+        Ok(made) => made,
+        Err(e) => {
             let _ = std::fs::remove_file(&tmp);
+            return Err(Fail::Call(io_error(&path, e)));
         }
-        result
-    });
-    let join = |r: Result<Result<(), WireError>, tokio::task::JoinError>| {
-        r.unwrap_or_else(|e| {
-            Err(WireError::new(ErrorKind::Internal, format!("writer failed: {e}")))
-        })
     };
-
-    loop {
-        let frame = match rd.recv().await {
-            Ok(Some(frame)) => frame,
-            // Dropping `tx` without `Commit` makes the writer remove the temp file.
-            Ok(None) => return Err(Fail::Conn(ProtoError::Truncated)),
-            Err(e) => return Err(Fail::Conn(e)),
-        };
-        match frame {
-            Frame::Data(data) => {
-                if tx.send(Upload::Chunk(data)).await.is_err() {
-                    // The writer stopped on an error; report it. The rest of the client's
-                    // stream is discarded by the call loop.
-                    return Err(Fail::Call(join(writer.await).err().unwrap_or_else(|| {
-                        WireError::new(ErrorKind::Internal, "writer stopped")
-                    })));
-                }
-            }
-            Frame::Eof => {
-                let _ = tx.send(Upload::Commit).await;
-                drop(tx);
-                join(writer.await)?;
-                return Ok(wr.send(&Frame::Done).await?);
-            }
-            Frame::Cancel => {
-                drop(tx);
-                let _ = writer.await;
-                return Err(Fail::Call(WireError::new(ErrorKind::Conflict, "write cancelled")));
-            }
-            other => {
-                return Err(Fail::Call(WireError::new(
-                    ErrorKind::BadRequest,
-                    format!("{} sent during a write; nothing was written", other.name()),
-                )));
-            }
-        }
-    }
+    let buffered = std::mem::take(rd.buffered());
+    let (result, leftover) =
+        tokio::task::spawn_blocking(move || upload.run(buffered, file, tmp, path))
+            .await
+            .map_err(|e| WireError::new(ErrorKind::Internal, format!("writer failed: {e}")))?;
+    *rd.buffered() = leftover;
+    result?;
+    Ok(wr.send(&Frame::Done).await?)
 }
 
 /// Opens a new temp file beside `path` with the mode (and owner) the final file must have.

@@ -7,6 +7,7 @@
 //! process of the call, see `process`).
 
 use std::future::Future;
+use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::signal::unix::{SignalKind, signal};
 
 use crate::call::{Agent, CallResult, Fail, Options};
+use crate::files::SocketReader;
 use crate::listen::Listener;
 use crate::{files, forward, git, process, pty, search, session, tree, watch};
 
@@ -93,20 +95,23 @@ async fn accept(listener: &Listener, agent: &Arc<Agent>) -> std::io::Result<()> 
                 unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
             }
             widen_send_buffer(&stream);
+            let fd = stream.as_raw_fd();
             let (r, w) = stream.into_split();
-            spawn_connection(agent.clone(), r, w);
+            spawn_connection(agent.clone(), SocketReader::new(r, fd), w);
         }
         Listener::Tcp(l) => {
             let (stream, _) = l.accept().await?;
             stream.set_nodelay(true)?;
+            let fd = stream.as_raw_fd();
             let (r, w) = stream.into_split();
-            spawn_connection(agent.clone(), r, w);
+            spawn_connection(agent.clone(), SocketReader::new(r, fd), w);
         }
         Listener::Vsock(l) => {
             let (stream, _) = l.accept().await?;
             widen_send_buffer(&stream);
+            let fd = stream.as_raw_fd();
             let (r, w) = stream.into_split();
-            spawn_connection(agent.clone(), r, w);
+            spawn_connection(agent.clone(), SocketReader::new(r, fd), w);
         }
     }
     Ok(())
@@ -116,7 +121,7 @@ async fn accept(listener: &Listener, agent: &Arc<Agent>) -> std::io::Result<()> 
 /// (`SO_SNDBUF`, as far as `net.core.wmem_max` allows) instead of the default 208 KiB, so
 /// silkd and the reader switch less often (the node does the same toward silkd: see
 /// `silk_engine::agent::SEND_BUFFER`). TCP tunes its own. Best effort.
-fn widen_send_buffer(sock: &impl std::os::fd::AsRawFd) {
+fn widen_send_buffer(sock: &impl AsRawFd) {
     let bytes: libc::c_int = 1 << 20;
     // SAFETY: setsockopt with an int option value on a socket this function borrows.
     unsafe {
@@ -130,7 +135,7 @@ fn widen_send_buffer(sock: &impl std::os::fd::AsRawFd) {
     };
 }
 
-fn spawn_connection<R, W>(agent: Arc<Agent>, r: R, w: W)
+fn spawn_connection<R, W>(agent: Arc<Agent>, r: SocketReader<R>, w: W)
 where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
@@ -172,8 +177,12 @@ async fn quiesce<W: AsyncWrite + Unpin>(agent: &Agent, me: u64, wr: &mut FrameWr
     let _ = wr.send(&Frame::Done).await;
 }
 
-async fn serve<R, W>(agent: &Agent, me: u64, mut rd: FrameReader<R>, mut wr: FrameWriter<W>)
-where
+async fn serve<R, W>(
+    agent: &Agent,
+    me: u64,
+    mut rd: FrameReader<SocketReader<R>>,
+    mut wr: FrameWriter<W>,
+) where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
@@ -216,7 +225,7 @@ where
 async fn call<R, W>(
     agent: &Agent,
     frame: Frame,
-    rd: &mut FrameReader<R>,
+    rd: &mut FrameReader<SocketReader<R>>,
     wr: &mut FrameWriter<W>,
 ) -> CallResult
 where

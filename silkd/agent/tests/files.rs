@@ -160,6 +160,98 @@ async fn hundred_mib_write_and_read_keep_every_byte() {
     assert_eq!(hasher.finalize(), blake3::hash(&data));
 }
 
+/// Frames of every size, the first ones in the same segment as the request and the next call
+/// right behind `Eof`: silkd reads each header exactly and splices each payload, so every byte
+/// lands in order and the call after the write still finds its own bytes.
+#[tokio::test]
+async fn a_write_in_frames_of_every_size_keeps_every_byte_and_the_next_call() {
+    let silkd = Silkd::start();
+    let file = silkd.path("mixed.bin");
+    let mut c = silkd.connect().await;
+    let sizes = [0usize, 1, 7, 4096, 65_537, 262_144, 300_000, 1_000_000, 3, 200_000, 127, 128];
+    let mut expected = vec![];
+    c.conn
+        .queue(&Frame::Write(WriteRequest { path: path_str(&file), mode: None, parents: false }))
+        .unwrap();
+    for (i, n) in sizes.into_iter().enumerate() {
+        let chunk: Vec<u8> = (0..n).map(|j| (j * 31 + i * 7) as u8).collect();
+        expected.extend_from_slice(&chunk);
+        c.conn.queue(&Frame::Data(Bytes::from(chunk))).unwrap();
+    }
+    c.conn.queue(&Frame::Eof).unwrap();
+    c.conn.queue(&Frame::Stat { path: path_str(&file) }).unwrap();
+    c.conn.flush().await.unwrap();
+    c.reply().await.done();
+    let st = stat_of(&c.reply().await);
+    assert_eq!(st.size, expected.len() as u64);
+    assert_eq!(blake3::hash(&std::fs::read(&file).unwrap()), blake3::hash(&expected));
+    // Another frame inside a write ends it with nothing written; the connection goes on.
+    let other = silkd.path("other.bin");
+    c.conn
+        .queue(&Frame::Write(WriteRequest { path: path_str(&other), mode: None, parents: false }))
+        .unwrap();
+    c.conn.queue(&Frame::Data(Bytes::from(vec![1; 70_000]))).unwrap();
+    let r = c.call(Frame::Info).await;
+    assert_eq!(r.error_kind(), Some(ErrorKind::BadRequest), "{:?}", r.end);
+    assert!(!other.exists());
+    assert_eq!(c.exec(&["true"]).await.exit().code, 0);
+}
+
+/// A write that fills its filesystem: `ResourceExhausted`, no temp file left, and the frames
+/// the client still sends are dropped whole (the connection stays on a frame boundary).
+#[tokio::test]
+async fn a_write_that_fills_the_disk_fails_and_the_connection_goes_on() {
+    let silkd = Silkd::start();
+    let small = silkd.path("small");
+    std::fs::create_dir(&small).unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting a 1 MiB tmpfs (the suite runs as root)");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let _unmount = Unmount(small.clone());
+
+    let mut c = silkd.connect().await;
+    let r = c.write(&small.join("big.bin"), &vec![7u8; 4 << 20]).await;
+    assert_eq!(r.error_kind(), Some(ErrorKind::ResourceExhausted), "{:?}", r.end);
+    assert_eq!(std::fs::read_dir(&small).unwrap().count(), 0, "no temp file left");
+    assert_eq!(c.exec(&["true"]).await.exit().code, 0);
+    c.write(&small.join("fits.bin"), b"fits").await.done();
+    assert_eq!(std::fs::read(small.join("fits.bin")).unwrap(), b"fits");
+}
+
+/// `Quiesce` from another connection (before a checkpoint) closes a connection in the middle
+/// of a write: the write's thread lets go of the socket too, so the client sees the close, and
+/// the temp file goes.
+#[tokio::test]
+async fn a_quiesce_ends_a_write_in_progress() {
+    let silkd = Silkd::start();
+    let dir = silkd.path("quiet");
+    std::fs::create_dir(&dir).unwrap();
+    let mut writer = silkd.connect().await;
+    writer
+        .send(Frame::Write(WriteRequest {
+            path: path_str(&dir.join("f")),
+            mode: None,
+            parents: false,
+        }))
+        .await;
+    writer.send(Frame::Data(Bytes::from(vec![1; 300_000]))).await;
+    eventually("the temp file", || std::fs::read_dir(&dir).unwrap().count() == 1).await;
+    let mut quiet = silkd.connect().await;
+    quiet.call(Frame::Quiesce).await.done();
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(20), writer.conn.recv()).await;
+    assert!(matches!(closed, Ok(Ok(None) | Err(_))), "the writer's connection closed: {closed:?}");
+    eventually("temp file removed", || std::fs::read_dir(&dir).unwrap().count() == 0).await;
+}
+
 /// Builds a tar stream of a small tree with the system `tar`, as a client would.
 fn tar_of(dir: &std::path::Path) -> Vec<u8> {
     let out = std::process::Command::new("tar")

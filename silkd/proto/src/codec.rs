@@ -85,6 +85,56 @@ pub(crate) fn decode_body(mut body: BytesMut) -> Result<Frame, ProtoError> {
     })
 }
 
+/// What the front of a receive buffer holds, for a reader that moves a `Data` frame's payload
+/// without buffering it (silkd's `write` splices it from the socket into the file): the
+/// frame's header is read, its payload is left on the socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Front {
+    /// This many more bytes, at least, before anything can be said.
+    Need(usize),
+    /// A `Data` frame: `header` bytes, then `payload` bytes (buffered or not yet read).
+    Data { header: usize, payload: usize },
+    /// Any other frame, `len` bytes with its length prefix: [`decode`] it once buffered.
+    Other { len: usize },
+}
+
+/// Reads the front of `src` (see [`Front`]) without consuming it. Errors as [`decode`] would.
+pub fn front(src: &[u8]) -> Result<Front, ProtoError> {
+    if src.len() < LEN_PREFIX + 1 {
+        return Ok(Front::Need(LEN_PREFIX + 1 - src.len()));
+    }
+    let len = u32::from_le_bytes([src[0], src[1], src[2], src[3]]) as usize;
+    if len > MAX_FRAME {
+        return Err(ProtoError::TooLarge(len));
+    }
+    if src[LEN_PREFIX] != TAG_DATA {
+        return Ok(Front::Other { len: LEN_PREFIX + len });
+    }
+    // The body is the tag, the payload's length as a varint, the payload: the frame's length
+    // fixes how long that varint must be.
+    let varint = (1..=10)
+        .find(|&v| len > v && varint_len((len - 1 - v) as u64) == v)
+        .ok_or_else(|| ProtoError::Malformed("data length disagrees with frame length".into()))?;
+    let header = LEN_PREFIX + 1 + varint;
+    if src.len() < header {
+        return Ok(Front::Need(header - src.len()));
+    }
+    let (payload, _) = read_varint(&src[LEN_PREFIX + 1..header])?;
+    if payload != (len - 1 - varint) as u64 {
+        return Err(ProtoError::Malformed("data length disagrees with frame length".into()));
+    }
+    Ok(Front::Data { header, payload: payload as usize })
+}
+
+pub(crate) fn varint_len(mut n: u64) -> usize {
+    let mut len = 1;
+    while n >= 0x80 {
+        n >>= 7;
+        len += 1;
+    }
+    len
+}
+
 /// Decodes postcard's LEB128 varint for a `usize` (at most 10 bytes).
 fn read_varint(src: &[u8]) -> Result<(u64, usize), ProtoError> {
     let mut value = 0u64;
@@ -200,6 +250,33 @@ mod tests {
         assert!(matches!(decode(&mut buf), Err(ProtoError::Malformed(_))));
         buf.put_u32_le(0);
         assert!(matches!(decode(&mut buf), Err(ProtoError::Malformed(_))));
+    }
+
+    #[test]
+    fn front_reads_a_data_header_and_leaves_its_payload() {
+        for len in [0usize, 1, 127, 128, 16_383, 16_384, 256 * 1024] {
+            let mut buf = BytesMut::new();
+            encode(&Frame::Data(Bytes::from(vec![1; len])), &mut buf).unwrap();
+            let header = buf.len() - len;
+            // Byte by byte: never more asked for than the header still lacks.
+            let mut at = 0;
+            while let Front::Need(n) = front(&buf[..at]).unwrap() {
+                assert!(at + n <= header, "{len}: asked for {n} at {at} of a {header}-byte header");
+                at += n;
+            }
+            assert_eq!(at, header, "{len}");
+            assert_eq!(front(&buf[..at]).unwrap(), Front::Data { header, payload: len });
+        }
+        let mut buf = BytesMut::new();
+        encode(&Frame::Eof, &mut buf).unwrap();
+        assert_eq!(front(&buf).unwrap(), Front::Other { len: buf.len() });
+        // A length the varint cannot agree with, and one that disagrees with it.
+        assert!(matches!(front(&[1, 0, 0, 0, TAG_DATA]), Err(ProtoError::Malformed(_))));
+        assert!(matches!(front(&[3, 0, 0, 0, TAG_DATA, 5]), Err(ProtoError::Malformed(_))));
+        let mut big = BytesMut::new();
+        big.put_u32_le(MAX_FRAME as u32 + 1);
+        big.put_u8(TAG_DATA);
+        assert!(matches!(front(&big), Err(ProtoError::TooLarge(_))));
     }
 
     /// A cheap stand-in for the fuzz target that runs in every `cargo test`: random and mutated

@@ -37,6 +37,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub fn get_mut(&mut self) -> &mut R {
         &mut self.io
     }
+
+    /// Bytes read from the stream and not yet decoded. A call that reads the stream itself
+    /// (silkd's `write` splices payloads off the socket) starts from them, and puts back what
+    /// it read past its own end.
+    pub fn buffered(&mut self) -> &mut BytesMut {
+        &mut self.buf
+    }
 }
 
 /// Writes frames to one half of a stream.
@@ -139,7 +146,7 @@ async fn send<W: AsyncWrite + Unpin>(
     match stream_payload(frame) {
         Some((tag, payload)) if payload.len() >= ZERO_COPY_MIN => {
             // Header into the buffer, payload straight from the caller's `Bytes`.
-            let total = 1 + varint_len(payload.len()) + payload.len();
+            let total = 1 + codec::varint_len(payload.len() as u64) + payload.len();
             if total > crate::MAX_FRAME {
                 return Err(ProtoError::TooLarge(total));
             }
@@ -173,15 +180,6 @@ fn stream_payload(frame: &Frame) -> Option<(u8, &Bytes)> {
         Frame::Data(b) => Some((3, b)),
         _ => None,
     }
-}
-
-fn varint_len(mut n: usize) -> usize {
-    let mut len = 1;
-    while n >= 0x80 {
-        n >>= 7;
-        len += 1;
-    }
-    len
 }
 
 fn put_varint(buf: &mut BytesMut, mut n: u64) {

@@ -28,7 +28,7 @@ pub mod sniff;
 #[cfg(feature = "tar")]
 pub mod tarstream;
 
-pub use codec::{decode, encode};
+pub use codec::{Front, decode, encode, front};
 pub use conn::{Connection, FrameReader, FrameWriter};
 pub use error::{ErrorKind, ProtoError};
 pub use frame::*;
