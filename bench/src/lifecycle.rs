@@ -67,6 +67,10 @@ pub(crate) fn exec(http: &mut Http, id: &str, script: &str) -> anyhow::Result<St
     Ok(v["stdout"].as_str().unwrap_or_default().trim().to_string())
 }
 
+/// The files-only variants: their floor is the tar (the memory-carrying ones are `silkbench
+/// memory`'s, beside direct CRIU), and a node with CRIU would otherwise keep memory (`auto`).
+const FILES_ONLY: &str = r#"{"memory": "off"}"#;
+
 fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> anyhow::Result<()> {
     println!("## lifecycle (sandboxd, jail engine, local store)\n\n{}", host_stamp());
     let mut http = Http::connect(node.addr)?;
@@ -94,17 +98,17 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
         let sum = exec(&mut http, &id, hash)?;
         let path = |verb: &str| format!("/v1/sandboxes/{id}/{verb}");
 
-        let (d, _) = timed(&mut http, "POST", &path("hibernate"), "", 200)?;
+        let (d, _) = timed(&mut http, "POST", &path("hibernate"), FILES_ONLY, 200)?;
         samples[0].push(d);
         let (d, _) = timed(&mut http, "POST", &path("wake"), "", 200)?;
         samples[1].push(d);
         ensure!(exec(&mut http, &id, hash)? == sum, "files changed across hibernate");
 
-        let (d, ck) = timed(&mut http, "POST", &path("checkpoint"), "", 201)?;
+        let (d, ck) = timed(&mut http, "POST", &path("checkpoint"), FILES_ONLY, 201)?;
         samples[2].push(d);
         let ck = ck["id"].as_str().context("checkpoint id")?.to_string();
         exec(&mut http, &id, "head -c 1048576 /dev/urandom > /srv/t/changed")?;
-        let (_, ck2) = timed(&mut http, "POST", &path("checkpoint"), "", 201)?;
+        let (_, ck2) = timed(&mut http, "POST", &path("checkpoint"), FILES_ONLY, 201)?;
         second_upload.push(ck2["uploaded_bytes"].as_u64().unwrap_or(0));
 
         let (d, b) = timed(&mut http, "POST", &format!("/v1/checkpoints/{ck}/claim"), "", 201)?;
@@ -113,14 +117,15 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
         ensure!(exec(&mut http, &branch, hash)? == sum, "branch differs from the checkpoint");
         timed(&mut http, "DELETE", &format!("/v1/sandboxes/{branch}"), "", 204)?;
 
-        let (d, kids) = timed(&mut http, "POST", &path("fork"), r#"{"count": 8}"#, 201)?;
+        let (d, kids) =
+            timed(&mut http, "POST", &path("fork"), r#"{"count": 8, "memory": "off"}"#, 201)?;
         samples[4].push(d);
         for k in kids["sandboxes"].as_array().context("fork answer")? {
             let kid = k["id"].as_str().context("child id")?;
             timed(&mut http, "DELETE", &format!("/v1/sandboxes/{kid}"), "", 204)?;
         }
 
-        let (d, _) = timed(&mut http, "POST", &path("archive"), "", 200)?;
+        let (d, _) = timed(&mut http, "POST", &path("archive"), FILES_ONLY, 200)?;
         samples[5].push(d);
         let (d, _) = timed(&mut http, "POST", &path("wake"), "", 200)?;
         samples[6].push(d);
