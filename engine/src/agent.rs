@@ -19,7 +19,9 @@ pub const QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// buffer bounds what is queued for the peer; the kernel doubles it for its bookkeeping). At
 /// the default (about 208 KiB) a bulk upload hands the CPU between sender and silkd every few
 /// hundred KiB: `silkbench agent` measured the 1 GiB write at 0.66-0.75x `cat` before, see
-/// docs/benchmarks.md for after. Memory is taken only while bytes wait, never reserved.
+/// docs/benchmarks.md for after. Memory is taken only while bytes wait, never reserved. silkd
+/// keeps the default toward its clients: there a bigger buffer lets a stream whose reader
+/// stopped (a `find`, a command's output) run that much further before backpressure holds it.
 pub const SEND_BUFFER: usize = 1 << 20;
 
 /// Raises `sock`'s send buffer to `bytes`: past `net.core.wmem_max` when the caller may

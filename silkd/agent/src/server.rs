@@ -94,7 +94,6 @@ async fn accept(listener: &Listener, agent: &Arc<Agent>) -> std::io::Result<()> 
                 // SAFETY: plain prctl.
                 unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
             }
-            widen_send_buffer(&stream);
             let fd = stream.as_raw_fd();
             let (r, w) = stream.into_split();
             spawn_connection(agent.clone(), SocketReader::new(r, fd), w);
@@ -108,31 +107,12 @@ async fn accept(listener: &Listener, agent: &Arc<Agent>) -> std::io::Result<()> 
         }
         Listener::Vsock(l) => {
             let (stream, _) = l.accept().await?;
-            widen_send_buffer(&stream);
             let fd = stream.as_raw_fd();
             let (r, w) = stream.into_split();
             spawn_connection(agent.clone(), SocketReader::new(r, fd), w);
         }
     }
     Ok(())
-}
-
-/// Output, reads and pulls stream toward the client through this socket: 1 MiB may wait in it
-/// (`SO_SNDBUF`, as far as `net.core.wmem_max` allows) instead of the default 208 KiB, so
-/// silkd and the reader switch less often (the node does the same toward silkd: see
-/// `silk_engine::agent::SEND_BUFFER`). TCP tunes its own. Best effort.
-fn widen_send_buffer(sock: &impl AsRawFd) {
-    let bytes: libc::c_int = 1 << 20;
-    // SAFETY: setsockopt with an int option value on a socket this function borrows.
-    unsafe {
-        libc::setsockopt(
-            sock.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&raw const bytes).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
 }
 
 fn spawn_connection<R, W>(agent: Arc<Agent>, r: SocketReader<R>, w: W)
