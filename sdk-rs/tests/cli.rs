@@ -289,6 +289,17 @@ fn open_prints_a_preview_url_and_port_forward_reaches_a_port() {
     // SAFETY: kill(2) on the child this test spawned and has not reaped.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     assert!(child.wait().unwrap().success());
+    // Ctrl-C the moment the line appears (as a script would): a clean end, not a kill.
+    for _ in 0..3 {
+        let mut child =
+            sbx(&node).args(["port-forward", id, "0:8000"]).stderr(Stdio::piped()).spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stderr.take().unwrap()).read_line(&mut line).unwrap();
+        // SAFETY: kill(2) on the child this test spawned and has not reaped.
+        unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+        let status = child.wait().unwrap();
+        assert!(status.success(), "{status} after {line:?}");
+    }
 
     // `sbx claim --allow`: lane egress under that policy.
     let claimed = json_of(

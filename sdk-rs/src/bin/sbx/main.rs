@@ -328,12 +328,16 @@ async fn dispatch(cli: Cli) -> anyhow::Result<i32> {
             };
             let sandbox = c.sandbox(&target.id, target.token.sandbox_token.as_deref()).await?;
             let forward = sandbox.forward(remote, local).await?;
+            // Listening for Ctrl-C before saying it ends the forward: a SIGINT sent as soon as
+            // the line appears (a script's) must end it cleanly, not kill the process.
+            use tokio::signal::unix::{SignalKind, signal};
+            let mut int = signal(SignalKind::interrupt())?;
             eprintln!(
                 "forwarding {} -> {}:{remote} (Ctrl-C ends it)",
                 forward.local_addr(),
                 target.id
             );
-            tokio::signal::ctrl_c().await?;
+            int.recv().await;
             Ok(0)
         }
         Cmd::Shell { target, command } => {
