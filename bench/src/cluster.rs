@@ -186,7 +186,8 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
             src,
             "POST",
             &format!("/v1/sandboxes/{id}/move"),
-            &format!(r#"{{"to": "{dst}"}}"#),
+            // Files only, as the tar floor (a node with CRIU would keep memory by default).
+            &format!(r#"{{"to": "{dst}", "memory": "off"}}"#),
             200,
         )?;
         ensure!(v["node"] == dst, "{v}");
