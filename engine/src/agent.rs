@@ -22,12 +22,12 @@ pub const QUEUE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// docs/benchmarks.md for after. Memory is taken only while bytes wait, never reserved. silkd
 /// keeps the default toward its clients: there a bigger buffer lets a stream whose reader
 /// stopped (a `find`, a command's output) run that much further before backpressure holds it.
-pub const SEND_BUFFER: usize = 1 << 20;
+const SEND_BUFFER: usize = 1 << 20;
 
 /// Raises `sock`'s send buffer to `bytes`: past `net.core.wmem_max` when the caller may
 /// (`SO_SNDBUFFORCE`, CAP_NET_ADMIN: the node), else up to it. Best effort: a smaller buffer
 /// only costs throughput.
-pub fn widen_send_buffer(sock: &impl AsFd, bytes: usize) {
+fn widen_send_buffer(sock: &impl AsFd, bytes: usize) {
     let fd = sock.as_fd().as_raw_fd();
     let value = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
     for opt in [libc::SO_SNDBUFFORCE, libc::SO_SNDBUF] {

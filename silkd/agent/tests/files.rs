@@ -203,20 +203,7 @@ async fn a_write_in_frames_of_every_size_keeps_every_byte_and_the_next_call() {
 async fn a_write_that_fills_the_disk_fails_and_the_connection_goes_on() {
     let silkd = Silkd::start();
     let small = silkd.path("small");
-    std::fs::create_dir(&small).unwrap();
-    let mounted = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
-        .arg(&small)
-        .status()
-        .unwrap();
-    assert!(mounted.success(), "mounting a 1 MiB tmpfs (the suite runs as root)");
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount").arg(&self.0).status();
-        }
-    }
-    let _unmount = Unmount(small.clone());
+    let _mounted = Tmpfs::mount(&small, "size=1m");
 
     let mut c = silkd.connect().await;
     let r = c.write(&small.join("big.bin"), &vec![7u8; 4 << 20]).await;
@@ -250,6 +237,28 @@ async fn a_quiesce_ends_a_write_in_progress() {
     let closed = tokio::time::timeout(std::time::Duration::from_secs(20), writer.conn.recv()).await;
     assert!(matches!(closed, Ok(Ok(None) | Err(_))), "the writer's connection closed: {closed:?}");
     eventually("temp file removed", || std::fs::read_dir(&dir).unwrap().count() == 0).await;
+}
+
+/// A tmpfs mounted at a new directory (the suite runs as root), unmounted when dropped.
+struct Tmpfs(std::path::PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &std::path::Path, options: &str) -> Tmpfs {
+        std::fs::create_dir(at).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
+            .arg(at)
+            .status()
+            .unwrap();
+        assert!(mounted.success(), "mount a tmpfs with {options} (the suite runs as root)");
+        Tmpfs(at.to_path_buf())
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
 }
 
 /// Builds a tar stream of a small tree with the system `tar`, as a client would.
@@ -369,13 +378,7 @@ async fn a_broken_push_changes_nothing() {
 async fn push_into_a_mount_point() {
     let silkd = Silkd::start();
     let mnt = silkd.path("mnt");
-    std::fs::create_dir(&mnt).unwrap();
-    let ok = std::process::Command::new("mount")
-        .args(["-t", "tmpfs", "none"])
-        .arg(&mnt)
-        .status()
-        .unwrap();
-    assert!(ok.success(), "mount tmpfs (the suite runs as root)");
+    let mounted = Tmpfs::mount(&mnt, "defaults");
     let src = silkd.path("src");
     std::fs::create_dir_all(src.join("d")).unwrap();
     std::fs::write(src.join("d/f"), b"on tmpfs").unwrap();
@@ -384,7 +387,7 @@ async fn push_into_a_mount_point() {
     let content = std::fs::read(mnt.join("d/f"));
     let leftovers: Vec<_> =
         std::fs::read_dir(&mnt).unwrap().map(|e| e.unwrap().file_name()).collect();
-    let _ = std::process::Command::new("umount").arg(&mnt).status();
+    drop(mounted);
     r.done();
     assert_eq!(content.unwrap(), b"on tmpfs");
     assert_eq!(leftovers, vec![std::ffi::OsString::from("d")], "no staging left behind");
