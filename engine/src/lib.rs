@@ -108,6 +108,31 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         memory: Memory,
     ) -> Result<BoxInfo>;
 
+    /// `ids.len()` new sandboxes from one snapshot (fork), all or none: what `restore` does for
+    /// each, where an engine may share the snapshot's files among them (the jail engine unpacks
+    /// them once, into a read-only layer under every copy's own).
+    fn restore_many(
+        &self,
+        snapshot: &Snapshot,
+        ids: &[SandboxId],
+        spec: &BoxSpec,
+        memory: Memory,
+    ) -> Result<Vec<BoxInfo>> {
+        let mut made = vec![];
+        for id in ids {
+            match self.restore(snapshot, id, spec, memory) {
+                Ok(info) => made.push(info),
+                Err(e) => {
+                    for info in made {
+                        let _ = self.destroy(&info.id);
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(made)
+    }
+
     /// Why this engine keeps no process memory (`None` when it does).
     fn memory_why_not(&self) -> Option<String> {
         (!self.capabilities().memory_snapshot).then(|| "not supported by this engine".into())

@@ -202,3 +202,43 @@ fn a_full_accept_queue_makes_a_connect_wait_not_fail() {
     assert_eq!(ok(&a, "echo served"), "served");
     h.engine.destroy(&a.id).unwrap();
 }
+
+/// The jail's copies share one unpacked layer: it lives as long as any copy (stopped, resumed,
+/// across a restart) and goes with the last one.
+#[test]
+fn forks_share_one_layer_until_the_last_copy_goes() {
+    let h = Harness::new();
+    let forks = h.data.path().join("forks");
+    let layers = || std::fs::read_dir(&forks).unwrap().count();
+    let kids = contract::forks_start_from_the_source_and_go_their_own_ways(
+        &h.engine,
+        &h.host(),
+        h.data.path(),
+    );
+    assert_eq!(layers(), 1, "one layer for the three copies (the failed fork left none)");
+    // The copy that rewrote a shared file in place did not write through to the layer.
+    let shared = std::fs::read_dir(&forks).unwrap().next().unwrap().unwrap().path();
+    assert_eq!(std::fs::read_to_string(shared.join("layer/srv/f/mod")).unwrap(), "mod\n");
+    assert_eq!(std::fs::read_to_string(shared.join("layer/srv/f/keep")).unwrap(), "keep\n");
+
+    h.engine.destroy(&kids[0].id).unwrap();
+    h.engine.stop(&kids[1].id, Memory::Off).unwrap();
+    let restarted = h.reopen();
+    let back = restarted.resume(&kids[1].id).unwrap();
+    assert_eq!(ok(&back, "cat /srv/f/keep"), "keep");
+    restarted.destroy(&back.id).unwrap();
+    assert_eq!(layers(), 1, "a copy still runs on it");
+    restarted.destroy(&kids[2].id).unwrap();
+    assert_eq!(layers(), 0, "the last copy took the layer with it");
+}
+
+/// A fork layer no copy links (a crash between its unpack and its release) goes at start.
+#[test]
+fn a_fork_layer_left_by_a_crash_is_removed_at_start() {
+    let h = Harness::new();
+    let left = h.data.path().join("forks/k-9-1");
+    std::fs::create_dir_all(left.join("layer/srv")).unwrap();
+    std::fs::write(left.join("ref"), "k-9-1").unwrap();
+    let _restarted = h.reopen();
+    assert!(!left.exists());
+}

@@ -98,14 +98,18 @@ fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
 
     let source_machine = ok(&src, "cat /etc/machine-id");
     let mut machines = vec![source_machine];
-    for name in ["m-f1", "m-f2", "m-f3"] {
-        let copy = h.engine.restore(&snap, &id(name), &small(), Memory::Auto).unwrap();
+    // One copy on its own, two as a fork (its files shared, its images linked).
+    let mut copies = vec![h.engine.restore(&snap, &id("m-f1"), &small(), Memory::Auto).unwrap()];
+    let fork = [id("m-f2"), id("m-f3")];
+    copies.extend(h.engine.restore_many(&snap, &fork, &small(), Memory::Required).unwrap());
+    for copy in &copies {
+        let name = copy.id.as_str();
         assert!(copy.memory.kept, "{:?}", copy.memory);
-        continues(&copy, before, &pid);
-        assert_eq!(ok(&copy, "hostname; cat /etc/hostname"), format!("{name}\n{name}"));
-        assert_eq!(ok(&copy, "cat /root/file"), "on-disk");
-        ok(&copy, &format!("echo {name} > /tmp/mine"));
-        machines.push(ok(&copy, "cat /etc/machine-id"));
+        continues(copy, before, &pid);
+        assert_eq!(ok(copy, "hostname; cat /etc/hostname"), format!("{name}\n{name}"));
+        assert_eq!(ok(copy, "cat /root/file"), "on-disk");
+        ok(copy, &format!("echo {name} > /tmp/mine"));
+        machines.push(ok(copy, "cat /etc/machine-id"));
     }
     machines.sort();
     machines.dedup();

@@ -23,7 +23,7 @@ impl JailEngine {
             None => Ok(()),
         };
         let written = memory
-            .and_then(|()| layer::capture(&golden.layer, &mut out, self.ids))
+            .and_then(|()| layer::capture(&[&golden.layer], &mut out, self.ids))
             .and_then(|()| {
                 std::io::Write::flush(&mut out).map_err(EngineError::io("write golden tar"))
             })
@@ -165,7 +165,7 @@ impl JailEngine {
                 let below = staging.join("below.tar");
                 let file = std::fs::File::create(&below).map_err(EngineError::io("create"))?;
                 let mut out = std::io::BufWriter::new(file);
-                layer::capture(&g.layer, &mut out, self.ids)?;
+                layer::capture(&[&g.layer], &mut out, self.ids)?;
                 std::io::Write::flush(&mut out).map_err(EngineError::io("write layer"))?;
                 let file = std::fs::File::open(&below).map_err(EngineError::io("open"))?;
                 layer::apply(file, &layer_dir, Whiteouts::Overlay, self.ids)?;

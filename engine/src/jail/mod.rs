@@ -38,6 +38,7 @@ mod cgroup;
 mod config;
 mod criu;
 mod disk;
+mod forks;
 mod goldens;
 mod host;
 mod ids;
@@ -106,6 +107,8 @@ enum Seed<'a> {
     Snapshot(&'a Path, Memory),
     /// Its golden's memory images: the warmup's processes continue.
     GoldenMemory(PathBuf),
+    /// A fork's files, shared with the other copies (see `forks`), and its memory.
+    Fork(&'a forks::Fork),
 }
 
 /// The memory images of a golden built with `Warmup::memory`, beside its layer.
@@ -148,7 +151,7 @@ impl JailEngine {
             )));
         }
         // Sandboxes' files (setuid ones too) sit under these: nobody but root gets in.
-        for dir in ["", "templates", "goldens", "boxes", "disks"] {
+        for dir in ["", "templates", "goldens", "forks", "boxes", "disks"] {
             let d = cfg.data_dir.join(dir);
             std::fs::create_dir_all(&d)
                 .and_then(|()| std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)))
@@ -178,6 +181,7 @@ impl JailEngine {
         engine.thaw_all();
         engine.stop_unconfined();
         engine.shift_old_goldens()?;
+        engine.sweep_forks()?;
         Ok(engine)
     }
 
@@ -310,6 +314,19 @@ impl JailEngine {
             Seed::GoldenMemory(images) => {
                 self.restore_golden_memory(&images, &base, id, spec).map_err(Some)
             }
+            Seed::Fork(fork) => {
+                self.join_fork(fork, dir)?;
+                let restored = match &fork.images {
+                    Ok(images) => self.restore_golden_memory(images, &base, id, spec),
+                    Err(why) => Err(why.clone()),
+                };
+                match restored {
+                    Err(why) if fork.memory == Memory::Required => {
+                        return Err(EngineError::MemoryFailed(why));
+                    }
+                    restored => restored.map_err(Some),
+                }
+            }
         };
         match restored {
             Ok(info) => return Ok(info),
@@ -389,6 +406,9 @@ impl JailEngine {
     /// The overlay's read-only layers of a box on `base`, top first.
     fn lowers(&self, base: &Base, dir: &Path) -> Result<Vec<Lower>> {
         let mut lowers = vec![];
+        if let Some(fork) = self.fork_layer(dir) {
+            lowers.push(Lower { path: fork, idmapped_at: None });
+        }
         if let Some(golden) = &base.golden {
             lowers.push(Lower { path: golden.layer.clone(), idmapped_at: None });
         }
@@ -559,6 +579,20 @@ impl Engine for JailEngine {
         self.create(snapshot.base.clone(), id, spec, seed, true)
     }
 
+    fn restore_many(
+        &self,
+        snapshot: &Snapshot,
+        ids: &[SandboxId],
+        spec: &BoxSpec,
+        memory: Memory,
+    ) -> Result<Vec<BoxInfo>> {
+        match ids {
+            [] => Ok(vec![]),
+            [id] => Ok(vec![self.restore(snapshot, id, spec, memory)?]),
+            ids => self.restore_forks(snapshot, ids, spec, memory),
+        }
+    }
+
     fn stop(&self, id: &SandboxId, memory: Memory) -> Result<MemoryKept> {
         self.stop_box(id, memory)
     }
@@ -577,7 +611,13 @@ impl Engine for JailEngine {
         if let (Some(addresses), Some(addr)) = (&self.addresses, record.info.address) {
             addresses.give_back(addr);
         }
-        disk::remove_box(&self.box_dir(id)).map_err(EngineError::io(format!("remove sandbox {id}")))
+        let dir = self.box_dir(id);
+        let fork = self.fork_of(&dir);
+        disk::remove_box(&dir).map_err(EngineError::io(format!("remove sandbox {id}")))?;
+        if let Some(fork) = fork {
+            self.release_fork(&fork);
+        }
+        Ok(())
     }
 
     fn list(&self) -> Result<Vec<BoxInfo>> {

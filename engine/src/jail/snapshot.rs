@@ -73,7 +73,12 @@ impl JailEngine {
             if let Some(images) = &images {
                 self.write_memory_entry(images, &mut out)?;
             }
-            layer::capture(&disk::files_dir(&dir).join("upper"), &mut out, ids)?;
+            // A fork's copy: its upper directory over the layer it shares with the others.
+            let upper = disk::files_dir(&dir).join("upper");
+            let fork = self.fork_layer(&dir);
+            let layers: Vec<&Path> =
+                [Some(upper.as_path()), fork.as_deref()].into_iter().flatten().collect();
+            layer::capture(&layers, &mut out, ids)?;
             let file =
                 out.into_inner().map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
             file.sync_all().map_err(EngineError::io("sync snapshot"))?;

@@ -3,29 +3,42 @@
 
 use super::*;
 
-/// Writes `upper` (an overlay upper directory, or a golden's layer) as an OCI-style layer tar,
-/// with owners translated from the host range `ids` to the ids the sandbox sees.
+/// Writes `layers` (an overlay upper directory, or a golden's layer, and the read-only layers
+/// under it that belong to the same sandbox, top first) as one OCI-style layer tar, with owners
+/// translated from the host range `ids` to the ids the sandbox sees.
 ///
-/// The tree belongs to a sandbox, so it is read as hostile: every directory is opened with
+/// Several layers are merged as overlayfs shows them: a name is taken from the topmost layer
+/// that has it (a whiteout there is a deletion, a file or symlink hides what is under it), and
+/// a directory merges the layers below it down to the first that hides them (an opaque
+/// directory, a whiteout, a non-directory): a directory cut off that way is opaque in the
+/// result too, so the tar stands alone over the same base as the bottom layer.
+///
+/// The trees belong to a sandbox, so they are read as hostile: every directory is opened with
 /// `O_NOFOLLOW` relative to its parent's descriptor and every file the same way (and checked to
 /// be the inode just listed), so no symlink or rename leads the capture out of the tree. Files
 /// keep their size on the wire: holes are written as GNU sparse entries (`SEEK_DATA`/`SEEK_HOLE`)
 /// and a file with several links is written once, then as hard links. A name starting with
 /// `.wh.` is refused: it would turn into a deletion when the tar is applied.
-pub fn capture(upper: &Path, out: impl std::io::Write, ids: Ids) -> Result<()> {
+pub fn capture(layers: &[&Path], out: impl std::io::Write, ids: Ids) -> Result<()> {
     let mut capture = Capture { tar: tar::Builder::new(out), ids, links: HashMap::new() };
-    let root = open_dir(libc::AT_FDCWD, &cpath(upper)?)
-        .map_err(EngineError::io(format!("open {}", upper.display())))?;
+    let mut roots = vec![];
+    for layer in layers {
+        roots.push(
+            open_dir(libc::AT_FDCWD, &cpath(layer)?)
+                .map_err(EngineError::io(format!("open {}", layer.display())))?,
+        );
+    }
     // Depth first with a stack of open directories rather than recursion: a sandbox can nest
     // directories deeper than any thread's stack would take.
-    let mut stack = vec![Frame::open(root, PathBuf::new())?];
+    let mut stack = vec![Frame::open(roots, PathBuf::new())?];
     while let Some(top) = stack.last_mut() {
         let Some(name) = top.names.next() else {
             stack.pop();
             continue;
         };
-        let (dir, rel) = (top.dir.as_raw_fd(), top.rel.clone());
-        if let Some(sub) = capture.entry(dir, &rel, name)? {
+        let dirs: Vec<i32> = top.dirs.iter().map(|d| d.as_raw_fd()).collect();
+        let rel = top.rel.clone();
+        if let Some(sub) = capture.entry(&dirs, &rel, name)? {
             stack.push(sub);
         }
     }
@@ -33,22 +46,26 @@ pub fn capture(upper: &Path, out: impl std::io::Write, ids: Ids) -> Result<()> {
     Ok(())
 }
 
-/// A directory being captured: its descriptor, its path in the layer, the names left in it.
+/// A directory being captured: its descriptor in each layer that shows through here (top
+/// first), its path in the layer, the names left in it (those of all its layers, once each).
 struct Frame {
-    dir: OwnedFd,
+    dirs: Vec<OwnedFd>,
     rel: PathBuf,
     names: std::vec::IntoIter<std::ffi::OsString>,
 }
 
 impl Frame {
-    fn open(dir: OwnedFd, rel: PathBuf) -> Result<Frame> {
-        let listing = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let mut names: Vec<_> = std::fs::read_dir(&listing)
-            .map_err(EngineError::io(format!("read {}", rel.display())))?
-            .filter_map(|e| e.ok().map(|e| e.file_name()))
-            .collect();
+    fn open(dirs: Vec<OwnedFd>, rel: PathBuf) -> Result<Frame> {
+        let mut names = vec![];
+        for dir in &dirs {
+            let listing = format!("/proc/self/fd/{}", dir.as_raw_fd());
+            let listed = std::fs::read_dir(&listing)
+                .map_err(EngineError::io(format!("read {}", rel.display())))?;
+            names.extend(listed.filter_map(|e| e.ok().map(|e| e.file_name())));
+        }
         names.sort();
-        Ok(Frame { dir, rel, names: names.into_iter() })
+        names.dedup();
+        Ok(Frame { dirs, rel, names: names.into_iter() })
     }
 }
 
@@ -63,9 +80,14 @@ struct Capture<W: std::io::Write> {
 }
 
 impl<W: std::io::Write> Capture<W> {
-    /// Writes the entry `name` of the directory `dir` (at `rel` in the layer); a directory is
-    /// returned to be walked next.
-    fn entry(&mut self, dir: i32, rel: &Path, name: std::ffi::OsString) -> Result<Option<Frame>> {
+    /// Writes the entry `name` of the directory whose layers are `dirs` (at `rel` in the
+    /// layer); a directory is returned to be walked next.
+    fn entry(
+        &mut self,
+        dirs: &[i32],
+        rel: &Path,
+        name: std::ffi::OsString,
+    ) -> Result<Option<Frame>> {
         let path = rel.join(&name);
         if path.as_os_str().len() > MAX_PATH {
             return Err(EngineError::BadRequest(format!(
@@ -74,10 +96,22 @@ impl<W: std::io::Write> Capture<W> {
             )));
         }
         let cname = cpath(Path::new(&name))?;
-        let st =
-            fstatat(dir, &cname).map_err(EngineError::io(format!("stat {}", path.display())))?;
+        // The topmost layer that has the name decides what it is.
+        let mut found = None;
+        for (at, &dir) in dirs.iter().enumerate() {
+            match fstatat(dir, &cname) {
+                Ok(st) => {
+                    found = Some((at, st));
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(EngineError::io(format!("stat {}", path.display()))(e)),
+            }
+        }
+        let Some((at, st)) = found else { return Ok(None) }; // gone since it was listed
+        let dir = dirs[at];
         let kind = st.st_mode & libc::S_IFMT;
-        if kind == libc::S_IFCHR && st.st_rdev == 0 {
+        if is_whiteout(&st) {
             let wh = rel.join(format!("{WHITEOUT}{}", name.to_string_lossy()));
             append_empty(&mut self.tar, &wh)?;
             return Ok(None);
@@ -101,12 +135,11 @@ impl<W: std::io::Write> Capture<W> {
                 self.tar
                     .append_data(&mut header, &path, std::io::empty())
                     .map_err(EngineError::io(format!("archive {}", path.display())))?;
-                let sub = open_dir(dir, &cname)
-                    .map_err(EngineError::io(format!("open {}", path.display())))?;
-                if fget_xattr(sub.as_raw_fd(), OPAQUE_XATTR).as_deref() == Some(b"y") {
+                let (subs, opaque) = self.merged_dir(&dirs[at..], &cname, &path)?;
+                if opaque {
                     append_empty(&mut self.tar, &path.join(OPAQUE))?;
                 }
-                return Frame::open(sub, path).map(Some);
+                return Frame::open(subs, path).map(Some);
             }
             libc::S_IFLNK => {
                 let target = readlinkat(dir, &cname)
@@ -124,6 +157,36 @@ impl<W: std::io::Write> Capture<W> {
         };
         wrote.map_err(EngineError::io(format!("archive {}", path.display())))?;
         Ok(None)
+    }
+
+    /// The directory `name` in each of `dirs` (top first; the first has it as a directory)
+    /// down to the first layer that hides the rest, and whether it hides the base below all of
+    /// them: opaque where it is cut off by an opaque directory or by a whiteout or a
+    /// non-directory in a lower layer.
+    fn merged_dir(&self, dirs: &[i32], name: &CStr, path: &Path) -> Result<(Vec<OwnedFd>, bool)> {
+        let open =
+            |dir| open_dir(dir, name).map_err(EngineError::io(format!("open {}", path.display())));
+        let top = open(dirs[0])?;
+        let mut opaque = fget_xattr(top.as_raw_fd(), OPAQUE_XATTR).as_deref() == Some(b"y");
+        let mut subs = vec![top];
+        for &dir in &dirs[1..] {
+            if opaque {
+                break;
+            }
+            let st = match fstatat(dir, name) {
+                Ok(st) => st,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(EngineError::io(format!("stat {}", path.display()))(e)),
+            };
+            if st.st_mode & libc::S_IFMT != libc::S_IFDIR {
+                opaque = true;
+                break;
+            }
+            let sub = open(dir)?;
+            opaque = fget_xattr(sub.as_raw_fd(), OPAQUE_XATTR).as_deref() == Some(b"y");
+            subs.push(sub);
+        }
+        Ok((subs, opaque))
     }
 
     fn file(
@@ -283,6 +346,11 @@ fn open_at(dirfd: i32, name: &CStr, flags: i32) -> std::io::Result<OwnedFd> {
         }
         Ok(OwnedFd::from_raw_fd(fd))
     }
+}
+
+/// An overlayfs whiteout: a 0/0 character device.
+fn is_whiteout(st: &libc::stat) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFCHR && st.st_rdev == 0
 }
 
 fn fstatat(dirfd: i32, name: &CStr) -> std::io::Result<libc::stat> {

@@ -78,7 +78,7 @@ fn capture_then_apply_keeps_overlay_whiteouts_and_opaque_dirs() {
     mknod_whiteout(&upper.path().join("etc/removed")).unwrap();
     set_xattr(&upper.path().join("etc/opaque"), OPAQUE_XATTR, b"y").unwrap();
     let mut tar = vec![];
-    capture(upper.path(), &mut tar, Ids::HOST).unwrap();
+    capture(&[upper.path()], &mut tar, Ids::HOST).unwrap();
 
     let restored = tempfile::tempdir().unwrap();
     apply(&tar[..], restored.path(), Whiteouts::Overlay, Ids::HOST).unwrap();
@@ -116,7 +116,7 @@ fn captures_keep_holes_and_links_and_the_size_of_the_data() {
     std::fs::set_permissions(u.join("big"), std::fs::Permissions::from_mode(0o4755)).unwrap();
 
     let mut tar = vec![];
-    capture(u, &mut tar, Ids::HOST).unwrap();
+    capture(&[u], &mut tar, Ids::HOST).unwrap();
     assert!(tar.len() < 3 << 20, "the capture is {} bytes", tar.len());
 
     let restored = tempfile::tempdir().unwrap();
@@ -140,7 +140,7 @@ fn captures_refuse_names_that_would_become_deletions() {
     let upper = tempfile::tempdir().unwrap();
     std::fs::create_dir(upper.path().join("etc")).unwrap();
     std::fs::write(upper.path().join("etc/.wh.passwd"), b"").unwrap();
-    let err = capture(upper.path(), &mut vec![], Ids::HOST).unwrap_err();
+    let err = capture(&[upper.path()], &mut vec![], Ids::HOST).unwrap_err();
     assert!(matches!(err, EngineError::BadRequest(_)), "{err}");
     assert!(err.to_string().contains("/etc/.wh.passwd"), "{err}");
 }
@@ -153,7 +153,7 @@ fn captures_never_follow_symlinks_out_of_the_tree() {
     std::os::unix::fs::symlink(outside.path(), upper.path().join("dir")).unwrap();
     std::os::unix::fs::symlink(outside.path().join("secret"), upper.path().join("file")).unwrap();
     let mut tar = vec![];
-    capture(upper.path(), &mut tar, Ids::HOST).unwrap();
+    capture(&[upper.path()], &mut tar, Ids::HOST).unwrap();
     assert!(!tar.windows(11).any(|w| w == b"host secret"), "a symlink was followed");
     let mut archive = tar::Archive::new(&tar[..]);
     for entry in archive.entries().unwrap() {
@@ -176,7 +176,7 @@ fn layers_carry_the_ids_the_sandbox_sees_and_disks_the_host_range() {
     std::os::unix::fs::lchown(upper.path().join("f"), Some((1 << 20) + 1000), Some(1 << 20))
         .unwrap();
     let mut tar = vec![];
-    capture(upper.path(), &mut tar, ids).unwrap();
+    capture(&[upper.path()], &mut tar, ids).unwrap();
     let mut archive = tar::Archive::new(&tar[..]);
     let entry = archive.entries().unwrap().next().unwrap().unwrap();
     assert_eq!((entry.header().uid().unwrap(), entry.header().gid().unwrap()), (1000, 0));
@@ -203,7 +203,7 @@ fn trees_deeper_than_a_stack_are_captured_or_refused_without_a_crash() {
     let captured = small_stack
         .spawn(move || {
             let mut tar = vec![];
-            capture(&path, &mut tar, Ids::HOST).map(|()| tar.len())
+            capture(&[&path], &mut tar, Ids::HOST).map(|()| tar.len())
         })
         .unwrap()
         .join()
@@ -224,7 +224,7 @@ fn trees_deeper_than_a_stack_are_captured_or_refused_without_a_crash() {
         assert!(fd >= 0);
         at = unsafe { std::fs::File::from_raw_fd(fd) };
     }
-    let err = capture(dir.path(), &mut vec![], Ids::HOST).unwrap_err();
+    let err = capture(&[dir.path()], &mut vec![], Ids::HOST).unwrap_err();
     assert!(matches!(err, EngineError::BadRequest(_)), "{err}");
 }
 
@@ -236,7 +236,7 @@ fn fifos_come_back_as_fifos() {
     // SAFETY: plain syscall with a valid C string.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0);
     let mut tar = vec![];
-    capture(upper.path(), &mut tar, Ids::HOST).unwrap();
+    capture(&[upper.path()], &mut tar, Ids::HOST).unwrap();
     let restored = tempfile::tempdir().unwrap();
     apply(&tar[..], restored.path(), Whiteouts::Overlay, Ids::HOST).unwrap();
     let meta = std::fs::symlink_metadata(restored.path().join("pipe")).unwrap();
@@ -253,4 +253,121 @@ fn directories_a_layer_does_not_list_belong_to_the_sandboxs_root() {
     for dir in ["a", "a/b", "a/b/c"] {
         assert_eq!(std::fs::metadata(root.path().join(dir)).unwrap().uid(), 1 << 20, "{dir}");
     }
+}
+
+/// A fork's copy runs on two layers of its own over its base (its upper directory over the
+/// layer shared by all copies): captured together they must be one layer that shows, over the
+/// same base, exactly what overlayfs showed through both. overlayfs itself is the judge.
+#[test]
+fn layers_captured_together_show_what_overlayfs_shows_through_them() {
+    let t = tempfile::tempdir().unwrap();
+    let [base, below, top, restored] =
+        ["base", "below", "top", "restored"].map(|d| t.path().join(d));
+    let file = |root: &Path, rel: &str, data: &str| {
+        let path = root.join(rel);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(path, data).unwrap();
+    };
+    let dir = |root: &Path, rel: &str, opaque: bool| {
+        std::fs::create_dir_all(root.join(rel)).unwrap();
+        if opaque {
+            set_xattr(&root.join(rel), OPAQUE_XATTR, b"y").unwrap();
+        }
+    };
+    let whiteout = |root: &Path, rel: &str| {
+        std::fs::create_dir_all(root.join(rel).parent().unwrap()).unwrap();
+        mknod_whiteout(&root.join(rel)).unwrap();
+    };
+    for d in [&base, &below, &top] {
+        std::fs::create_dir_all(d).unwrap();
+    }
+    file(&base, "kept", "base");
+    file(&below, "added", "below");
+    file(&below, "added-then-deleted", "below");
+    whiteout(&top, "added-then-deleted");
+    file(&base, "deleted-below", "base");
+    whiteout(&below, "deleted-below");
+    file(&base, "deleted-then-made", "base");
+    whiteout(&below, "deleted-then-made");
+    file(&top, "deleted-then-made", "top");
+    file(&below, "rewritten", "below");
+    file(&top, "rewritten", "top");
+    // Directories merged through all three; cut off by an opaque one below or on top; cut off
+    // by a whiteout or a file below a plain directory on top.
+    for (name, below_opaque, top_opaque) in
+        [("m", false, false), ("n", true, false), ("o", false, true)]
+    {
+        file(&base, &format!("{name}/b"), "base");
+        dir(&below, name, below_opaque);
+        file(&below, &format!("{name}/l"), "below");
+        dir(&top, name, top_opaque);
+        file(&top, &format!("{name}/t"), "top");
+    }
+    file(&base, "p/b", "base");
+    whiteout(&below, "p");
+    file(&top, "p/t", "top");
+    file(&base, "q/b", "base");
+    file(&below, "q", "below");
+    file(&top, "q/t", "top");
+    file(&below, "r/l", "below");
+    whiteout(&top, "r");
+    std::os::unix::fs::symlink("kept", below.join("link")).unwrap();
+    // A hard-linked pair below, one name of it deleted on top: the other keeps the bytes.
+    file(&below, "pair-1", "pair");
+    std::fs::hard_link(below.join("pair-1"), below.join("pair-2")).unwrap();
+    whiteout(&top, "pair-1");
+
+    let mut tar = vec![];
+    capture(&[&top, &below], &mut tar, Ids::HOST).unwrap();
+    apply(&tar[..], &restored, Whiteouts::Overlay, Ids::HOST).unwrap();
+
+    let seen = |layers: &[&Path]| {
+        let mnt = tempfile::tempdir().unwrap();
+        let lowers: Vec<_> = layers.iter().map(|l| l.display().to_string()).collect();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "overlay", "overlay", "-o"])
+            .arg(format!("lowerdir={}", lowers.join(":")))
+            .arg(mnt.path())
+            .status()
+            .unwrap();
+        assert!(ok.success(), "mount overlay");
+        let tree = tree(mnt.path());
+        let ok = std::process::Command::new("umount").arg(mnt.path()).status().unwrap();
+        assert!(ok.success(), "umount overlay");
+        tree
+    };
+    let through_both = seen(&[&top, &below, &base]);
+    assert_eq!(seen(&[&restored, &base]), through_both);
+    // What the test set up is what it checks.
+    for gone in ["added-then-deleted", "deleted-below", "n/b", "o/b", "o/l", "p/b", "q/b", "r"] {
+        assert!(!through_both.contains_key(gone), "{gone} shows");
+    }
+    for (path, what) in
+        [("m/b", "base"), ("m/l", "below"), ("deleted-then-made", "top"), ("pair-2", "pair")]
+    {
+        assert_eq!(through_both[path], what);
+    }
+}
+
+/// Every path under `root` and what it is: a file's bytes, a symlink's target, or a directory.
+fn tree(root: &Path) -> std::collections::BTreeMap<String, String> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut todo = vec![root.to_path_buf()];
+    while let Some(dir) = todo.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let rel = path.strip_prefix(root).unwrap().display().to_string();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let what = if meta.is_symlink() {
+                format!("-> {}", std::fs::read_link(&path).unwrap().display())
+            } else if meta.is_dir() {
+                todo.push(path);
+                "dir".to_string()
+            } else {
+                String::from_utf8(std::fs::read(&path).unwrap()).unwrap()
+            };
+            out.insert(rel, what);
+        }
+    }
+    out
 }

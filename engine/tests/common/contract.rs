@@ -221,3 +221,62 @@ pub fn goldens_travel_between_engines(
     assert_ne!(sh(&clone, "test -e /etc/hosts").0, 0, "the warmup's deletion travelled too");
     b.destroy(&clone.id).unwrap();
 }
+
+/// Fork: copies start with the source's files as captured, each its own from then on, and a
+/// copy's own snapshot carries what it inherited and what it changed. All or none.
+pub fn forks_start_from_the_source_and_go_their_own_ways(
+    e: &dyn Engine,
+    t: &Template,
+    scratch: &Path,
+) -> Vec<BoxInfo> {
+    let g = e.prepare(t, &Warmup::default()).unwrap();
+    let src = e.clone_golden(&g, &id("k-src"), &small()).unwrap();
+    ok(
+        &src,
+        "mkdir -p /srv/f/sub && for f in keep del mod same; do echo $f > /srv/f/$f; done && rm /etc/hosts",
+    );
+    let snap = e
+        .snapshot(&src.id, SnapshotMode::KeepRunning, Memory::Off, &scratch.join("k.tar"))
+        .unwrap();
+    let ids = [id("k-1"), id("k-2"), id("k-3")];
+    let kids = e.restore_many(&snap, &ids, &small(), Memory::Off).unwrap();
+    assert_eq!(kids.iter().map(|k| &k.id).collect::<Vec<_>>(), ids.iter().collect::<Vec<_>>());
+    for kid in &kids {
+        assert_eq!(ok(kid, "cat /srv/f/keep /srv/f/del /srv/f/mod"), "keep\ndel\nmod");
+        assert_ne!(sh(kid, "test -e /etc/hosts").0, 0, "the source's deletion carries over");
+        assert_eq!(ok(kid, "hostname"), kid.id.as_str());
+    }
+    // A copy changes what it inherited, in place too: its siblings and the source keep theirs.
+    ok(
+        &kids[0],
+        "echo changed >> /srv/f/mod && rm /srv/f/del && rm -r /srv/f/sub && echo new > /srv/f/new \
+         && : > /srv/f/keep",
+    );
+    for other in [&kids[1], &src] {
+        assert_eq!(ok(other, "cat /srv/f/keep /srv/f/del /srv/f/mod"), "keep\ndel\nmod");
+        assert_ne!(sh(other, "test -e /srv/f/new").0, 0);
+        assert_eq!(sh(other, "test -d /srv/f/sub").0, 0);
+    }
+    // The copy's snapshot stands alone: restored, it is the copy as it was, what it inherited
+    // untouched included.
+    let theirs = e
+        .snapshot(&kids[0].id, SnapshotMode::KeepRunning, Memory::Off, &scratch.join("k1.tar"))
+        .unwrap();
+    let again = e.restore(&theirs, &id("k-again"), &small(), Memory::Off).unwrap();
+    assert_eq!(ok(&again, "cat /srv/f/mod /srv/f/new /srv/f/same"), "mod\nchanged\nnew\nsame");
+    assert_ne!(sh(&again, "test -e /etc/hosts").0, 0, "the inherited deletion carries over");
+    assert_eq!(ok(&again, "wc -c < /srv/f/keep"), "0");
+    assert_ne!(sh(&again, "test -e /srv/f/del || test -e /srv/f/sub").0, 0);
+    e.destroy(&again.id).unwrap();
+
+    // All or none: one id already taken, no copy is left.
+    let clash = [id("k-4"), id("k-1"), id("k-5")];
+    assert!(matches!(
+        e.restore_many(&snap, &clash, &small(), Memory::Off),
+        Err(EngineError::Exists(_))
+    ));
+    let listed: Vec<_> = e.list().unwrap().into_iter().map(|b| b.id).collect();
+    assert!(!listed.contains(&id("k-4")) && !listed.contains(&id("k-5")), "{listed:?}");
+    e.destroy(&src.id).unwrap();
+    kids
+}

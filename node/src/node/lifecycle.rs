@@ -25,7 +25,6 @@ use silk_engine::{
 };
 use silk_store::{ObjectStore, SnapshotName, SnapshotStore, StoreError};
 use tokio::net::UnixStream;
-use tokio::task::JoinSet;
 
 use super::{Claimed, Live, Node, State, blocking, new_record, now_ms};
 use crate::claims::{

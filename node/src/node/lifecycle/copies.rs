@@ -292,32 +292,12 @@ impl Node {
         count: usize,
         memory: Memory,
     ) -> Result<Vec<BoxInfo>, NodeError> {
-        let mut set = JoinSet::new();
-        for _ in 0..count {
-            let (engine, snap) = (self.engine.clone(), snap.clone());
-            let id = self.new_id()?;
-            set.spawn(async move {
-                // Size and lane only: limits are this node's for them, whatever the snapshot
-                // says (a downloaded one comes from the shared store).
-                let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
-                blocking(move || engine.restore(&snap, &id, &spec, memory)).await
-            });
-        }
-        let (mut made, mut failure) = (vec![], None);
-        while let Some(joined) = set.join_next().await {
-            match joined {
-                Ok(Ok(info)) => made.push(info),
-                Ok(Err(e)) => failure = Some(e),
-                Err(e) => failure = Some(NodeError::internal(format!("restore task: {e}"))),
-            }
-        }
-        if let Some(e) = failure {
-            for info in made {
-                self.teardown(info.id);
-            }
-            return Err(e);
-        }
-        Ok(made)
+        let ids = (0..count).map(|_| self.new_id()).collect::<Result<Vec<_>, _>>()?;
+        let (engine, snap) = (self.engine.clone(), snap.clone());
+        // Size and lane only: limits are this node's for them, whatever the snapshot says (a
+        // downloaded one comes from the shared store).
+        let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
+        blocking(move || engine.restore_many(&snap, &ids, &spec, memory)).await
     }
 
     // ---- promote ----
