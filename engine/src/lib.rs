@@ -133,6 +133,24 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         Ok(made)
     }
 
+    /// `ids.len()` copies of the sandbox `source` as it is now (it runs on, or stays stopped),
+    /// all or none: its snapshot restored `ids.len()` times, taken through the file `scratch`
+    /// (removed after), where an engine may do without it (the jail engine copies the files
+    /// straight into the layer its copies share).
+    fn fork(
+        &self,
+        source: &SandboxId,
+        ids: &[SandboxId],
+        spec: &BoxSpec,
+        memory: Memory,
+        scratch: &Path,
+    ) -> Result<Vec<BoxInfo>> {
+        let snapshot = self.snapshot(source, SnapshotMode::KeepRunning, memory, scratch)?;
+        let made = self.restore_many(&snapshot, ids, spec, memory);
+        let _ = std::fs::remove_file(scratch);
+        made
+    }
+
     /// Why this engine keeps no process memory (`None` when it does).
     fn memory_why_not(&self) -> Option<String> {
         (!self.capabilities().memory_snapshot).then(|| "not supported by this engine".into())

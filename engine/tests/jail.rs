@@ -223,6 +223,14 @@ fn forks_share_one_layer_until_the_last_copy_goes() {
 
     h.engine.destroy(&kids[0].id).unwrap();
     h.engine.stop(&kids[1].id, Memory::Off).unwrap();
+    // A stopped copy forks too: its two layers become the new fork's one.
+    let scratch = h.data.path().join("g.tar");
+    let grandkid = h.engine.fork(&kids[1].id, &[id("k-8")], &small(), Memory::Off, &scratch);
+    let grandkid = grandkid.unwrap().pop().unwrap();
+    assert_eq!(ok(&grandkid, "cat /srv/f/same /srv/f/keep"), "same\nkeep");
+    assert_eq!(layers(), 2);
+    h.engine.destroy(&grandkid.id).unwrap();
+    assert_eq!(layers(), 1);
     let restarted = h.reopen();
     let back = restarted.resume(&kids[1].id).unwrap();
     assert_eq!(ok(&back, "cat /srv/f/keep"), "keep");

@@ -98,10 +98,13 @@ fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
 
     let source_machine = ok(&src, "cat /etc/machine-id");
     let mut machines = vec![source_machine];
-    // One copy on its own, two as a fork (its files shared, its images linked).
+    // One copy on its own, two at once from the snapshot (its files shared, its images
+    // linked), two forked from the running source.
     let mut copies = vec![h.engine.restore(&snap, &id("m-f1"), &small(), Memory::Auto).unwrap()];
-    let fork = [id("m-f2"), id("m-f3")];
-    copies.extend(h.engine.restore_many(&snap, &fork, &small(), Memory::Required).unwrap());
+    let two = [id("m-f2"), id("m-f3")];
+    copies.extend(h.engine.restore_many(&snap, &two, &small(), Memory::Required).unwrap());
+    let (two, scratch) = ([id("m-f4"), id("m-f5")], h.data.path().join("m-fork.tar"));
+    copies.extend(h.engine.fork(&src.id, &two, &small(), Memory::Required, &scratch).unwrap());
     for copy in &copies {
         let name = copy.id.as_str();
         assert!(copy.memory.kept, "{:?}", copy.memory);
@@ -113,8 +116,8 @@ fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
     }
     machines.sort();
     machines.dedup();
-    assert_eq!(machines.len(), 4, "every copy has its own machine id");
-    for name in ["m-f1", "m-f2", "m-f3"] {
+    assert_eq!(machines.len(), 6, "every copy has its own machine id");
+    for name in ["m-f1", "m-f2", "m-f3", "m-f4", "m-f5"] {
         let copy = h.engine.list().unwrap().into_iter().find(|b| b.id.as_str() == name).unwrap();
         assert_eq!(ok(&copy, "cat /tmp/mine"), name, "copies diverge");
     }

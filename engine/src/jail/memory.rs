@@ -436,17 +436,7 @@ impl JailEngine {
     ) -> std::result::Result<crate::BoxInfo, String> {
         no_egress(spec)?;
         let mine = self.box_dir(id).join("memory");
-        let linked = (|| {
-            std::fs::DirBuilder::new().mode(0o700).create(&mine)?;
-            for entry in std::fs::read_dir(images)? {
-                let entry = entry?;
-                let to = mine.join(entry.file_name());
-                std::fs::hard_link(entry.path(), &to)
-                    .or_else(|_| std::fs::copy(entry.path(), &to).map(drop))?;
-            }
-            Ok::<_, std::io::Error>(())
-        })();
-        let restored = linked
+        let restored = super::forks::link_files(images, &mine)
             .map_err(|e| format!("link the golden's memory images: {e}"))
             .and_then(|()| self.restore_memory(base.clone(), id, spec));
         if restored.is_err() {

@@ -579,6 +579,17 @@ impl Engine for JailEngine {
         self.create(snapshot.base.clone(), id, spec, seed, true)
     }
 
+    fn fork(
+        &self,
+        source: &SandboxId,
+        ids: &[SandboxId],
+        spec: &BoxSpec,
+        memory: Memory,
+        _scratch: &Path,
+    ) -> Result<Vec<BoxInfo>> {
+        self.fork_box(source, ids, spec, memory)
+    }
+
     fn restore_many(
         &self,
         snapshot: &Snapshot,

@@ -11,6 +11,16 @@ use crate::{
     SnapshotMode,
 };
 
+/// What [`JailEngine::capture_box`] took: the box's base and spec, the bytes `write` reported,
+/// whether memory came along, and how long a running box was frozen.
+pub(super) struct Captured {
+    pub(super) base: Base,
+    pub(super) spec: BoxSpec,
+    pub(super) bytes: u64,
+    pub(super) memory: MemoryKept,
+    pub(super) freeze_ms: Option<u64>,
+}
+
 impl JailEngine {
     pub(super) fn take_snapshot(
         &self,
@@ -19,6 +29,52 @@ impl JailEngine {
         memory: Memory,
         into: &Path,
     ) -> Result<Snapshot> {
+        let partial = partial_path(into);
+        let captured = self.capture_box(id, mode, memory, |images, layers, ids| {
+            let written = (|| {
+                let file =
+                    std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
+                let mut out = std::io::BufWriter::new(file);
+                if let Some(images) = images {
+                    self.write_memory_entry(images, &mut out)?;
+                }
+                layer::capture(layers, &mut out, ids)?;
+                let file = out
+                    .into_inner()
+                    .map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
+                file.sync_all().map_err(EngineError::io("sync snapshot"))?;
+                let bytes =
+                    file.metadata().map(|m| m.len()).map_err(EngineError::io("stat snapshot"))?;
+                std::fs::rename(&partial, into).map_err(EngineError::io("commit snapshot"))?;
+                Ok(bytes)
+            })();
+            if written.is_err() {
+                let _ = std::fs::remove_file(&partial);
+            }
+            written
+        })?;
+        Ok(Snapshot {
+            base: captured.base,
+            spec: captured.spec,
+            layer_tar: into.to_path_buf(),
+            bytes: captured.bytes,
+            memory: captured.memory.kept,
+            memory_why_not: captured.memory.why_not,
+            freeze_ms: captured.freeze_ms,
+        })
+    }
+
+    /// Captures a box as it is: its memory dumped (as `memory` says) and its processes frozen
+    /// while `write` takes the memory images (if any), the layers of its files (top first) and
+    /// the id range they are stored in. Then, as `mode` says, it runs on or is destroyed; a
+    /// failed capture leaves it as it was.
+    pub(super) fn capture_box(
+        &self,
+        id: &SandboxId,
+        mode: SnapshotMode,
+        memory: Memory,
+        write: impl FnOnce(Option<&Path>, &[&Path], Ids) -> Result<u64>,
+    ) -> Result<Captured> {
         let record = self.record(id)?;
         // A jail whose silkd died (or that a host reboot ended) still has its files: capturing
         // them is how it comes back. Only a live one needs freezing for a consistent capture.
@@ -65,28 +121,12 @@ impl JailEngine {
             self.cgroups.freeze(id, true)?;
             frozen_at = Some(std::time::Instant::now());
         }
-        let partial = partial_path(into);
-        let captured = (|| {
-            let file =
-                std::fs::File::create(&partial).map_err(EngineError::io("create snapshot"))?;
-            let mut out = std::io::BufWriter::new(file);
-            if let Some(images) = &images {
-                self.write_memory_entry(images, &mut out)?;
-            }
-            // A fork's copy: its upper directory over the layer it shares with the others.
-            let upper = disk::files_dir(&dir).join("upper");
-            let fork = self.fork_layer(&dir);
-            let layers: Vec<&Path> =
-                [Some(upper.as_path()), fork.as_deref()].into_iter().flatten().collect();
-            layer::capture(&layers, &mut out, ids)?;
-            let file =
-                out.into_inner().map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
-            file.sync_all().map_err(EngineError::io("sync snapshot"))?;
-            let bytes =
-                file.metadata().map(|m| m.len()).map_err(EngineError::io("stat snapshot"))?;
-            std::fs::rename(&partial, into).map_err(EngineError::io("commit snapshot"))?;
-            Ok(bytes)
-        })();
+        // A fork's copy: its upper directory over the layer it shares with the others.
+        let upper = disk::files_dir(&dir).join("upper");
+        let fork = self.fork_layer(&dir);
+        let layers: Vec<&Path> =
+            [Some(upper.as_path()), fork.as_deref()].into_iter().flatten().collect();
+        let captured = write(images.as_deref(), &layers, ids);
         let _ = std::fs::remove_dir_all(&fresh);
         let after = match mode {
             SnapshotMode::KeepRunning if live.is_none() => Ok(()),
@@ -105,25 +145,17 @@ impl JailEngine {
             SnapshotMode::Stop if live.is_none() => Ok(()),
             SnapshotMode::Stop => self.cgroups.freeze(id, false),
         };
-        let bytes = match captured {
-            Ok(bytes) => bytes,
-            Err(e) => {
-                let _ = std::fs::remove_file(&partial);
-                return Err(e);
-            }
-        };
+        let bytes = captured?;
         after?;
         let freeze_ms = match mode {
             SnapshotMode::KeepRunning => frozen_at.map(|t| t.elapsed().as_millis() as u64),
             SnapshotMode::Stop => None,
         };
-        Ok(Snapshot {
+        Ok(Captured {
             base: record.info.base,
             spec: record.info.spec,
-            layer_tar: into.to_path_buf(),
             bytes,
-            memory: kept.kept,
-            memory_why_not: kept.why_not,
+            memory: kept,
             freeze_ms,
         })
     }

@@ -222,8 +222,9 @@ pub fn goldens_travel_between_engines(
     b.destroy(&clone.id).unwrap();
 }
 
-/// Fork: copies start with the source's files as captured, each its own from then on, and a
-/// copy's own snapshot carries what it inherited and what it changed. All or none.
+/// Fork: copies start with the source's files as they were, each its own from then on, and a
+/// copy's own snapshot carries what it inherited and what it changed. All or none, from a
+/// running sandbox or from a snapshot.
 pub fn forks_start_from_the_source_and_go_their_own_ways(
     e: &dyn Engine,
     t: &Template,
@@ -235,11 +236,9 @@ pub fn forks_start_from_the_source_and_go_their_own_ways(
         &src,
         "mkdir -p /srv/f/sub && for f in keep del mod same; do echo $f > /srv/f/$f; done && rm /etc/hosts",
     );
-    let snap = e
-        .snapshot(&src.id, SnapshotMode::KeepRunning, Memory::Off, &scratch.join("k.tar"))
-        .unwrap();
     let ids = [id("k-1"), id("k-2"), id("k-3")];
-    let kids = e.restore_many(&snap, &ids, &small(), Memory::Off).unwrap();
+    let kids = e.fork(&src.id, &ids, &small(), Memory::Off, &scratch.join("k.tar")).unwrap();
+    assert!(!scratch.join("k.tar").exists(), "the scratch file goes");
     assert_eq!(kids.iter().map(|k| &k.id).collect::<Vec<_>>(), ids.iter().collect::<Vec<_>>());
     for kid in &kids {
         assert_eq!(ok(kid, "cat /srv/f/keep /srv/f/del /srv/f/mod"), "keep\ndel\nmod");
@@ -269,14 +268,25 @@ pub fn forks_start_from_the_source_and_go_their_own_ways(
     assert_ne!(sh(&again, "test -e /srv/f/del || test -e /srv/f/sub").0, 0);
     e.destroy(&again.id).unwrap();
 
-    // All or none: one id already taken, no copy is left.
+    // From a snapshot too (a sandbox kept as a tar), several at once.
+    let snap = e
+        .snapshot(&src.id, SnapshotMode::KeepRunning, Memory::Off, &scratch.join("k.tar"))
+        .unwrap();
+    let more = e.restore_many(&snap, &[id("k-6"), id("k-7")], &small(), Memory::Off).unwrap();
+    for copy in more {
+        assert_eq!(ok(&copy, "cat /srv/f/keep /srv/f/same"), "keep\nsame");
+        e.destroy(&copy.id).unwrap();
+    }
+
+    // All or none, either way: one id already taken, no copy is left.
     let clash = [id("k-4"), id("k-1"), id("k-5")];
-    assert!(matches!(
-        e.restore_many(&snap, &clash, &small(), Memory::Off),
-        Err(EngineError::Exists(_))
-    ));
+    let forked = e.fork(&src.id, &clash, &small(), Memory::Off, &scratch.join("k2.tar"));
+    assert!(matches!(forked, Err(EngineError::Exists(_))), "{forked:?}");
+    let restored = e.restore_many(&snap, &clash, &small(), Memory::Off);
+    assert!(matches!(restored, Err(EngineError::Exists(_))), "{restored:?}");
     let listed: Vec<_> = e.list().unwrap().into_iter().map(|b| b.id).collect();
     assert!(!listed.contains(&id("k-4")) && !listed.contains(&id("k-5")), "{listed:?}");
+    assert_eq!(ok(&src, "cat /srv/f/keep"), "keep", "the source runs on");
     e.destroy(&src.id).unwrap();
     kids
 }

@@ -254,11 +254,24 @@ impl Node {
             let mut st = self.lock();
             self.admit(&mut st, count, live.record.tenant.as_deref())?
         };
-        let (snap, scratch) = self.current_files(&live, "fork", memory).await?;
-        let made = self.restore_new(&snap, count, memory).await;
-        if scratch {
-            let _ = std::fs::remove_file(&snap.layer_tar);
-        }
+        let made = match &live.record.phase {
+            // Straight from the box: the engine copies its files where the copies want them.
+            Phase::Running | Phase::Stopped => {
+                if live.record.phase == Phase::Running && memory != Memory::Off {
+                    // Its silkd closes every connection before a memory dump.
+                    live.activity.hangup.notify_waiters();
+                }
+                let ids = self.new_ids(count)?;
+                let (engine, source) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
+                let spec = BoxSpec::new(live.record.size, live.record.lane);
+                let scratch = self.scratch_tar("fork");
+                blocking(move || engine.fork(&source, &ids, &spec, memory, &scratch)).await
+            }
+            _ => {
+                let (snap, _) = self.current_files(&live, "fork", memory).await?;
+                self.restore_new(&snap, count, memory).await
+            }
+        };
         let src = &live.record;
         let spec = ClaimSpec {
             template: src.template.clone(),
@@ -292,12 +305,16 @@ impl Node {
         count: usize,
         memory: Memory,
     ) -> Result<Vec<BoxInfo>, NodeError> {
-        let ids = (0..count).map(|_| self.new_id()).collect::<Result<Vec<_>, _>>()?;
+        let ids = self.new_ids(count)?;
         let (engine, snap) = (self.engine.clone(), snap.clone());
         // Size and lane only: limits are this node's for them, whatever the snapshot says (a
         // downloaded one comes from the shared store).
         let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
         blocking(move || engine.restore_many(&snap, &ids, &spec, memory)).await
+    }
+
+    fn new_ids(&self, count: usize) -> Result<Vec<SandboxId>, NodeError> {
+        (0..count).map(|_| self.new_id()).collect()
     }
 
     // ---- promote ----
