@@ -71,7 +71,9 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
 
     /// Captures a sandbox's filesystem changes (and its memory where the engine can) into the
     /// file `into`, which appears only once the capture is complete (a crash mid-capture leaves
-    /// no file there, and the source as it was). The file belongs to the caller. A sandbox that
+    /// no file there, and the source as it was). The file belongs to the caller. A `Stop`
+    /// snapshot is on disk before the sandbox goes; a `KeepRunning` one need not survive a host
+    /// crash (the sandbox still has its files). A sandbox that
     /// stopped on its own (its agent died, the host rebooted) can still be captured: its files
     /// are all there is, and restoring them is how it comes back.
     fn snapshot(
@@ -131,6 +133,26 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
             }
         }
         Ok(made)
+    }
+
+    /// Writes a stopped sandbox's snapshot to `out` as a stream: the bytes `snapshot` would put
+    /// in its file (its memory images first, where `stop` kept them and `memory` wants them),
+    /// with no file between the box and `out` (the node uploads them straight to the store).
+    /// The box stays as it is. A running sandbox stays frozen until `out` took the last byte:
+    /// stop it first. Says whether its memory went along. The default goes through a snapshot
+    /// in the file `scratch` (removed after).
+    fn write_snapshot(
+        &self,
+        id: &SandboxId,
+        memory: Memory,
+        out: &mut dyn std::io::Write,
+        scratch: &Path,
+    ) -> Result<MemoryKept> {
+        let snapshot = self.snapshot(id, SnapshotMode::KeepRunning, memory, scratch)?;
+        let copied = std::fs::File::open(scratch).and_then(|mut f| std::io::copy(&mut f, out));
+        let _ = std::fs::remove_file(scratch);
+        copied.map_err(EngineError::io("write the snapshot"))?;
+        Ok(MemoryKept { kept: snapshot.memory, why_not: snapshot.memory_why_not })
     }
 
     /// `ids.len()` copies of the sandbox `source` as it is now (it runs on, or stays stopped),

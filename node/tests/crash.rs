@@ -91,9 +91,9 @@ fn a_crash_mid_hibernate_leaves_a_claimed_sandbox() {
 }
 
 #[test]
-fn a_crash_mid_archive_rolls_back_before_the_capture_and_forward_after_it() {
-    crash("capture:intent", false, archive, SandboxState::Claimed);
-    crash("capture:captured", false, archive, SandboxState::Hibernated);
+fn a_crash_mid_archive_rolls_back_before_the_upload_and_forward_after_it() {
+    // Its first step hibernates the sandbox in place; the upload streams from its box.
+    crash("hibernate:stopped", false, archive, SandboxState::Claimed);
     crash("archive:intent", false, archive, SandboxState::Hibernated);
     crash("archive:uploaded", false, archive, SandboxState::Archived);
 }

@@ -462,6 +462,29 @@ fn a_store_outage_fails_archive_and_checkpoint_and_keeps_the_sandbox() {
 }
 
 #[test]
+fn an_archive_whose_capture_fails_half_way_stores_nothing_and_keeps_the_sandbox() {
+    let node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, "{}");
+    // 8 MiB the store takes first, then a name the capture refuses (applied, a `.wh.` name
+    // would be a deletion): the upload streams from the box, and must not keep the first part.
+    let setup = "head -c 8388608 /dev/urandom > /root/a && mkdir /root/z && touch /root/z/.wh.x";
+    sh(&node, &b, setup);
+    let sum = sh(&node, &b, "sha256sum /root/a");
+    let (status, v) = post(&node, &b, "archive", "");
+    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("bad_request")), "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains(".wh.x"), "{v}");
+    assert_eq!(state(&node, &b), "claimed", "running again after the failed archive");
+    assert_eq!(sh(&node, &b, "sha256sum /root/a"), sum);
+    let archives = node.data().join("store/archives");
+    let stored = std::fs::read_dir(&archives).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(stored, 0, "a part of a snapshot was stored as an archive");
+    // Renamed, it archives.
+    sh(&node, &b, "mv /root/z/.wh.x /root/z/x");
+    assert_eq!(post(&node, &b, "archive", "").0, 200);
+    assert_eq!(sh(&node, &b, "sha256sum /root/a"), sum);
+}
+
+#[test]
 fn lifecycle_calls_on_one_sandbox_are_serialised() {
     let node = Sandboxd::start(ONE_WARM);
     let b = claim(&node, "{}");

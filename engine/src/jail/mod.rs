@@ -5,7 +5,8 @@
 //! ```text
 //! templates/<kind>-<digest>/root     materialised templates (host skeletons, flattened images)
 //! goldens/<digest>/{layer,golden.json,ids}   warmup results, read-only lower layers
-//! boxes/<id>/{box.json,launch.json,root,lower,agent.log}
+//! forks/<name>/{layer,ref,ids}       a fork's files, shared by its copies (see `forks`)
+//! boxes/<id>/{box.json,launch.json,root,lower,agent.log,fork}
 //! boxes/<id>/[disk/]{upper,work}      the sandbox's files (in `disk/` where its disk is bounded)
 //! boxes/<id>/disk.img                the sandbox's disk, where it is an ext4 image
 //! disks/<engine>/<n>/{disk.img,mnt}    images made ahead (see `disk`)
@@ -26,13 +27,14 @@
 //!
 //! **Host code never follows a sandbox's paths.** Where the engine touches a sandbox's files:
 //! the launcher (see [`launch`]: mount targets through `openat2(RESOLVE_IN_ROOT)`, its two file
-//! writes as the sandbox's root after `pivot_root`); [`layer::capture`] of an upper directory
-//! or golden layer (`O_NOFOLLOW` per component, relative to directory descriptors, with the
-//! sandbox frozen or stopped); [`layer::apply`] into a fresh upper directory or staging
-//! directory no sandbox runs on yet (paths resolved inside the root; device nodes skipped);
-//! `chown` of a new upper directory; [`layer::shift_ids`] of a stopped box (`lchown`, no
-//! link followed); removal of a stopped box (`remove_dir_all`, which does not follow symlinks,
-//! on a thread with a stack for any depth a sandbox can nest directories to).
+//! writes as the sandbox's root after `pivot_root`); [`layer::capture`] of an upper directory,
+//! fork layer or golden layer (`O_NOFOLLOW` per component, relative to directory descriptors,
+//! with the sandbox frozen or stopped); [`layer::apply`] into a fresh upper directory, fork
+//! layer or staging directory no sandbox runs on yet (paths resolved inside the root; device
+//! nodes skipped); `chown` of a new upper directory; [`layer::shift_ids`] of a stopped box or
+//! an unused fork layer (`lchown`, no link followed); removal of a stopped box or a fork layer
+//! no box uses (`remove_dir_all`, which does not follow symlinks, on a thread with a stack for
+//! any depth a sandbox can nest directories to).
 
 mod cgroup;
 mod config;
@@ -577,6 +579,16 @@ impl Engine for JailEngine {
     ) -> Result<BoxInfo> {
         let seed = Seed::Snapshot(snapshot.layer_tar.as_path(), memory);
         self.create(snapshot.base.clone(), id, spec, seed, true)
+    }
+
+    fn write_snapshot(
+        &self,
+        id: &SandboxId,
+        memory: Memory,
+        out: &mut dyn std::io::Write,
+        _scratch: &Path,
+    ) -> Result<MemoryKept> {
+        self.stream_snapshot(id, memory, out)
     }
 
     fn fork(

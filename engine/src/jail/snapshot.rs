@@ -42,7 +42,12 @@ impl JailEngine {
                 let file = out
                     .into_inner()
                     .map_err(|e| EngineError::io("write snapshot")(e.into_error()))?;
-                file.sync_all().map_err(EngineError::io("sync snapshot"))?;
+                if mode == SnapshotMode::Stop {
+                    // All that is left of the box once it goes: on disk before it does. A copy
+                    // of a box that runs on is scratch for an upload or a restore, and the
+                    // store syncs what it keeps.
+                    file.sync_all().map_err(EngineError::io("sync snapshot"))?;
+                }
                 let bytes =
                     file.metadata().map(|m| m.len()).map_err(EngineError::io("stat snapshot"))?;
                 std::fs::rename(&partial, into).map_err(EngineError::io("commit snapshot"))?;
@@ -62,6 +67,26 @@ impl JailEngine {
             memory_why_not: captured.memory.why_not,
             freeze_ms: captured.freeze_ms,
         })
+    }
+
+    /// A stopped box's snapshot written to `out` (see `Engine::write_snapshot`).
+    pub(super) fn stream_snapshot(
+        &self,
+        id: &SandboxId,
+        memory: Memory,
+        out: &mut dyn std::io::Write,
+    ) -> Result<MemoryKept> {
+        let captured =
+            self.capture_box(id, SnapshotMode::KeepRunning, memory, |images, layers, ids| {
+                let mut out = std::io::BufWriter::with_capacity(256 << 10, out);
+                if let Some(images) = images {
+                    self.write_memory_entry(images, &mut out)?;
+                }
+                layer::capture(layers, &mut out, ids)?;
+                std::io::Write::flush(&mut out).map_err(EngineError::io("write snapshot"))?;
+                Ok(0)
+            })?;
+        Ok(captured.memory)
     }
 
     /// Captures a box as it is: its memory dumped (as `memory` says) and its processes frozen

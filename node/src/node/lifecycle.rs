@@ -8,8 +8,7 @@
 //! | operation | how a crash is survived |
 //! |---|---|
 //! | hibernate | the engine stops the box, keeping its files in place; then the state is journalled. A crash between leaves a claimed sandbox whose box stopped: the next access starts it again. |
-//! | capture (the first step of archive and move: the files into a tar, the box removed) | the intent (with the tar path) is journalled first; the engine writes the tar whole or not at all and removes the box only after. At start: a tar there → hibernated (as that tar); none → as before (running or stopped; the engine thaws one the crash left frozen). |
-//! | archive | always from a captured sandbox; the intent is journalled, the local tar kept until the archive's manifest is in the store. At start: manifest there → archived; otherwise still hibernated, retried later. |
+//! | archive | a running sandbox is hibernated first (above); the intent is journalled, then the engine's capture of the stopped box streams into the store, and the box is removed only once the archived state is journalled. At start: the archive's manifest in the store → archived (the box goes in reconcile); otherwise still hibernated, in its box. A sandbox hibernated into a tar by an older node is uploaded from that tar, which is kept the same way. |
 //! | wake | the tar (or the archive) is deleted only after the running state is journalled; a sandbox restored but not journalled is removed at start, one resumed in its box is claimed. Woken from an archive, the record carries `Unpublish(archive)` until the store's published claim and the archive are gone: a restart finishes that, so no other node can later wake the old archive — unless this node stayed down past its wake lease and another woke it meanwhile (the lease's keys tell: `recover::interrupted_wake`); then that copy is the sandbox and this one is removed. |
 //! | silkd dies (OOM kill, host reboot) | the claim and its box stay; the next data-plane access stops and starts the box: its files are as they were, its processes restart. |
 //! | checkpoint, fork, branch, promote | nothing is journalled until the result is whole: a crash leaves the source as it was, and scratch files and half-made sandboxes are removed at start. A checkpoint's manifest is its commit point. |
@@ -41,6 +40,7 @@ mod recover;
 mod shared;
 mod stored;
 
+use archive::Files;
 use stored::StoredSnapshot;
 
 pub const MAX_FORK: usize = 16;
@@ -315,54 +315,6 @@ impl Node {
         rec.enter(Phase::Stopped, now_ms()).map_err(conflict)?;
         self.put_record(&rec).await?;
         self.metrics.hibernated.fetch_add(1, Ordering::Relaxed);
-        Ok(rec)
-    }
-
-    /// Captures a claimed or hibernated sandbox's files into a tar of its own and removes its
-    /// box: what archive and move send to the store. The intent (with the tar's path) is
-    /// journalled first; see the module docs for a crash at each step.
-    async fn capture_stopped(&self, live: Live, memory: Memory) -> Result<ClaimRecord, NodeError> {
-        let mut rec = live.record.clone();
-        let base = live.base.clone().ok_or_else(|| NodeError::internal("unknown sandbox base"))?;
-        let tar = snapshots_dir(&self.cfg).join(format!("{}.tar", rec.id));
-        let planned = Snapshot {
-            base,
-            spec: box_spec(&rec),
-            layer_tar: tar.clone(),
-            bytes: 0,
-            memory: false,
-            memory_why_not: None,
-            freeze_ms: None,
-        };
-        let activity = live.activity.clone();
-        rec.intent = Some(Intent::Hibernate(Box::new(planned)));
-        self.put_record(&rec).await?;
-        self.crash_point("capture:intent").await;
-        live.activity.hangup.notify_waiters();
-        let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
-        let captured =
-            blocking(move || engine.snapshot(&sid, SnapshotMode::Stop, memory, &tar)).await;
-        rec.intent = None;
-        let snap = match captured {
-            Ok(snap) => snap,
-            Err(e) => {
-                // The engine left the sandbox as it was.
-                self.put_record(&rec).await?;
-                return Err(e);
-            }
-        };
-        self.crash_point("capture:captured").await;
-        activity.set_memory(MemoryKept { kept: snap.memory, why_not: snap.memory_why_not.clone() });
-        let captured = Phase::Captured(Box::new(snap));
-        if rec.phase == Phase::Running {
-            rec.enter(captured, now_ms()).map_err(conflict)?;
-            self.metrics.hibernated.fetch_add(1, Ordering::Relaxed);
-        } else {
-            // Hibernated in place already, and still since then: only where its files are
-            // changes.
-            rec.phase = captured;
-        }
-        self.put_record(&rec).await?;
         Ok(rec)
     }
 

@@ -26,15 +26,19 @@ impl Node {
             Phase::Running => true,
             Phase::Stopped | Phase::Captured(_) => false,
         };
-        let (mut rec, snap) = self.stop_here(live, memory).await?;
+        let (mut rec, files) = self.stop_here(live, memory).await?;
         let archive = new_archive_name(id);
         let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
         rec.intent = Some(Intent::Archive(archive.clone()));
         self.put_record(&rec).await?;
         self.crash_point("archive:intent").await;
-        let uploaded = self.upload(&name, &snap, &rec, BTreeMap::new()).await;
+        let uploaded = self.upload_files(&name, &files, &rec, memory).await;
+        if let (Ok(kept), Some(live)) = (&uploaded, self.get(id)) {
+            live.activity.set_memory(kept.clone());
+        }
         rec.intent = None;
         if let Err(e) = uploaded {
+            self.crash_point("archive:upload-failed").await;
             self.undo_stop(rec, None, was_running, "archive").await?;
             return Err(e);
         }
@@ -49,29 +53,44 @@ impl Node {
         }
         let rec = archived;
         self.put_record(&rec).await?;
-        let _ = std::fs::remove_file(&snap.layer_tar);
+        self.drop_files(id, &files);
         self.metrics.archived.fetch_add(1, Ordering::Relaxed);
         Ok(rec)
     }
 
-    /// Captures `live` into a local tar and removes its box, unless it is one already; returns
-    /// its record and that snapshot.
+    /// Stops `live` in place, unless it is stopped already; returns its record and where its
+    /// files are for an upload.
     pub(in crate::node) async fn stop_here(
         &self,
         live: Live,
         memory: Memory,
-    ) -> Result<(ClaimRecord, Snapshot), NodeError> {
+    ) -> Result<(ClaimRecord, Files), NodeError> {
         let id = live.record.id.clone();
-        if live.record.phase.snapshot().is_none() {
-            self.capture_stopped(live, memory).await?;
+        if live.record.phase == Phase::Running {
+            self.hibernate_locked(live, memory).await?;
         }
-        let rec = self.current(&id)?.record;
-        let snap = rec
-            .phase
-            .snapshot()
-            .cloned()
-            .ok_or_else(|| NodeError::internal("a captured sandbox without its snapshot"))?;
-        Ok((rec, snap))
+        let live = self.current(&id)?;
+        let files = match live.record.phase.snapshot() {
+            Some(snap) => Files::Tar(snap.clone()),
+            None => Files::Box(
+                live.base.clone().ok_or_else(|| NodeError::internal("unknown sandbox base"))?,
+            ),
+        };
+        Ok((live.record, files))
+    }
+
+    /// Once the store holds a stopped sandbox's files: its local copy goes.
+    pub(in crate::node) fn drop_files(&self, id: &str, files: &Files) {
+        match files {
+            Files::Tar(snap) => {
+                let _ = std::fs::remove_file(&snap.layer_tar);
+            }
+            Files::Box(_) => {
+                if let Ok(sid) = id.parse::<SandboxId>() {
+                    self.teardown(sid);
+                }
+            }
+        }
     }
 
     /// Puts a sandbox back as it was after an archive or move failed before its switch: the
@@ -105,16 +124,74 @@ impl Node {
 
     // ---- the store ----
 
+    /// Uploads a snapshot file as `name`, described for the nodes that restore it.
     pub(in crate::node) async fn upload(
         &self,
         name: &SnapshotName,
         snap: &Snapshot,
         source: &ClaimRecord,
-        mut meta: BTreeMap<String, String>,
+        meta: BTreeMap<String, String>,
     ) -> Result<silk_store::PutReport, NodeError> {
-        let stored = StoredSnapshot::of(snap);
-        let json =
-            serde_json::to_string(&stored).map_err(|e| NodeError::internal(e.to_string()))?;
+        let meta = self.snapshot_meta(&StoredSnapshot::of(snap), source, meta)?;
+        let file = tokio::fs::File::open(&snap.layer_tar)
+            .await
+            .map_err(|e| NodeError::internal(format!("open {}: {e}", snap.layer_tar.display())))?;
+        Ok(self.store.put(name, tokio::io::BufReader::with_capacity(1 << 20, file), meta).await?)
+    }
+
+    /// Uploads a stopped sandbox's files (and its memory, as `memory` says) as `name`: from
+    /// its tar, or straight from its box, the engine's capture streamed into the store's put
+    /// through a pipe (no file, no second pass over the bytes). Says whether memory went along.
+    pub(in crate::node) async fn upload_files(
+        &self,
+        name: &SnapshotName,
+        files: &Files,
+        source: &ClaimRecord,
+        memory: Memory,
+    ) -> Result<MemoryKept, NodeError> {
+        let base = match files {
+            Files::Tar(snap) => {
+                self.upload(name, snap, source, BTreeMap::new()).await?;
+                return Ok(MemoryKept { kept: snap.memory, why_not: snap.memory_why_not.clone() });
+            }
+            Files::Box(base) => base,
+        };
+        let stored = StoredSnapshot::over(base, &box_spec(source));
+        let meta = self.snapshot_meta(&stored, source, BTreeMap::new())?;
+        let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
+        let (reader, writer) = std::io::pipe().map_err(pipe)?;
+        let reader =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()).map_err(pipe)?;
+        let whole = Whole::new(reader);
+        let (engine, sid) = (self.engine.clone(), source.id.parse::<SandboxId>()?);
+        let (scratch, captured) = (self.scratch_tar("upload"), whole.captured.clone());
+        let capture = blocking(move || {
+            let mut writer = writer;
+            let written = engine.write_snapshot(&sid, memory, &mut writer, &scratch);
+            // Before the writer closes: the reader takes its end for the snapshot's end.
+            captured.store(written.is_ok(), Ordering::Release);
+            written
+        });
+        let cut_short = whole.cut_short.clone();
+        let put = self.store.put(name, tokio::io::BufReader::with_capacity(1 << 20, whole), meta);
+        match tokio::join!(put, capture) {
+            (Ok(_), Ok(kept)) => Ok(kept),
+            // The capture failed, and the store stopped at its end (a capture that failed after
+            // the store did only met the closed pipe: the store's error says more).
+            (Err(_), Err(e)) if cut_short.load(Ordering::Acquire) => Err(e),
+            (Err(e), _) => Err(e.into()),
+            (Ok(_), Err(e)) => Err(e),
+        }
+    }
+
+    /// The metadata a snapshot is stored with: what it is over, and whose it is.
+    fn snapshot_meta(
+        &self,
+        stored: &StoredSnapshot,
+        source: &ClaimRecord,
+        mut meta: BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, NodeError> {
+        let json = serde_json::to_string(stored).map_err(|e| NodeError::internal(e.to_string()))?;
         meta.insert("snapshot".into(), json);
         meta.insert("sandbox".into(), source.id.clone());
         meta.insert("template".into(), source.template.clone());
@@ -129,10 +206,7 @@ impl Node {
             meta.insert("tenant".into(), t.clone());
         }
         meta.insert("engine".into(), self.engine.name().into());
-        let file = tokio::fs::File::open(&snap.layer_tar)
-            .await
-            .map_err(|e| NodeError::internal(format!("open {}: {e}", snap.layer_tar.display())))?;
-        Ok(self.store.put(name, tokio::io::BufReader::with_capacity(1 << 20, file), meta).await?)
+        Ok(meta)
     }
 
     /// Downloads a snapshot into a scratch tar (the caller deletes it).
@@ -162,5 +236,47 @@ impl Node {
             let _ = std::fs::remove_file(&path);
         }
         fetched
+    }
+}
+
+/// Where a stopped sandbox's files are, for an upload.
+pub(in crate::node) enum Files {
+    /// In its box (hibernated in place), over this base.
+    Box(Base),
+    /// In a tar (hibernated into one).
+    Tar(Snapshot),
+}
+
+/// The read end of a capture's pipe, which ends in an error unless the capture said it wrote
+/// everything: a capture that fails closes the pipe too, and the store must not take the bytes
+/// before that for a whole snapshot.
+struct Whole {
+    pipe: tokio::net::unix::pipe::Receiver,
+    /// Set by the capture, before it closes the pipe, when it wrote everything.
+    captured: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Set here when the pipe ended without that.
+    cut_short: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Whole {
+    fn new(pipe: tokio::net::unix::pipe::Receiver) -> Whole {
+        Whole { pipe, captured: Default::default(), cut_short: Default::default() }
+    }
+}
+
+impl tokio::io::AsyncRead for Whole {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        std::task::ready!(std::pin::Pin::new(&mut self.pipe).poll_read(cx, buf))?;
+        let ended = buf.filled().len() == before && buf.remaining() > 0;
+        if ended && !self.captured.load(Ordering::Acquire) {
+            self.cut_short.store(true, Ordering::Release);
+            return std::task::Poll::Ready(Err(std::io::Error::other("the capture failed")));
+        }
+        std::task::Poll::Ready(Ok(()))
     }
 }

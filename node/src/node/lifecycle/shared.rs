@@ -191,14 +191,14 @@ impl Node {
                 return Err(conflict("a sandbox that is Archived must be woken first".into()));
             }
         };
-        let (mut rec, snap) = self.stop_here(live, memory).await?;
+        let (mut rec, files) = self.stop_here(live, memory).await?;
         let archive = new_archive_name(id);
         let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
         rec.intent = Some(Intent::Move { archive: archive.clone(), target: target.name.clone() });
         self.put_record(&rec).await?;
         self.crash_point("move:intent").await;
         let handed = async {
-            self.upload(&name, &snap, &rec, BTreeMap::new()).await?;
+            self.upload_files(&name, &files, &rec, memory).await?;
             self.crash_point("move:uploaded").await;
             let mut theirs = rec.clone();
             // The target downloads the archive: this node's paths are no business of its.
@@ -226,7 +226,7 @@ impl Node {
             return Err(e);
         }
         self.crash_point("move:switched").await;
-        self.forget_moved(id, &snap, &archive).await?;
+        self.forget_moved(id, &files, &archive).await?;
         self.metrics.moved.fetch_add(1, Ordering::Relaxed);
         let mut moved = rec;
         moved.intent = None;
@@ -235,17 +235,12 @@ impl Node {
     }
 
     /// After the switch: the sandbox lives on the target; this node drops its copy.
-    async fn forget_moved(
-        &self,
-        id: &str,
-        snap: &Snapshot,
-        archive: &str,
-    ) -> Result<(), NodeError> {
+    async fn forget_moved(&self, id: &str, files: &Files, archive: &str) -> Result<(), NodeError> {
         self.journal.commit(vec![Change::Delete(id.to_string())]).await.map_err(journal_error)?;
         if let Some(live) = self.lock().slots.remove_claim(id) {
             live.activity.hangup.notify_waiters();
         }
-        let _ = std::fs::remove_file(&snap.layer_tar);
+        self.drop_files(id, files);
         self.drop_archive(archive).await;
         Ok(())
     }
@@ -362,8 +357,13 @@ impl Node {
                     return;
                 }
                 let settled = if held {
-                    match live.record.phase.snapshot() {
-                        Some(s) => self.forget_moved(&id, s, &archive).await,
+                    let files = match (live.record.phase.snapshot(), &live.base) {
+                        (Some(snap), _) => Some(Files::Tar(snap.clone())),
+                        (None, Some(base)) => Some(Files::Box(base.clone())),
+                        (None, None) => None,
+                    };
+                    match files {
+                        Some(files) => self.forget_moved(&id, &files, &archive).await,
                         None => Ok(()),
                     }
                 } else {

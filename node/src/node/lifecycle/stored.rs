@@ -22,12 +22,17 @@ pub(super) struct StoredSnapshot {
 
 impl StoredSnapshot {
     pub(super) fn of(snap: &Snapshot) -> StoredSnapshot {
+        StoredSnapshot::over(&snap.base, &snap.spec)
+    }
+
+    /// The files of a box with `spec` over `base`.
+    pub(super) fn over(base: &Base, spec: &BoxSpec) -> StoredSnapshot {
         StoredSnapshot {
-            template: snap.base.template.name.clone(),
-            template_digest: snap.base.template.digest.clone(),
-            golden: snap.base.golden.as_ref().map(|g| g.digest.clone()),
-            size: snap.spec.size,
-            lane: snap.spec.lane,
+            template: base.template.name.clone(),
+            template_digest: base.template.digest.clone(),
+            golden: base.golden.as_ref().map(|g| g.digest.clone()),
+            size: spec.size,
+            lane: spec.lane,
         }
     }
 
