@@ -135,24 +135,26 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         Ok(made)
     }
 
-    /// Writes a stopped sandbox's snapshot to `out` as a stream: the bytes `snapshot` would put
-    /// in its file (its memory images first, where `stop` kept them and `memory` wants them),
-    /// with no file between the box and `out` (the node uploads them straight to the store).
-    /// The box stays as it is. A running sandbox stays frozen until `out` took the last byte:
-    /// stop it first. Says whether its memory went along. The default goes through a snapshot
-    /// in the file `scratch` (removed after).
+    /// Writes a sandbox's snapshot to `out` as a stream: the bytes `snapshot(KeepRunning)`
+    /// would put in its file (its memory first, dumped now from a running sandbox or kept by
+    /// `stop`, as `memory` says), with no file of the engine's between the box and `out`. The
+    /// box stays as it is; a running one is frozen until `out` took the last byte, so hand it
+    /// an `out` that keeps up (the node spools a running sandbox's stream through a scratch
+    /// file, and pipes a stopped one's straight into the store). The default goes through a
+    /// snapshot in the file `scratch` (removed after).
     fn write_snapshot(
         &self,
         id: &SandboxId,
         memory: Memory,
         out: &mut dyn std::io::Write,
         scratch: &Path,
-    ) -> Result<MemoryKept> {
+    ) -> Result<Streamed> {
         let snapshot = self.snapshot(id, SnapshotMode::KeepRunning, memory, scratch)?;
         let copied = std::fs::File::open(scratch).and_then(|mut f| std::io::copy(&mut f, out));
         let _ = std::fs::remove_file(scratch);
         copied.map_err(EngineError::io("write the snapshot"))?;
-        Ok(MemoryKept { kept: snapshot.memory, why_not: snapshot.memory_why_not })
+        let memory = MemoryKept { kept: snapshot.memory, why_not: snapshot.memory_why_not };
+        Ok(Streamed { memory, freeze_ms: snapshot.freeze_ms })
     }
 
     /// `ids.len()` copies of the sandbox `source` as it is now (it runs on, or stays stopped),

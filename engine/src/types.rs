@@ -114,6 +114,15 @@ impl std::fmt::Display for Digest {
 /// Size tiers and network lanes are the API's (`none`: a network namespace with only loopback).
 pub use silk_api::{Lane, Memory, Size};
 
+/// What [`Engine::write_snapshot`](crate::Engine::write_snapshot) says of the bytes it wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Streamed {
+    /// Whether the sandbox's memory went along, and if not, why.
+    pub memory: MemoryKept,
+    /// How long a running sandbox was frozen for the capture.
+    pub freeze_ms: Option<u64>,
+}
+
 /// Whether an operation carried a sandbox's process memory, and if not, why.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MemoryKept {

@@ -462,14 +462,19 @@ fn a_store_outage_fails_archive_and_checkpoint_and_keeps_the_sandbox() {
 }
 
 #[test]
-fn an_archive_whose_capture_fails_half_way_stores_nothing_and_keeps_the_sandbox() {
+fn a_checkpoint_or_archive_whose_capture_fails_half_way_stores_nothing_and_keeps_the_sandbox() {
     let node = Sandboxd::start(ONE_WARM);
     let b = claim(&node, "{}");
     // 8 MiB the store takes first, then a name the capture refuses (applied, a `.wh.` name
-    // would be a deletion): the upload streams from the box, and must not keep the first part.
+    // would be a deletion): uploads stream from the box, and must not keep the first part.
     let setup = "head -c 8388608 /dev/urandom > /root/a && mkdir /root/z && touch /root/z/.wh.x";
     sh(&node, &b, setup);
     let sum = sh(&node, &b, "sha256sum /root/a");
+    let (status, v) = post(&node, &b, "checkpoint", "");
+    assert_eq!((status, v["error"]["code"].as_str()), (400, Some("bad_request")), "{v}");
+    let (_, list) = node.req("GET", "/v1/checkpoints", Some(ROOT), None);
+    assert_eq!(list["checkpoints"].as_array().unwrap().len(), 0, "{list}");
+    assert_eq!(sh(&node, &b, "sha256sum /root/a"), sum, "the source runs on");
     let (status, v) = post(&node, &b, "archive", "");
     assert_eq!((status, v["error"]["code"].as_str()), (400, Some("bad_request")), "{v}");
     assert!(v["error"]["message"].as_str().unwrap().contains(".wh.x"), "{v}");

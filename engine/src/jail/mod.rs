@@ -63,7 +63,8 @@ use crate::layer::{ID_COUNT, Ids};
 use crate::template::{self, TemplateDef};
 use crate::{
     AgentAddr, Base, BoxInfo, BoxSpec, Caps, Digest, DiskMechanism, Engine, EngineError, Golden,
-    Lane, Memory, MemoryKept, Result, SandboxId, Snapshot, SnapshotMode, Template, Warmup, probe,
+    Lane, Memory, MemoryKept, Result, SandboxId, Snapshot, SnapshotMode, Streamed, Template,
+    Warmup, probe,
 };
 use cgroup::Cgroups;
 pub use config::JailConfig;
@@ -587,7 +588,7 @@ impl Engine for JailEngine {
         memory: Memory,
         out: &mut dyn std::io::Write,
         _scratch: &Path,
-    ) -> Result<MemoryKept> {
+    ) -> Result<Streamed> {
         self.stream_snapshot(id, memory, out)
     }
 

@@ -8,7 +8,7 @@ use super::{JailEngine, disk};
 use crate::layer::{self, Ids, Whiteouts};
 use crate::{
     Base, BoxInfo, BoxSpec, Engine, EngineError, Memory, MemoryKept, Result, SandboxId, Snapshot,
-    SnapshotMode,
+    SnapshotMode, Streamed,
 };
 
 /// What [`JailEngine::capture_box`] took: the box's base and spec, the bytes `write` reported,
@@ -69,13 +69,13 @@ impl JailEngine {
         })
     }
 
-    /// A stopped box's snapshot written to `out` (see `Engine::write_snapshot`).
+    /// A box's snapshot written to `out` (see `Engine::write_snapshot`).
     pub(super) fn stream_snapshot(
         &self,
         id: &SandboxId,
         memory: Memory,
         out: &mut dyn std::io::Write,
-    ) -> Result<MemoryKept> {
+    ) -> Result<Streamed> {
         let captured =
             self.capture_box(id, SnapshotMode::KeepRunning, memory, |images, layers, ids| {
                 let mut out = std::io::BufWriter::with_capacity(256 << 10, out);
@@ -86,7 +86,7 @@ impl JailEngine {
                 std::io::Write::flush(&mut out).map_err(EngineError::io("write snapshot"))?;
                 Ok(0)
             })?;
-        Ok(captured.memory)
+        Ok(Streamed { memory: captured.memory, freeze_ms: captured.freeze_ms })
     }
 
     /// Captures a box as it is: its memory dumped (as `memory` says) and its processes frozen

@@ -20,7 +20,7 @@ use std::sync::atomic::Ordering;
 
 use serde::{Deserialize, Serialize};
 use silk_engine::{
-    Base, BoxInfo, BoxSpec, Golden, Memory, MemoryKept, SandboxId, Snapshot, SnapshotMode,
+    Base, BoxInfo, BoxSpec, Golden, Memory, MemoryKept, SandboxId, Snapshot, SnapshotMode, Streamed,
 };
 use silk_store::{ObjectStore, SnapshotName, SnapshotStore, StoreError};
 use tokio::net::UnixStream;
@@ -39,9 +39,11 @@ mod copies;
 mod recover;
 mod shared;
 mod stored;
+mod stream;
 
 use archive::Files;
 use stored::StoredSnapshot;
+use stream::Pace;
 
 pub const MAX_FORK: usize = 16;
 /// How long a wake may hold an archive's lease before others treat its holder as dead: far

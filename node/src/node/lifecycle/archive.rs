@@ -53,7 +53,7 @@ impl Node {
         }
         let rec = archived;
         self.put_record(&rec).await?;
-        self.drop_files(id, &files);
+        self.drop_files(id, &files).await;
         self.metrics.archived.fetch_add(1, Ordering::Relaxed);
         Ok(rec)
     }
@@ -79,15 +79,19 @@ impl Node {
         Ok((live.record, files))
     }
 
-    /// Once the store holds a stopped sandbox's files: its local copy goes.
-    pub(in crate::node) fn drop_files(&self, id: &str, files: &Files) {
+    /// Once the store holds a stopped sandbox's files: its local copy goes, before the call
+    /// answers (a wake of the archive here restores a box under the same id).
+    pub(in crate::node) async fn drop_files(&self, id: &str, files: &Files) {
         match files {
             Files::Tar(snap) => {
                 let _ = std::fs::remove_file(&snap.layer_tar);
             }
             Files::Box(_) => {
-                if let Ok(sid) = id.parse::<SandboxId>() {
-                    self.teardown(sid);
+                let (engine, id) = (self.engine.clone(), id.to_string());
+                let Ok(sid) = id.parse::<SandboxId>() else { return };
+                // A box left behind goes at the next start (no claim runs on it).
+                if let Err(e) = blocking(move || engine.destroy(&sid)).await {
+                    tracing::warn!(sandbox = id, "removing the box of a stored sandbox: {e}");
                 }
             }
         }
@@ -158,34 +162,16 @@ impl Node {
         };
         let stored = StoredSnapshot::over(base, &box_spec(source));
         let meta = self.snapshot_meta(&stored, source, BTreeMap::new())?;
-        let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
-        let (reader, writer) = std::io::pipe().map_err(pipe)?;
-        let reader =
-            tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()).map_err(pipe)?;
-        let whole = Whole::new(reader);
         let (engine, sid) = (self.engine.clone(), source.id.parse::<SandboxId>()?);
-        let (scratch, captured) = (self.scratch_tar("upload"), whole.captured.clone());
-        let capture = blocking(move || {
-            let mut writer = writer;
-            let written = engine.write_snapshot(&sid, memory, &mut writer, &scratch);
-            // Before the writer closes: the reader takes its end for the snapshot's end.
-            captured.store(written.is_ok(), Ordering::Release);
-            written
-        });
-        let cut_short = whole.cut_short.clone();
-        let put = self.store.put(name, tokio::io::BufReader::with_capacity(1 << 20, whole), meta);
-        match tokio::join!(put, capture) {
-            (Ok(_), Ok(kept)) => Ok(kept),
-            // The capture failed, and the store stopped at its end (a capture that failed after
-            // the store did only met the closed pipe: the store's error says more).
-            (Err(_), Err(e)) if cut_short.load(Ordering::Acquire) => Err(e),
-            (Err(e), _) => Err(e.into()),
-            (Ok(_), Err(e)) => Err(e),
-        }
+        let scratch = self.scratch_tar("upload");
+        let write =
+            move |out: &mut dyn std::io::Write| engine.write_snapshot(&sid, memory, out, &scratch);
+        let (_, streamed) = self.upload_stream(name, meta, Pace::Store, write).await?;
+        Ok(streamed.memory)
     }
 
     /// The metadata a snapshot is stored with: what it is over, and whose it is.
-    fn snapshot_meta(
+    pub(super) fn snapshot_meta(
         &self,
         stored: &StoredSnapshot,
         source: &ClaimRecord,
@@ -245,38 +231,4 @@ pub(in crate::node) enum Files {
     Box(Base),
     /// In a tar (hibernated into one).
     Tar(Snapshot),
-}
-
-/// The read end of a capture's pipe, which ends in an error unless the capture said it wrote
-/// everything: a capture that fails closes the pipe too, and the store must not take the bytes
-/// before that for a whole snapshot.
-struct Whole {
-    pipe: tokio::net::unix::pipe::Receiver,
-    /// Set by the capture, before it closes the pipe, when it wrote everything.
-    captured: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    /// Set here when the pipe ended without that.
-    cut_short: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl Whole {
-    fn new(pipe: tokio::net::unix::pipe::Receiver) -> Whole {
-        Whole { pipe, captured: Default::default(), cut_short: Default::default() }
-    }
-}
-
-impl tokio::io::AsyncRead for Whole {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        let before = buf.filled().len();
-        std::task::ready!(std::pin::Pin::new(&mut self.pipe).poll_read(cx, buf))?;
-        let ended = buf.filled().len() == before && buf.remaining() > 0;
-        if ended && !self.captured.load(Ordering::Acquire) {
-            self.cut_short.store(true, Ordering::Release);
-            return std::task::Poll::Ready(Err(std::io::Error::other("the capture failed")));
-        }
-        std::task::Poll::Ready(Ok(()))
-    }
 }

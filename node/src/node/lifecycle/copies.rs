@@ -24,19 +24,40 @@ impl Node {
         if let Some(t) = &live.record.tenant {
             self.checkpoint_room(t).await?;
         }
-        let (snap, scratch) = self.current_files(&live, "checkpoint", memory).await?;
-        self.crash_point("checkpoint:captured").await;
         let hex = random_hex(16);
         let store_name = SnapshotName::checkpoint(&hex).map_err(NodeError::from)?;
         let mut meta = BTreeMap::new();
         if let Some(n) = &name {
             meta.insert("name".into(), n.clone());
         }
-        let uploaded = self.upload(&store_name, &snap, &live.record, meta).await;
-        if scratch {
-            let _ = std::fs::remove_file(&snap.layer_tar);
-        }
-        let report = uploaded?;
+        let (report, streamed) = match &live.record.phase {
+            // Spooled: the sandbox is frozen while its capture goes to disk, and the upload
+            // reads behind it, beside it rather than after it.
+            Phase::Running | Phase::Stopped => {
+                if live.record.phase == Phase::Running && memory != Memory::Off {
+                    // Its silkd closes every connection before a memory dump.
+                    live.activity.hangup.notify_waiters();
+                }
+                let base = live.base.as_ref().ok_or_else(|| NodeError::internal("unknown base"))?;
+                let stored = StoredSnapshot::over(base, &box_spec(&live.record));
+                let meta = self.snapshot_meta(&stored, &live.record, meta)?;
+                let (engine, sid) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
+                let scratch = self.scratch_tar("checkpoint");
+                let write = move |out: &mut dyn std::io::Write| {
+                    engine.write_snapshot(&sid, memory, out, &scratch)
+                };
+                let pace = Pace::Disk { captured: "checkpoint:captured" };
+                self.upload_stream(&store_name, meta, pace, write).await?
+            }
+            Phase::Captured(snap) => {
+                let report = self.upload(&store_name, snap, &live.record, meta).await?;
+                let memory = MemoryKept { kept: snap.memory, why_not: snap.memory_why_not.clone() };
+                (report, Streamed { memory, freeze_ms: None })
+            }
+            Phase::Archived(_) => {
+                return Err(conflict("a sandbox that is Archived must be woken first".into()));
+            }
+        };
         self.crash_point("checkpoint:uploaded").await;
         self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
         let checkpoint = silk_api::Checkpoint {
@@ -47,9 +68,9 @@ impl Node {
             created_ms: now_ms(),
             bytes: report.size,
             uploaded_bytes: Some(report.uploaded_bytes),
-            memory_snapshot: Some(snap.memory),
-            memory_note: snap.memory_why_not.clone(),
-            freeze_ms: snap.freeze_ms,
+            memory_snapshot: Some(streamed.memory.kept),
+            memory_note: streamed.memory.why_not,
+            freeze_ms: streamed.freeze_ms,
         };
         let token_hash = live.record.token_hash.clone();
         let (tenant, egress) = (live.record.tenant.clone(), live.record.egress.clone());

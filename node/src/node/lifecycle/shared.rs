@@ -240,7 +240,7 @@ impl Node {
         if let Some(live) = self.lock().slots.remove_claim(id) {
             live.activity.hangup.notify_waiters();
         }
-        self.drop_files(id, files);
+        self.drop_files(id, files).await;
         self.drop_archive(archive).await;
         Ok(())
     }

@@ -1,0 +1,214 @@
+//! Snapshots streamed into the store: the engine writes on a blocking thread into a pipe the
+//! store's put reads, with no tar file of the whole between them. Two things make that safe:
+//!
+//! - **Whole or nothing.** A capture that fails half way closes the pipe too. The store's end
+//!   ([`Whole`]) turns the end of the pipe into an error unless the writer said, before closing
+//!   it, that it wrote everything, so no part of a snapshot is ever stored as the whole.
+//! - **The writer's pace.** A running sandbox stays frozen while its capture writes. Where that
+//!   matters ([`Pace::Disk`]: a checkpoint) the capture goes into a scratch file at the disk's
+//!   pace and a pump thread feeds the pipe from behind it ([`Spool`]), so the freeze lasts the
+//!   capture, not the upload, and the upload still runs beside the capture rather than after it.
+
+use std::io::{Read, Write};
+use std::sync::atomic::AtomicBool;
+use std::sync::{Condvar, Mutex};
+
+use silk_engine::EngineError;
+
+use super::*;
+
+/// Who sets the pace of a streamed snapshot's writer.
+pub(in crate::node) enum Pace {
+    /// The store's: the writer blocks while the store takes the bytes (a stopped sandbox).
+    Store,
+    /// The disk's: spooled through a scratch file (a running sandbox, frozen meanwhile). The
+    /// stream ends only once the call passed its crash point `captured` (see `crash_point`).
+    Disk { captured: &'static str },
+}
+
+impl Node {
+    /// Stores as `name` what `write` writes, run on a blocking thread; see the module docs.
+    pub(in crate::node) async fn upload_stream(
+        &self,
+        name: &SnapshotName,
+        meta: BTreeMap<String, String>,
+        pace: Pace,
+        write: impl FnOnce(&mut dyn Write) -> Result<Streamed, EngineError> + Send + 'static,
+    ) -> Result<(silk_store::PutReport, Streamed), NodeError> {
+        let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
+        let (reader, writer) = std::io::pipe().map_err(pipe)?;
+        let reader =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()).map_err(pipe)?;
+        let whole = Whole::new(reader);
+        let (captured, cut_short) = (whole.captured.clone(), whole.cut_short.clone());
+        let put = self.store.put(name, tokio::io::BufReader::with_capacity(1 << 20, whole), meta);
+        let (capture, pump) = match pace {
+            Pace::Store => {
+                let capture = blocking(move || {
+                    let mut writer = writer;
+                    let written = write(&mut writer);
+                    // Before the writer closes: the store takes its end for the snapshot's end.
+                    captured.store(written.is_ok(), Ordering::Release);
+                    written
+                });
+                (
+                    Box::pin(capture)
+                        as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>,
+                    None,
+                )
+            }
+            Pace::Disk { captured: point } => {
+                let path = self.scratch_tar("spool");
+                let file = std::fs::File::create(&path)
+                    .map_err(|e| NodeError::internal(format!("create {}: {e}", path.display())))?;
+                let behind = std::fs::File::open(&path);
+                let _ = std::fs::remove_file(&path); // both ends are open: nothing to sweep
+                let behind =
+                    behind.map_err(|e| NodeError::internal(format!("open the spool: {e}")))?;
+                let spool = std::sync::Arc::new(Spool::default());
+                let ahead = spool.clone();
+                let capture = blocking(move || {
+                    let mut out = SpoolWriter { file, spool: &ahead };
+                    let written = write(&mut out);
+                    ahead.finish(written.is_ok());
+                    written
+                });
+                // The pump ends a whole stream only on `go`, sent once the call passed its
+                // crash point: a crash there leaves nothing committed.
+                let (go, gone) = std::sync::mpsc::channel::<()>();
+                let pump = tokio::task::spawn_blocking(move || {
+                    let mut writer = writer;
+                    let whole = spool.pump(behind, &mut writer, || gone.recv().is_ok());
+                    captured.store(whole.unwrap_or(false), Ordering::Release);
+                });
+                let capture = Box::pin(async move {
+                    let written = capture.await;
+                    if written.is_ok() {
+                        self.crash_point(point).await;
+                    }
+                    let _ = go.send(());
+                    written
+                });
+                (
+                    capture as std::pin::Pin<Box<dyn std::future::Future<Output = _> + Send + '_>>,
+                    Some(pump),
+                )
+            }
+        };
+        let (put, capture) = tokio::join!(put, capture);
+        if let Some(pump) = pump {
+            let _ = pump.await;
+        }
+        match (put, capture) {
+            (Ok(report), Ok(streamed)) => Ok((report, streamed)),
+            // The capture failed, and the store stopped at its end (a capture that failed after
+            // the store did only met the closed pipe: the store's error says more).
+            (Err(_), Err(e)) if cut_short.load(Ordering::Acquire) => Err(e),
+            (Err(e), _) => Err(e.into()),
+            (Ok(_), Err(e)) => Err(e),
+        }
+    }
+}
+
+/// The store's end of a capture's pipe, which ends in an error unless the writer said it wrote
+/// everything.
+struct Whole {
+    pipe: tokio::net::unix::pipe::Receiver,
+    /// Set by the writer, before it closes the pipe, when it wrote everything.
+    captured: std::sync::Arc<AtomicBool>,
+    /// Set here when the pipe ended without that.
+    cut_short: std::sync::Arc<AtomicBool>,
+}
+
+impl Whole {
+    fn new(pipe: tokio::net::unix::pipe::Receiver) -> Whole {
+        Whole { pipe, captured: Default::default(), cut_short: Default::default() }
+    }
+}
+
+impl tokio::io::AsyncRead for Whole {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        std::task::ready!(std::pin::Pin::new(&mut self.pipe).poll_read(cx, buf))?;
+        let ended = buf.filled().len() == before && buf.remaining() > 0;
+        if ended && !self.captured.load(Ordering::Acquire) {
+            self.cut_short.store(true, Ordering::Release);
+            return std::task::Poll::Ready(Err(std::io::Error::other("the capture failed")));
+        }
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// A scratch file one thread appends to and another reads behind it.
+#[derive(Default)]
+struct Spool {
+    progress: Mutex<Progress>,
+    grew: Condvar,
+}
+
+#[derive(Default)]
+struct Progress {
+    written: u64,
+    /// Whether the writer wrote everything, once it is done.
+    done: Option<bool>,
+}
+
+impl Spool {
+    fn finish(&self, whole: bool) {
+        self.progress.lock().unwrap_or_else(|e| e.into_inner()).done = Some(whole);
+        self.grew.notify_all();
+    }
+
+    /// Copies what is written into `file` to `out` as it comes; `Ok(true)` once all of it went
+    /// and `go` said so, `Ok(false)` when the writer failed.
+    fn pump(
+        &self,
+        mut file: std::fs::File,
+        out: &mut impl Write,
+        go: impl FnOnce() -> bool,
+    ) -> std::io::Result<bool> {
+        let mut buf = vec![0u8; 1 << 20];
+        let mut at = 0u64;
+        loop {
+            let (written, done) = {
+                let mut p = self.progress.lock().unwrap_or_else(|e| e.into_inner());
+                while p.written == at && p.done.is_none() {
+                    p = self.grew.wait(p).unwrap_or_else(|e| e.into_inner());
+                }
+                (p.written, p.done)
+            };
+            if written == at {
+                return Ok(done == Some(true) && go());
+            }
+            let want = buf.len().min((written - at) as usize);
+            let n = file.read(&mut buf[..want])?;
+            if n == 0 {
+                return Err(std::io::Error::other("the spool is shorter than written"));
+            }
+            out.write_all(&buf[..n])?;
+            at += n as u64;
+        }
+    }
+}
+
+struct SpoolWriter<'a> {
+    file: std::fs::File,
+    spool: &'a Spool,
+}
+
+impl Write for SpoolWriter<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(bytes)?;
+        self.spool.progress.lock().unwrap_or_else(|e| e.into_inner()).written += n as u64;
+        self.spool.grew.notify_all();
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
