@@ -102,6 +102,13 @@ fn promoted_path(cfg: &Config) -> PathBuf {
 }
 
 /// Local tars of hibernated sandboxes.
+/// Before a running sandbox's memory may be dumped: its silkd closes every connection.
+fn before_dump(live: &Live, memory: Memory) {
+    if live.record.phase == Phase::Running && memory != Memory::Off {
+        live.activity.hangup.notify_waiters();
+    }
+}
+
 fn snapshots_dir(cfg: &Config) -> PathBuf {
     cfg.data_dir.join("snapshots")
 }
@@ -270,10 +277,7 @@ impl Node {
             Phase::Running | Phase::Stopped => {
                 let (engine, id) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
                 let tar = self.scratch_tar(what);
-                if live.record.phase == Phase::Running && memory != Memory::Off {
-                    // Its silkd closes every connection before a memory dump.
-                    live.activity.hangup.notify_waiters();
-                }
+                before_dump(live, memory);
                 let mode = SnapshotMode::KeepRunning;
                 let snap = blocking(move || engine.snapshot(&id, mode, memory, &tar)).await?;
                 Ok((snap, true))

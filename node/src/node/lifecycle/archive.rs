@@ -70,12 +70,7 @@ impl Node {
             self.hibernate_locked(live, memory).await?;
         }
         let live = self.current(&id)?;
-        let files = match live.record.phase.snapshot() {
-            Some(snap) => Files::Tar(snap.clone()),
-            None => Files::Box(
-                live.base.clone().ok_or_else(|| NodeError::internal("unknown sandbox base"))?,
-            ),
-        };
+        let files = Files::of(&live).ok_or_else(|| NodeError::internal("unknown sandbox base"))?;
         Ok((live.record, files))
     }
 
@@ -231,4 +226,14 @@ pub(in crate::node) enum Files {
     Box(Base),
     /// In a tar (hibernated into one).
     Tar(Snapshot),
+}
+
+impl Files {
+    /// Where a stopped sandbox's files are (`None`: its base is not known here).
+    pub(in crate::node) fn of(live: &Live) -> Option<Files> {
+        match live.record.phase.snapshot() {
+            Some(snap) => Some(Files::Tar(snap.clone())),
+            None => live.base.clone().map(Files::Box),
+        }
+    }
 }

@@ -34,10 +34,7 @@ impl Node {
             // Spooled: the sandbox is frozen while its capture goes to disk, and the upload
             // reads behind it, beside it rather than after it.
             Phase::Running | Phase::Stopped => {
-                if live.record.phase == Phase::Running && memory != Memory::Off {
-                    // Its silkd closes every connection before a memory dump.
-                    live.activity.hangup.notify_waiters();
-                }
+                before_dump(&live, memory);
                 let base = live.base.as_ref().ok_or_else(|| NodeError::internal("unknown base"))?;
                 let stored = StoredSnapshot::over(base, &box_spec(&live.record));
                 let meta = self.snapshot_meta(&stored, &live.record, meta)?;
@@ -278,10 +275,7 @@ impl Node {
         let made = match &live.record.phase {
             // Straight from the box: the engine copies its files where the copies want them.
             Phase::Running | Phase::Stopped => {
-                if live.record.phase == Phase::Running && memory != Memory::Off {
-                    // Its silkd closes every connection before a memory dump.
-                    live.activity.hangup.notify_waiters();
-                }
+                before_dump(&live, memory);
                 let ids = self.new_ids(count)?;
                 let (engine, source) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
                 let spec = BoxSpec::new(live.record.size, live.record.lane);

@@ -357,12 +357,7 @@ impl Node {
                     return;
                 }
                 let settled = if held {
-                    let files = match (live.record.phase.snapshot(), &live.base) {
-                        (Some(snap), _) => Some(Files::Tar(snap.clone())),
-                        (None, Some(base)) => Some(Files::Box(base.clone())),
-                        (None, None) => None,
-                    };
-                    match files {
+                    match Files::of(&live) {
                         Some(files) => self.forget_moved(&id, &files, &archive).await,
                         None => Ok(()),
                     }
