@@ -153,8 +153,7 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         let copied = std::fs::File::open(scratch).and_then(|mut f| std::io::copy(&mut f, out));
         let _ = std::fs::remove_file(scratch);
         copied.map_err(EngineError::io("write the snapshot"))?;
-        let memory = MemoryKept { kept: snapshot.memory, why_not: snapshot.memory_why_not };
-        Ok(Streamed { memory, freeze_ms: snapshot.freeze_ms })
+        Ok(Streamed { memory: snapshot.memory_kept(), freeze_ms: snapshot.freeze_ms })
     }
 
     /// `ids.len()` copies of the sandbox `source` as it is now (it runs on, or stays stopped),

@@ -283,6 +283,13 @@ pub struct Snapshot {
     pub freeze_ms: Option<u64>,
 }
 
+impl Snapshot {
+    /// Whether its memory came along, and if not, why.
+    pub fn memory_kept(&self) -> MemoryKept {
+        MemoryKept { kept: self.memory, why_not: self.memory_why_not.clone() }
+    }
+}
+
 /// What an engine can do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Caps {

@@ -36,9 +36,7 @@ pub fn capture(layers: &[&Path], out: impl std::io::Write, ids: Ids) -> Result<(
             stack.pop();
             continue;
         };
-        let dirs: Vec<i32> = top.dirs.iter().map(|d| d.as_raw_fd()).collect();
-        let rel = top.rel.clone();
-        if let Some(sub) = capture.entry(&dirs, &rel, name)? {
+        if let Some(sub) = capture.entry(&top.dirs, &top.rel, name)? {
             stack.push(sub);
         }
     }
@@ -84,7 +82,7 @@ impl<W: std::io::Write> Capture<W> {
     /// layer); a directory is returned to be walked next.
     fn entry(
         &mut self,
-        dirs: &[i32],
+        dirs: &[OwnedFd],
         rel: &Path,
         name: std::ffi::OsString,
     ) -> Result<Option<Frame>> {
@@ -98,8 +96,8 @@ impl<W: std::io::Write> Capture<W> {
         let cname = cpath(Path::new(&name))?;
         // The topmost layer that has the name decides what it is.
         let mut found = None;
-        for (at, &dir) in dirs.iter().enumerate() {
-            match fstatat(dir, &cname) {
+        for (at, dir) in dirs.iter().enumerate() {
+            match fstatat(dir.as_raw_fd(), &cname) {
                 Ok(st) => {
                     found = Some((at, st));
                     break;
@@ -109,7 +107,7 @@ impl<W: std::io::Write> Capture<W> {
             }
         }
         let Some((at, st)) = found else { return Ok(None) }; // gone since it was listed
-        let dir = dirs[at];
+        let dir = dirs[at].as_raw_fd();
         let kind = st.st_mode & libc::S_IFMT;
         if is_whiteout(&st) {
             let wh = rel.join(format!("{WHITEOUT}{}", name.to_string_lossy()));
@@ -163,17 +161,24 @@ impl<W: std::io::Write> Capture<W> {
     /// down to the first layer that hides the rest, and whether it hides the base below all of
     /// them: opaque where it is cut off by an opaque directory or by a whiteout or a
     /// non-directory in a lower layer.
-    fn merged_dir(&self, dirs: &[i32], name: &CStr, path: &Path) -> Result<(Vec<OwnedFd>, bool)> {
-        let open =
-            |dir| open_dir(dir, name).map_err(EngineError::io(format!("open {}", path.display())));
-        let top = open(dirs[0])?;
+    fn merged_dir(
+        &self,
+        dirs: &[OwnedFd],
+        name: &CStr,
+        path: &Path,
+    ) -> Result<(Vec<OwnedFd>, bool)> {
+        let open = |dir: &OwnedFd| {
+            open_dir(dir.as_raw_fd(), name)
+                .map_err(EngineError::io(format!("open {}", path.display())))
+        };
+        let top = open(&dirs[0])?;
         let mut opaque = fget_xattr(top.as_raw_fd(), OPAQUE_XATTR).as_deref() == Some(b"y");
         let mut subs = vec![top];
-        for &dir in &dirs[1..] {
+        for dir in &dirs[1..] {
             if opaque {
                 break;
             }
-            let st = match fstatat(dir, name) {
+            let st = match fstatat(dir.as_raw_fd(), name) {
                 Ok(st) => st,
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(EngineError::io(format!("stat {}", path.display()))(e)),

@@ -151,7 +151,7 @@ impl Node {
         let base = match files {
             Files::Tar(snap) => {
                 self.upload(name, snap, source, BTreeMap::new()).await?;
-                return Ok(MemoryKept { kept: snap.memory, why_not: snap.memory_why_not.clone() });
+                return Ok(snap.memory_kept());
             }
             Files::Box(base) => base,
         };

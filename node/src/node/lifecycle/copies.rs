@@ -48,8 +48,7 @@ impl Node {
             }
             Phase::Captured(snap) => {
                 let report = self.upload(&store_name, snap, &live.record, meta).await?;
-                let memory = MemoryKept { kept: snap.memory, why_not: snap.memory_why_not.clone() };
-                (report, Streamed { memory, freeze_ms: None })
+                (report, Streamed { memory: snap.memory_kept(), freeze_ms: None })
             }
             Phase::Archived(_) => {
                 return Err(conflict("a sandbox that is Archived must be woken first".into()));
