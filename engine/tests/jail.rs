@@ -250,3 +250,54 @@ fn a_fork_layer_left_by_a_crash_is_removed_at_start() {
     let _restarted = h.reopen();
     assert!(!left.exists());
 }
+
+/// The launcher is one process the engine keeps (`silk-jail --serve`): a start forks it. One
+/// that died is replaced by the next start, a start goes on while others run, and the server
+/// goes when its engine does.
+#[test]
+fn the_launcher_server_is_replaced_when_it_dies_and_goes_with_its_engine() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let server = h.engine.launcher_pid().expect("the golden's start ran the server");
+    assert!(pid_alive(server));
+    let cmdline = std::fs::read(format!("/proc/{server}/cmdline")).unwrap();
+    assert!(cmdline.ends_with(b"--serve\0"), "{:?}", String::from_utf8_lossy(&cmdline));
+
+    // Four at once: each answer reaches the start that asked for it.
+    let started: Vec<BoxInfo> = std::thread::scope(|s| {
+        let starts: Vec<_> = (0..4)
+            .map(|i| {
+                let (h, g) = (&h, &g);
+                s.spawn(move || h.engine.clone_golden(g, &id(&format!("l-{i}")), &small()))
+            })
+            .collect();
+        starts.into_iter().map(|t| t.join().unwrap().unwrap()).collect()
+    });
+    for (i, b) in started.iter().enumerate() {
+        assert_eq!(ok(b, "hostname"), format!("l-{i}"));
+    }
+    assert_eq!(h.engine.launcher_pid(), Some(server), "one server for all of them");
+
+    // SAFETY: kill(2) on the server this engine reported.
+    unsafe { libc::kill(server as i32, libc::SIGKILL) };
+    assert!((0..500).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(2));
+        !pid_alive(server)
+    }));
+    let after = h.engine.clone_golden(&g, &id("l-after"), &small()).unwrap();
+    assert_eq!(ok(&after, "hostname"), "l-after");
+    let replaced = h.engine.launcher_pid().unwrap();
+    assert_ne!(replaced, server);
+
+    for b in started.iter().chain([&after]) {
+        h.engine.destroy(&b.id).unwrap();
+    }
+    drop(h);
+    assert!(
+        (0..500).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(2));
+            !pid_alive(replaced)
+        }),
+        "the server outlived its engine"
+    );
+}

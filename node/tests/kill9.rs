@@ -145,3 +145,39 @@ fn a_killed_nodes_firewall_leaves_the_hosts_own_traffic_on_its_ports_alone() {
     assert_eq!(&got[..n], b"ping");
     let _ = silk_egress::nft::remove(&table);
 }
+
+/// The node's launcher (`silk-jail --serve`, a root process holding the sandboxes' user
+/// namespace) must not outlive a node killed with -9: a start it finished afterwards would
+/// run behind the next node's back.
+#[test]
+fn kill_9_of_the_node_takes_its_launcher_with_it() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    node.wait_warm(1);
+    let pid = node.pid().unwrap();
+    let launchers = children_named(pid, "silk-jail");
+    assert_eq!(launchers.len(), 1, "one launcher server: {launchers:?}");
+    node.kill9();
+    silk_testkit::eventually("the launcher exits with its node", || {
+        !std::path::Path::new(&format!("/proc/{}", launchers[0])).exists()
+    });
+    // The next node starts its own and starts sandboxes with it.
+    node.launch().unwrap();
+    let b = claim(&node, "{}");
+    assert_eq!(sh(&node, &b, "echo up"), "up");
+}
+
+/// Processes whose parent is `parent` and whose name is `comm`.
+fn children_named(parent: u32, comm: &str) -> Vec<u32> {
+    let stat = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let stat = stat(&pid.to_string())?;
+            let (name, rest) = stat.split_once(" (")?.1.rsplit_once(") ")?;
+            let ppid: u32 = rest.split_whitespace().nth(1)?.parse().ok()?;
+            (name == comm && ppid == parent).then_some(pid)
+        })
+        .collect()
+}

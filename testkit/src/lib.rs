@@ -185,6 +185,11 @@ impl Node {
         self.work.path().join("data")
     }
 
+    /// The node process's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
     /// Stops the process as `kill -9` does (its sandboxes keep running).
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -461,7 +461,7 @@ impl JailEngine {
         // which checks the file's permissions again): the sandbox's root must own it.
         std::os::unix::fs::fchown(&log, Some(self.ids.base), Some(self.ids.base))
             .map_err(|e| format!("chown agent.log: {e}"))?;
-        let (userns, log) = (self.userns.as_raw_fd(), log.as_raw_fd());
+        let (userns, log) = (self.launcher.userns().as_raw_fd(), log.as_raw_fd());
         let mut cmd = std::process::Command::new(&self.cfg.launcher);
         cmd.arg("--restore").arg(spec);
         super::host::dies_with_the_node(&mut cmd);

@@ -6,7 +6,7 @@
 //! templates/<kind>-<digest>/root     materialised templates (host skeletons, flattened images)
 //! goldens/<digest>/{layer,golden.json,ids}   warmup results, read-only lower layers
 //! forks/<name>/{layer,ref,ids}       a fork's files, shared by its copies (see `forks`)
-//! boxes/<id>/{box.json,launch.json,root,lower,agent.log,fork}
+//! boxes/<id>/{box.json,root,lower,agent.log,fork}
 //! boxes/<id>/[disk/]{upper,work}      the sandbox's files (in `disk/` where its disk is bounded)
 //! boxes/<id>/disk.img                the sandbox's disk, where it is an ext4 image
 //! disks/<engine>/<n>/{disk.img,mnt}    images made ahead (see `disk`)
@@ -45,6 +45,7 @@ mod goldens;
 mod host;
 mod ids;
 pub mod launch;
+mod launcher;
 mod memory;
 mod net;
 mod outside;
@@ -52,7 +53,6 @@ pub mod seccomp;
 mod snapshot;
 mod start;
 
-use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -89,8 +89,9 @@ pub struct JailEngine {
     cfg: JailConfig,
     cgroups: Cgroups,
     ids: Ids,
-    /// The user namespace every sandbox enters (its maps written once, here).
-    userns: OwnedFd,
+    /// Starts jails; holds the user namespace every sandbox enters (its maps written once,
+    /// here).
+    launcher: launcher::Launcher,
     disks: disk::Disks,
     /// CRIU, or why memory is not kept.
     criu: std::result::Result<criu::Criu, String>,
@@ -151,7 +152,7 @@ impl JailEngine {
         let instance = hash[..12].to_string();
         let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{instance}"))?;
         let ids = Ids { base: cfg.id_base };
-        let userns = user_namespace(&cfg.launcher, ids)?;
+        let launcher = launcher::Launcher::new(&cfg.launcher, user_namespace(&cfg.launcher, ids)?);
         let disks = disk::Disks::open(&cfg.data_dir, cfg.disk, cfg.bound_disks);
         let criu = match cfg.memory {
             true => criu::probe(cfg.criu.as_deref()),
@@ -165,14 +166,29 @@ impl JailEngine {
             let taken = recorded_boxes(&cfg.data_dir).into_iter().filter_map(|b| b.address);
             net::Addresses::new(lane, taken)
         });
-        let engine =
-            JailEngine { cfg, cgroups, ids, userns, disks, criu, memory_key, instance, addresses };
+        let engine = JailEngine {
+            cfg,
+            cgroups,
+            ids,
+            launcher,
+            disks,
+            criu,
+            memory_key,
+            instance,
+            addresses,
+        };
         engine.remove_incomplete()?;
         engine.thaw_all();
         engine.stop_unconfined();
         engine.shift_old_goldens()?;
         engine.sweep_forks()?;
         Ok(engine)
+    }
+
+    /// The pid of the launcher this engine keeps running (`silk-jail --serve`, see
+    /// `launch::serve`), while one runs: it starts on the first sandbox start.
+    pub fn launcher_pid(&self) -> Option<u32> {
+        self.launcher.pid()
     }
 
     /// A box directory without a readable `box.json` is a start that a crash interrupted (the

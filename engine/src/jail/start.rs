@@ -1,14 +1,11 @@
 //! Starting a box: its directories, its disk, its seed (files, memory, or a fork's layer), its
 //! jail through `silk-jail`, and the wait for its silkd.
 
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 
-use super::host::{self, image_defaults, log_tail, now_ms, start_time};
-use super::launch::{LaunchSpec, Lower, USERNS_FD};
+use super::host::{image_defaults, log_tail, now_ms, start_time};
+use super::launch::{LaunchSpec, Lower};
 use super::{JailEngine, Record, agent_addr, disk, net};
 use crate::{
     Base, BoxInfo, BoxSpec, EngineError, Lane, Memory, MemoryKept, Result, SandboxId, probe,
@@ -159,12 +156,7 @@ impl JailEngine {
             silkd_args: image_defaults(&base.template),
             resolv_conf: self.lane().filter(|_| address.is_some()).map(net::resolv_conf),
         };
-        let launch_path = dir.join("launch.json");
-        let json =
-            serde_json::to_vec_pretty(&launch).map_err(|e| EngineError::Host(e.to_string()))?;
-        std::fs::write(&launch_path, json).map_err(EngineError::io("write launch.json"))?;
-
-        let pid = self.launch(&launch_path)?;
+        let pid = self.launcher.launch(&launch)?;
         let started = start_time(pid);
         let info = BoxInfo {
             id: id.clone(),
@@ -212,40 +204,5 @@ impl JailEngine {
         }
         lowers.push(Lower { path: base.template.root.clone(), idmapped_at: Some(template_at) });
         Ok(lowers)
-    }
-
-    /// Runs `silk-jail` with the user namespace as fd 4; returns the jail's host pid.
-    pub(super) fn launch(&self, spec: &Path) -> Result<u32> {
-        let userns = self.userns.as_raw_fd();
-        let mut cmd = std::process::Command::new(&self.cfg.launcher);
-        cmd.arg(spec).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-        host::dies_with_the_node(&mut cmd);
-        // SAFETY: fcntl/dup2 are async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                // A copy above the target first (close-on-exec, so it goes at exec), so the
-                // source is never the target itself.
-                let userns = libc::fcntl(userns, libc::F_DUPFD_CLOEXEC, 10);
-                if userns < 0 || libc::dup2(userns, USERNS_FD) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let out = cmd
-            .output()
-            .map_err(EngineError::io(format!("run {}", self.cfg.launcher.display())))?;
-        if !out.status.success() {
-            return Err(EngineError::NotReady(format!(
-                "jail setup failed: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
-        }
-        String::from_utf8_lossy(&out.stdout).trim().parse().map_err(|_| {
-            EngineError::Host(format!(
-                "launcher printed {:?}",
-                String::from_utf8_lossy(&out.stdout)
-            ))
-        })
     }
 }

@@ -35,6 +35,7 @@ use super::seccomp;
 
 mod namespaces;
 pub mod restore;
+pub mod serve;
 mod sys;
 use namespaces::{enter_new_namespaces, listen_inside};
 use sys::*;

@@ -1,0 +1,147 @@
+//! `silk-jail --serve`: the launcher kept running beside the engine, so a start costs a `fork`
+//! of this small single-threaded process instead of a fork of the node and an `exec` of the
+//! launcher (its dynamic loading and libc's start-up, which on a virtual machine where `cpuid`
+//! traps costs most of a millisecond).
+//!
+//! The engine holds the other end of [`CONTROL_FD`], a `SOCK_SEQPACKET` socket. Each message is
+//! one [`LaunchSpec`] as JSON with one descriptor attached: the socket to answer on. For each,
+//! the server forks a launcher that does exactly what `silk-jail SPEC.json` does ([`run`]) and
+//! answers `+PID` or `-why` on that socket; the server goes back to reading at once, so starts
+//! run side by side. When the engine's end closes, the server exits.
+//!
+//! Each launcher dies with the server (`PR_SET_PDEATHSIG`), which dies with the node: a start
+//! interrupted by a crash never finishes behind the next node's back (see the engine's
+//! `dies_with_the_node`).
+
+use super::{LaunchSpec, run};
+
+/// The descriptor the server reads its requests on (its stdin).
+pub const CONTROL_FD: i32 = 0;
+
+/// The longest request read; a longer one is answered with an error.
+const MAX_REQUEST: usize = 1 << 20;
+
+/// The answer to a start: the jail's host pid, or why it did not start.
+pub fn encode_answer(answer: &Result<u32, String>) -> Vec<u8> {
+    match answer {
+        Ok(pid) => format!("+{pid}").into_bytes(),
+        Err(why) => format!("-{why}").into_bytes(),
+    }
+}
+
+/// Reads what [`encode_answer`] wrote.
+pub fn decode_answer(bytes: &[u8]) -> Result<u32, String> {
+    let text = String::from_utf8_lossy(bytes);
+    match text.split_at_checked(1) {
+        Some(("+", pid)) => pid.parse().map_err(|_| format!("the launcher answered {text:?}")),
+        Some(("-", why)) => Err(why.to_string()),
+        _ => Err(format!("the launcher answered {text:?}")),
+    }
+}
+
+/// Serves starts until the engine closes its end. Returns why it could not go on.
+pub fn serve() -> Result<(), String> {
+    let os = |what: &str| format!("{what}: {}", std::io::Error::last_os_error());
+    let me = std::process::id() as libc::pid_t;
+    let mut buf = vec![0u8; MAX_REQUEST];
+    // SAFETY: plain syscalls in a single-threaded process; the child below runs Rust code,
+    // which is sound after `fork` because no other thread held a lock it could need.
+    unsafe {
+        // Launchers are reaped by the kernel; each one puts the default back for its own
+        // children (it waits for them).
+        libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+        loop {
+            let (n, reply) = match receive(&mut buf) {
+                Ok(Some(got)) => got,
+                Ok(None) => return Ok(()),
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => return Err(format!("read a request: {e}")),
+            };
+            let pid = libc::fork();
+            if pid < 0 {
+                let answer = encode_answer(&Err(os("fork a launcher")));
+                libc::send(reply, answer.as_ptr().cast(), answer.len(), libc::MSG_NOSIGNAL);
+            } else if pid == 0 {
+                libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 || libc::getppid() != me
+                {
+                    libc::_exit(1);
+                }
+                let (answer, reply) = match place_descriptors(reply) {
+                    Ok(reply) => (launch(&buf[..n]), reply),
+                    Err(why) => (Err(why), reply),
+                };
+                let answer = encode_answer(&answer);
+                libc::send(reply, answer.as_ptr().cast(), answer.len(), libc::MSG_NOSIGNAL);
+                libc::_exit(0);
+            }
+            libc::close(reply);
+        }
+    }
+}
+
+/// In a forked launcher, first: the jail's descriptors are placed by number (its listening
+/// socket at 3, the user namespace at 4), so the answer's socket moves out of their way and
+/// the engine's end becomes `/dev/null`. Returns the answer's descriptor.
+///
+/// # Safety
+/// Plain syscalls.
+unsafe fn place_descriptors(reply: i32) -> Result<i32, String> {
+    unsafe {
+        let moved = libc::fcntl(reply, libc::F_DUPFD_CLOEXEC, 10);
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
+        if moved < 0 || null < 0 || libc::dup2(null, CONTROL_FD) < 0 {
+            return Err(format!("launcher descriptors: {}", std::io::Error::last_os_error()));
+        }
+        libc::close(null);
+        libc::close(reply);
+        Ok(moved)
+    }
+}
+
+/// In a forked launcher: the request's spec, started as `silk-jail SPEC.json` would.
+fn launch(request: &[u8]) -> Result<u32, String> {
+    let spec: LaunchSpec =
+        serde_json::from_slice(request).map_err(|e| format!("read the launch spec: {e}"))?;
+    run(&spec)
+}
+
+/// One request: its length in `buf` and the descriptor it carried. `None`: the engine is gone.
+///
+/// # Safety
+/// Plain syscalls on [`CONTROL_FD`].
+unsafe fn receive(buf: &mut [u8]) -> std::io::Result<Option<(usize, i32)>> {
+    unsafe {
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        let mut space = [0u64; 8]; // room for one descriptor's control message, aligned
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = space.as_mut_ptr().cast();
+        msg.msg_controllen = std::mem::size_of_val(&space);
+        let n = libc::recvmsg(CONTROL_FD, &mut msg, libc::MSG_CMSG_CLOEXEC);
+        if n < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if n == 0 && msg.msg_controllen == 0 {
+            return Ok(None);
+        }
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        let fd = if !cmsg.is_null()
+            && (*cmsg).cmsg_level == libc::SOL_SOCKET
+            && (*cmsg).cmsg_type == libc::SCM_RIGHTS
+        {
+            std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>())
+        } else {
+            // Nowhere to answer: the engine never sends that. Skip it.
+            return receive(buf);
+        };
+        if msg.msg_flags & libc::MSG_TRUNC != 0 {
+            let answer = encode_answer(&Err("the launch spec is too long".into()));
+            libc::send(fd, answer.as_ptr().cast(), answer.len(), libc::MSG_NOSIGNAL);
+            libc::close(fd);
+            return receive(buf);
+        }
+        Ok(Some((n as usize, fd)))
+    }
+}
