@@ -169,7 +169,13 @@ fn make_entry(entry: &Path, blanks: &Path, bytes: u64) -> io::Result<()> {
     std::fs::create_dir(entry)?;
     std::fs::create_dir(entry.join("mnt"))?;
     image::make_copy(blanks, &entry.join("disk.img"), bytes)?;
-    image::mount(&entry.join("disk.img"), &entry.join("mnt"))
+    image::mount(&entry.join("disk.img"), &entry.join("mnt"))?;
+    // The first directory made in a new filesystem reads its bitmaps and root block through the
+    // loop device (~1.4 ms here, on the start path of the sandbox that takes it): made and
+    // removed now, they are in memory when the sandbox's own directories are made.
+    let warm = entry.join("mnt/.warm");
+    std::fs::create_dir(&warm)?;
+    std::fs::remove_dir(&warm)
 }
 
 fn remove_entry(entry: &Path) {
