@@ -110,6 +110,28 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         memory: Memory,
     ) -> Result<BoxInfo>;
 
+    /// `restore` from a snapshot read from `input` as it arrives (a download), rather than from
+    /// its file: `snapshot` says what it is, and its `layer_tar` is a scratch path the engine
+    /// may use. `input` ends in an error where the bytes stopped short of the whole; the
+    /// sandbox is then not made. The default writes `input` to the scratch file, restores from
+    /// it and removes it; the jail engine unpacks the files as they come.
+    fn read_snapshot(
+        &self,
+        input: &mut dyn std::io::Read,
+        snapshot: &Snapshot,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        memory: Memory,
+    ) -> Result<BoxInfo> {
+        let scratch = &snapshot.layer_tar;
+        let copied = std::fs::File::create(scratch).and_then(|mut f| std::io::copy(input, &mut f));
+        let restored = copied
+            .map_err(EngineError::io("read the snapshot"))
+            .and_then(|_| self.restore(snapshot, id, spec, memory));
+        let _ = std::fs::remove_file(scratch);
+        restored
+    }
+
     /// `ids.len()` new sandboxes from one snapshot (fork), all or none: what `restore` does for
     /// each, where an engine may share the snapshot's files among them (the jail engine unpacks
     /// them once, into a read-only layer under every copy's own).

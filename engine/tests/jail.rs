@@ -25,6 +25,12 @@ fn contract_snapshots() {
 }
 
 #[test]
+fn contract_snapshots_from_a_stream() {
+    let h = Harness::new();
+    contract::snapshots_restore_from_a_stream(&h.engine, &h.host(), h.data.path());
+}
+
+#[test]
 fn contract_stop_and_resume() {
     let h = Harness::new();
     contract::stopped_sandboxes_resume_on_their_files(&h.engine, &h.host(), h.data.path());

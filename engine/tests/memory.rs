@@ -101,6 +101,13 @@ fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
     // One copy on its own, two at once from the snapshot (its files shared, its images
     // linked), two forked from the running source.
     let mut copies = vec![h.engine.restore(&snap, &id("m-f1"), &small(), Memory::Auto).unwrap()];
+    // One from the snapshot read as a stream (a download): its memory entry is spooled and
+    // MAC-checked before CRIU sees it.
+    let mut input = std::fs::File::open(&tar).unwrap();
+    let streamed = Snapshot { layer_tar: h.data.path().join("m-stream.tar"), ..snap.clone() };
+    let copy =
+        h.engine.read_snapshot(&mut input, &streamed, &id("m-f6"), &small(), Memory::Required);
+    copies.push(copy.unwrap());
     let two = [id("m-f2"), id("m-f3")];
     copies.extend(h.engine.restore_many(&snap, &two, &small(), Memory::Required).unwrap());
     let (two, scratch) = ([id("m-f4"), id("m-f5")], h.data.path().join("m-fork.tar"));
@@ -116,8 +123,8 @@ fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
     }
     machines.sort();
     machines.dedup();
-    assert_eq!(machines.len(), 6, "every copy has its own machine id");
-    for name in ["m-f1", "m-f2", "m-f3", "m-f4", "m-f5"] {
+    assert_eq!(machines.len(), 7, "every copy has its own machine id");
+    for name in ["m-f1", "m-f2", "m-f3", "m-f4", "m-f5", "m-f6"] {
         let copy = h.engine.list().unwrap().into_iter().find(|b| b.id.as_str() == name).unwrap();
         assert_eq!(ok(&copy, "cat /tmp/mine"), name, "copies diverge");
     }
@@ -255,9 +262,25 @@ fn memory_images_from_elsewhere_are_never_given_to_criu() {
     bytes[4096] ^= 0xff;
     let tampered = h.data.path().join("t.tar");
     std::fs::write(&tampered, bytes).unwrap();
-    let forged = Snapshot { layer_tar: tampered, ..snap };
+    let forged = Snapshot { layer_tar: tampered.clone(), ..snap.clone() };
     let copy = h.engine.restore(&forged, &id("m-t"), &small(), Memory::Auto).unwrap();
     assert!(!copy.memory.kept, "{:?}", copy.memory);
+    // And read as a stream, where the images are spooled before their MAC is known.
+    let mut input = std::fs::File::open(&tampered).unwrap();
+    let streamed = Snapshot { layer_tar: h.data.path().join("t-stream.tar"), ..snap };
+    let copy = h.engine.read_snapshot(&mut input, &streamed, &id("m-ts"), &small(), Memory::Auto);
+    let copy = copy.unwrap();
+    assert!(
+        copy.memory.why_not.as_deref().unwrap_or_default().contains("MAC"),
+        "{:?}",
+        copy.memory
+    );
+    assert_eq!(ok(&copy, "cat /root/f"), "files");
+    let mut input = std::fs::File::open(&tampered).unwrap();
+    let refused =
+        h.engine.read_snapshot(&mut input, &streamed, &id("m-tr"), &small(), Memory::Required);
+    assert!(matches!(refused, Err(EngineError::MemoryFailed(_))));
+    assert!(h.engine.list().unwrap().iter().all(|b| b.id.as_str() != "m-tr"));
 }
 
 #[test]

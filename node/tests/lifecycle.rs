@@ -513,3 +513,40 @@ fn lifecycle_calls_on_one_sandbox_are_serialised() {
     }
     assert_eq!(sh(&node, &b, "sha256sum /root/big"), sum);
 }
+
+/// A wake streams the archive from the store into the sandbox's files. One whose download stops
+/// half way (a chunk gone from the store) makes no sandbox and leaves the claim archived; with
+/// the chunk back, the same wake succeeds.
+#[test]
+fn a_wake_whose_download_stops_half_way_leaves_the_sandbox_archived() {
+    let node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, r#"{"ttl_seconds": 600}"#);
+    sh(&node, &b, "head -c 12582912 /dev/urandom > /root/big");
+    let sum = sh(&node, &b, "sha256sum /root/big");
+    assert_eq!(post(&node, &b, "archive", "").0, 200);
+    let jails = node.jails();
+
+    // The archive's manifest names its chunks: take one from the middle away.
+    let archives = node.data().join("store/archives");
+    let manifest = std::fs::read_dir(&archives).unwrap().flatten().next().unwrap().path();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(manifest).unwrap()).unwrap();
+    let chunks = manifest["chunks"].as_array().unwrap();
+    assert!(chunks.len() > 4, "{} chunks", chunks.len());
+    let middle = chunks[chunks.len() / 2]["id"].as_str().unwrap();
+    let chunk = node.data().join("store/chunks").join(middle);
+    let aside = node.data().join("aside");
+    std::fs::rename(&chunk, &aside).unwrap();
+
+    let body = r#"{"argv": ["true"]}"#;
+    let path = format!("/v1/sandboxes/{}/exec", b.id);
+    let (status, v) = node.req("POST", &path, Some(&b.token), Some(body));
+    assert!(status >= 500 && v["error"]["code"].is_string(), "the wake failed: {status} {v}");
+    assert_eq!(state(&node, &b), "archived");
+    assert_eq!(node.jails(), jails, "no box is left of the failed wake");
+    assert_eq!(std::fs::read_dir(node.data().join("scratch")).unwrap().count(), 0);
+
+    std::fs::rename(&aside, &chunk).unwrap();
+    assert_eq!(sh(&node, &b, "sha256sum /root/big"), sum);
+    assert_eq!(state(&node, &b), "claimed");
+}

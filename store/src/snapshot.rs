@@ -317,6 +317,17 @@ impl SnapshotStore {
         out: &mut (dyn AsyncWrite + Unpin + Send),
     ) -> Result<Manifest> {
         let manifest = self.manifest(name).await?;
+        self.get_chunks(&manifest, out).await?;
+        Ok(manifest)
+    }
+
+    /// Writes the bytes of the snapshot `manifest` describes to `out` (what [`Self::get`] does
+    /// once it has the manifest).
+    pub async fn get_chunks(
+        &self,
+        manifest: &Manifest,
+        out: &mut (dyn AsyncWrite + Unpin + Send),
+    ) -> Result<()> {
         let mut chunks = futures_util::stream::iter(manifest.chunks.clone())
             .map(|chunk| {
                 let inner = self.inner.clone();
@@ -328,7 +339,7 @@ impl SnapshotStore {
             out.write_all(&data?).await.map_err(StoreError::io("writing the snapshot"))?;
         }
         out.flush().await.map_err(StoreError::io("writing the snapshot"))?;
-        Ok(manifest)
+        Ok(())
     }
 
     /// Removes the snapshot's manifest. Its chunks go at the next GC past the grace period.

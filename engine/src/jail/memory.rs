@@ -244,6 +244,67 @@ impl JailEngine {
         Ok((Box::new(file), verdict))
     }
 
+    /// [`JailEngine::open_snapshot`] on a stream (a download), read once: the memory entry goes
+    /// into a spool beside `into` (in the box's own directory) with its MAC computed on the
+    /// way, and is unpacked from there only once the MAC verified. Returns the rest of the
+    /// stream, the layer tar.
+    pub(super) fn open_snapshot_stream<'a>(
+        &self,
+        input: &'a mut dyn Read,
+        into: &Path,
+    ) -> Result<(Box<dyn Read + 'a>, std::result::Result<bool, String>)> {
+        let read = |e: std::io::Error| EngineError::io("read snapshot")(e);
+        let mut head = [0u8; 512];
+        let n = read_full(&mut *input, &mut head).map_err(read)?;
+        let header = tar::Header::from_byte_slice(&head);
+        let name = &header.as_old().name;
+        if !(n == 512 && name.starts_with(ENTRY) && name[ENTRY.len()] == 0) {
+            return Ok((
+                Box::new(std::io::Cursor::new(head[..n].to_vec()).chain(input)),
+                Ok(false),
+            ));
+        }
+        let size = header.size().unwrap_or(u64::MAX);
+        if !(MAC_LEN as u64..=MAX_ENTRY).contains(&size) {
+            return Err(EngineError::BadRequest("snapshot: bad memory entry".into()));
+        }
+        let inner = size - MAC_LEN as u64;
+        let spool_path = into.with_extension("spool");
+        let _ = std::fs::remove_file(&spool_path);
+        let mut spool = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&spool_path)
+            .map_err(EngineError::io("create the memory spool"))?;
+        let _ = std::fs::remove_file(&spool_path); // open: nothing to sweep after a crash
+        let mut mac = Mac {
+            out: &mut spool,
+            hasher: blake3::Hasher::new_keyed(&self.memory_key),
+            written: 0,
+        };
+        let copied = std::io::copy(&mut (&mut *input).take(inner), &mut mac).map_err(read)?;
+        let hash = mac.hasher.finalize();
+        let mut tag = [0u8; MAC_LEN];
+        let padding = size.div_ceil(512) * 512 - size;
+        let tagged = read_full(&mut *input, &mut tag).map_err(read)?;
+        let skipped = std::io::copy(&mut (&mut *input).take(padding), &mut std::io::sink());
+        if copied != inner || tagged != MAC_LEN || skipped.map_err(read)? != padding {
+            return Err(EngineError::BadRequest("snapshot: truncated memory entry".into()));
+        }
+        let verdict = if hash == blake3::Hash::from(tag) {
+            spool.seek(SeekFrom::Start(0)).map_err(read)?;
+            self.unpack_images((&mut spool).take(inner), into).map(|()| true)
+        } else {
+            Err("its memory image was not made by this fleet (MAC mismatch)".to_string())
+        };
+        if verdict.is_err() {
+            let _ = std::fs::remove_dir_all(into);
+        }
+        Ok((Box::new(input), verdict))
+    }
+
     /// Unpacks a tar of images (already authenticated) into `into`, a new directory. Only flat
     /// names of regular files pass.
     fn unpack_images(&self, input: impl Read, into: &Path) -> std::result::Result<(), String> {
@@ -294,7 +355,7 @@ impl<W: Write> Write for Mac<'_, W> {
 }
 
 /// Reads until `buf` is full or the input ends; how much was read.
-fn read_full(input: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_full(input: &mut (impl Read + ?Sized), buf: &mut [u8]) -> std::io::Result<usize> {
     let mut n = 0;
     while n < buf.len() {
         match input.read(&mut buf[n..])? {

@@ -73,6 +73,7 @@ pub use ids::user_namespace;
 use launch::AGENT_NAME;
 pub use net::LaneNet;
 pub use outside::{recorded_boxes, remove_all};
+use snapshot::SnapshotInput;
 use start::Seed;
 
 /// The default host uid/gid of a sandbox's root: inside systemd's range for containers
@@ -359,7 +360,19 @@ impl Engine for JailEngine {
         spec: &BoxSpec,
         memory: Memory,
     ) -> Result<BoxInfo> {
-        let seed = Seed::Snapshot(snapshot.layer_tar.as_path(), memory);
+        let seed = Seed::Snapshot(SnapshotInput::File(&snapshot.layer_tar), memory);
+        self.create(snapshot.base.clone(), id, spec, seed, true)
+    }
+
+    fn read_snapshot(
+        &self,
+        input: &mut dyn std::io::Read,
+        snapshot: &Snapshot,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        memory: Memory,
+    ) -> Result<BoxInfo> {
+        let seed = Seed::Snapshot(SnapshotInput::Stream(input), memory);
         self.create(snapshot.base.clone(), id, spec, seed, true)
     }
 

@@ -257,7 +257,7 @@ impl JailEngine {
     /// in place, start them.
     pub(super) fn apply_snapshot(
         &self,
-        tar: &Path,
+        input: SnapshotInput<'_>,
         wanted: Memory,
         upper: &Path,
         base: &Base,
@@ -265,8 +265,15 @@ impl JailEngine {
         spec: &BoxSpec,
     ) -> Result<std::result::Result<BoxInfo, String>> {
         let images = self.box_dir(id).join("memory");
-        let (files, carried) = self.open_snapshot(tar, &images)?;
-        layer::apply(files, upper, Whiteouts::Overlay, self.ids)?;
+        let (mut files, carried) = match input {
+            SnapshotInput::File(tar) => self.open_snapshot(tar, &images)?,
+            SnapshotInput::Stream(stream) => self.open_snapshot_stream(stream, &images)?,
+        };
+        layer::apply(&mut files, upper, Whiteouts::Overlay, self.ids)?;
+        // To the stream's end: a download that failed after the layer's last entry still fails
+        // the restore, and one that did not is not left writing into a closed pipe.
+        std::io::copy(&mut files, &mut std::io::sink())
+            .map_err(EngineError::io("read snapshot"))?;
         let why = match (wanted, carried) {
             (Memory::Off, _) => "not asked for".to_string(),
             (_, Ok(false)) => "the snapshot holds no memory".to_string(),
@@ -282,4 +289,12 @@ impl JailEngine {
         }
         Ok(Err(why))
     }
+}
+
+/// Where a restore's snapshot comes from.
+pub(super) enum SnapshotInput<'a> {
+    /// A file.
+    File(&'a Path),
+    /// A stream, read once as it arrives (a download).
+    Stream(&'a mut dyn std::io::Read),
 }

@@ -16,7 +16,7 @@ pub(super) enum Seed<'a> {
     /// Nothing: its processes start fresh.
     Fresh,
     /// A snapshot's files, and its memory where it has some and the caller wants it.
-    Snapshot(&'a Path, Memory),
+    Snapshot(super::snapshot::SnapshotInput<'a>, Memory),
     /// Its golden's memory images: the warmup's processes continue.
     GoldenMemory(PathBuf),
     /// A fork's files, shared with the other copies (see `forks`), and its memory.
@@ -98,8 +98,8 @@ impl JailEngine {
         let mut memory = MemoryKept::default();
         let restored = match seed {
             Seed::Fresh => Err(None),
-            Seed::Snapshot(tar, wanted) => {
-                self.apply_snapshot(tar, wanted, &upper, &base, id, spec)?.map_err(Some)
+            Seed::Snapshot(input, wanted) => {
+                self.apply_snapshot(input, wanted, &upper, &base, id, spec)?.map_err(Some)
             }
             Seed::GoldenMemory(images) => {
                 self.restore_golden_memory(&images, &base, id, spec).map_err(Some)

@@ -81,6 +81,53 @@ pub fn snapshot_and_restore_keep_the_filesystem(e: &dyn Engine, t: &Template, sc
     }
 }
 
+/// `read_snapshot` restores what it reads as `restore` restores the file; a stream that fails
+/// half way makes no sandbox and leaves nothing of one.
+pub fn snapshots_restore_from_a_stream(e: &dyn Engine, t: &Template, scratch: &Path) {
+    let g = e.prepare(t, &Warmup::default()).unwrap();
+    let src = e.clone_golden(&g, &id("s-src"), &small()).unwrap();
+    ok(&src, "mkdir -p /srv/s && head -c 3000000 /dev/urandom > /srv/s/big && echo v1 > /srv/s/f");
+    ok(&src, "rm /etc/hosts && sha256sum /srv/s/big > /srv/s/sum");
+    let tar = scratch.join("stream.tar");
+    let snap = e.snapshot(&src.id, SnapshotMode::KeepRunning, Memory::Off, &tar).unwrap();
+    let stream_snap = Snapshot { layer_tar: scratch.join("stream-scratch.tar"), ..snap.clone() };
+
+    let mut input = std::fs::File::open(&tar).unwrap();
+    let copy = e.read_snapshot(&mut input, &stream_snap, &id("s-copy"), &small(), Memory::Off);
+    let copy = copy.unwrap();
+    assert_eq!(ok(&copy, "cat /srv/s/f"), "v1");
+    assert_eq!(ok(&copy, "sha256sum -c /srv/s/sum"), "/srv/s/big: OK");
+    assert_ne!(sh(&copy, "test -e /etc/hosts").0, 0, "a deletion survives the stream");
+    assert_eq!(ok(&copy, "hostname"), "s-copy");
+    assert!(!stream_snap.layer_tar.exists(), "no scratch file is left");
+
+    /// The snapshot's first `left` bytes, then an error: a download that failed.
+    struct Failing(std::fs::File, u64);
+    impl std::io::Read for Failing {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            if self.1 == 0 {
+                return Err(std::io::Error::other("the store went away"));
+            }
+            let want = buf.len().min(self.1 as usize);
+            let n = self.0.read(&mut buf[..want])?;
+            self.1 -= n as u64;
+            Ok(n)
+        }
+    }
+    let half = std::fs::metadata(&tar).unwrap().len() / 2;
+    let mut input = Failing(std::fs::File::open(&tar).unwrap(), half);
+    let failed = e.read_snapshot(&mut input, &stream_snap, &id("s-cut"), &small(), Memory::Off);
+    assert!(failed.is_err(), "a stream cut short makes no sandbox");
+    assert!(e.list().unwrap().iter().all(|b| b.id.as_str() != "s-cut"));
+    // The id is free again: nothing of the failed start is left under it.
+    let mut input = std::fs::File::open(&tar).unwrap();
+    let again = e.read_snapshot(&mut input, &stream_snap, &id("s-cut"), &small(), Memory::Off);
+    assert_eq!(ok(&again.unwrap(), "cat /srv/s/f"), "v1");
+    for b in ["s-src", "s-copy", "s-cut"] {
+        e.destroy(&id(b)).unwrap();
+    }
+}
+
 /// Stop frees the processes and keeps the files; resume starts the same sandbox on them. A
 /// stopped sandbox can still be captured and destroyed.
 pub fn stopped_sandboxes_resume_on_their_files(e: &dyn Engine, t: &Template, scratch: &Path) {

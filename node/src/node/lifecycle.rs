@@ -439,11 +439,18 @@ impl Node {
                 "the sandbox is moving to another node; try again in a moment",
             ));
         }
+        let (engine, sid, spec) =
+            (self.engine.clone(), live.record.id.parse::<SandboxId>()?, box_spec(&live.record));
         match live.record.phase.clone() {
             Phase::Running => Ok(live),
-            Phase::Stopped => self.start_from(live, None, None).await,
+            Phase::Stopped => {
+                let info = blocking(move || engine.resume(&sid)).await?;
+                self.start_from(live, info, false, None).await
+            }
             Phase::Captured(snap) => {
-                let woken = self.start_from(live, Some(&snap), None).await?;
+                let s = snap.clone();
+                let info = blocking(move || engine.restore(&s, &sid, &spec, Memory::Auto)).await?;
+                let woken = self.start_from(live, info, true, None).await?;
                 let _ = std::fs::remove_file(&snap.layer_tar);
                 Ok(woken)
             }
@@ -468,15 +475,20 @@ impl Node {
             ));
         }
         let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
-        let (snap, _) = self.download(&name).await.map_err(|e| match e.code {
-            Code::NotFound => {
-                NodeError::internal(format!("the archive {name} is missing from the store"))
-            }
-            _ => e,
-        })?;
-        let woken = self.start_from(live, Some(&snap), Some(&archive)).await;
-        let _ = std::fs::remove_file(&snap.layer_tar);
-        let woken = woken?;
+        let (engine, sid, spec) =
+            (self.engine.clone(), live.record.id.parse::<SandboxId>()?, box_spec(&live.record));
+        let (info, _) = self
+            .download_into(&name, move |input, snap| {
+                engine.read_snapshot(input, snap, &sid, &spec, Memory::Auto)
+            })
+            .await
+            .map_err(|e| match e.code {
+                Code::NotFound => {
+                    NodeError::internal(format!("the archive {name} is missing from the store"))
+                }
+                _ => e,
+            })?;
+        let woken = self.start_from(live, info, true, Some(&archive)).await?;
         self.crash_point("wake:journalled").await;
         self.finish_unpublish(&woken.record.id, &archive).await?;
         self.current(&woken.record.id)
@@ -498,23 +510,17 @@ impl Node {
         Ok(())
     }
 
-    /// Starts a stopped sandbox again under its own id, from `snap` or (`None`) on its stopped
-    /// box's files, and journals it running. Woken `from_archive`, it gets a fresh lease and the
-    /// archive's removal as its intent.
+    /// Journals running a stopped sandbox the engine started again as `info`: `restored` from a
+    /// snapshot, or resumed on its stopped box's files. Woken `from_archive`, it gets a fresh
+    /// lease and the archive's removal as its intent.
     async fn start_from(
         &self,
         live: Live,
-        snap: Option<&Snapshot>,
+        info: BoxInfo,
+        restored: bool,
         from_archive: Option<&str>,
     ) -> Result<Live, NodeError> {
         let mut rec = live.record.clone();
-        let (engine, sid, spec, s) =
-            (self.engine.clone(), rec.id.parse::<SandboxId>()?, box_spec(&rec), snap.cloned());
-        let info = blocking(move || match s {
-            Some(s) => engine.restore(&s, &sid, &spec, Memory::Auto),
-            None => engine.resume(&sid),
-        })
-        .await?;
         let now = now_ms();
         rec.enter(Phase::Running, now).map_err(conflict)?;
         rec.intent = from_archive.map(|a| Intent::Unpublish(a.to_string()));
@@ -524,7 +530,7 @@ impl Node {
             rec.deadline_ms = lease_end(now, rec.lease_seconds);
         }
         if let Err(e) = self.put_record(&rec).await {
-            if snap.is_some() {
+            if restored {
                 self.teardown(info.id);
             } else if let Err(s) = blocking({
                 let (engine, id) = (self.engine.clone(), info.id.clone());

@@ -1,5 +1,5 @@
 //! Archive: a sandbox's files to the object store and its host freed; and the store transfers
-//! every lifecycle operation uses (upload, download).
+//! every lifecycle operation uses (upload; downloads are `stream.rs`'s `download_into`).
 
 use super::*;
 
@@ -188,35 +188,6 @@ impl Node {
         }
         meta.insert("engine".into(), self.engine.name().into());
         Ok(meta)
-    }
-
-    /// Downloads a snapshot into a scratch tar (the caller deletes it).
-    pub(in crate::node) async fn download(
-        &self,
-        name: &SnapshotName,
-    ) -> Result<(Snapshot, silk_store::Manifest), NodeError> {
-        // Every download becomes files on this disk (a branch, a wake from an archive, a move).
-        self.disk_reserve()?;
-        let path = self.scratch_tar("download");
-        let fetched = async {
-            let mut file = tokio::fs::File::create(&path)
-                .await
-                .map_err(|e| NodeError::internal(format!("create {}: {e}", path.display())))?;
-            let manifest = self.store.get(name, &mut file).await?;
-            let json = manifest
-                .meta
-                .get("snapshot")
-                .ok_or_else(|| NodeError::internal(format!("{name} has no snapshot metadata")))?;
-            let stored = StoredSnapshot::parse(json)
-                .map_err(|e| NodeError::internal(format!("{name}: snapshot metadata: {e}")))?;
-            let base = self.local_base(&stored).await?;
-            Ok((stored.local(base, path.clone(), manifest.size), manifest))
-        }
-        .await;
-        if fetched.is_err() {
-            let _ = std::fs::remove_file(&path);
-        }
-        fetched
     }
 }
 

@@ -237,11 +237,17 @@ impl Node {
             let mut st = self.lock();
             self.admit(&mut st, 1, spec.tenant.as_deref())?
         };
-        let (snap, _) = self.download(&name).await?;
-        let spec = ClaimSpec { size: snap.spec.size, lane: snap.spec.lane, ..spec };
-        let made = self.restore_new(&snap, 1, memory).await;
-        let _ = std::fs::remove_file(&snap.layer_tar);
-        let info = made?.pop().expect("one sandbox");
+        let (engine, sid) = (self.engine.clone(), self.new_id()?);
+        let ((info, size, lane), _) = self
+            .download_into(&name, move |input, snap| {
+                // Size and lane only: limits are this node's for them, whatever the snapshot
+                // says (it comes from the shared store).
+                let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
+                let info = engine.read_snapshot(input, snap, &sid, &spec, memory)?;
+                Ok((info, spec.size, spec.lane))
+            })
+            .await?;
+        let spec = ClaimSpec { size, lane, ..spec };
         let token = new_token();
         let mut record = new_record(&info, &token, &spec, Tier::Clone);
         record.from_checkpoint = Some(id.to_string());

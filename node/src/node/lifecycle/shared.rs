@@ -281,16 +281,13 @@ impl Node {
                     record.id
                 )));
             }
-            let (snap, _) = self.download(&name).await?;
-            let (engine, sid, spec, s) = (
-                self.engine.clone(),
-                record.id.parse::<SandboxId>()?,
-                box_spec(&record),
-                snap.clone(),
-            );
-            let restored = blocking(move || engine.restore(&s, &sid, &spec, Memory::Auto)).await;
-            let _ = std::fs::remove_file(&snap.layer_tar);
-            let info = restored?;
+            let (engine, sid, spec) =
+                (self.engine.clone(), record.id.parse::<SandboxId>()?, box_spec(&record));
+            let (info, _) = self
+                .download_into(&name, move |input, snap| {
+                    engine.read_snapshot(input, snap, &sid, &spec, Memory::Auto)
+                })
+                .await?;
             self.crash_point("adopt:restored").await;
             let from_archive = matches!(record.phase, Phase::Archived(_));
             if from_archive {

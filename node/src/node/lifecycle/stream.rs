@@ -1,5 +1,7 @@
-//! Snapshots streamed into the store: the engine writes on a blocking thread into a pipe the
-//! store's put reads, with no tar file of the whole between them. Two things make that safe:
+//! Snapshots streamed between the store and the engine, with no tar file of the whole between
+//! them: into the store, the engine writes on a blocking thread into a pipe the store's put
+//! reads; out of it ([`Node::download_into`]), the store's get writes into a pipe the engine's
+//! restore reads as the chunks arrive. Uploads are safe for two reasons:
 //!
 //! - **Whole or nothing.** A capture that fails half way closes the pipe too. The store's end
 //!   ([`Whole`]) turns the end of the pipe into an error unless the writer said, before closing
@@ -110,6 +112,83 @@ impl Node {
     }
 }
 
+impl Node {
+    /// Restores the snapshot `name` as it downloads: `restore` runs on a blocking thread and
+    /// reads the stream, which ends in an error unless the download wrote all of it, so a
+    /// download cut short never passes for a whole snapshot. It gets the snapshot as stored
+    /// (its `layer_tar` a scratch path, for an engine that restores from a file). Returns what
+    /// `restore` made and the snapshot's manifest.
+    pub(in crate::node) async fn download_into<T: Send + 'static>(
+        &self,
+        name: &SnapshotName,
+        restore: impl FnOnce(&mut dyn Read, &Snapshot) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<(T, silk_store::Manifest), NodeError> {
+        // Every download becomes files on this disk (a branch, a wake from an archive, a move).
+        self.disk_reserve()?;
+        let manifest = self.store.manifest(name).await?;
+        let json = manifest
+            .meta
+            .get("snapshot")
+            .ok_or_else(|| NodeError::internal(format!("{name} has no snapshot metadata")))?;
+        let stored = StoredSnapshot::parse(json)
+            .map_err(|e| NodeError::internal(format!("{name}: snapshot metadata: {e}")))?;
+        let base = self.local_base(&stored).await?;
+        let snap = stored.local(base, self.scratch_tar("download"), manifest.size);
+        let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
+        let (reader, writer) = std::io::pipe().map_err(pipe)?;
+        let mut writer =
+            tokio::net::unix::pipe::Sender::from_owned_fd(writer.into()).map_err(pipe)?;
+        let input =
+            Arrived { pipe: reader, whole: Default::default(), cut_short: Default::default() };
+        let (whole, cut_short) = (input.whole.clone(), input.cut_short.clone());
+        let s = snap.clone();
+        let restored = blocking(move || {
+            let mut input = input;
+            restore(&mut input, &s)
+        });
+        let fetched = async move {
+            let got = self.store.get_chunks(&manifest, &mut writer).await;
+            // Before the pipe closes: the engine takes its end for the snapshot's end.
+            whole.store(got.is_ok(), Ordering::Release);
+            drop(writer);
+            got.map(|()| manifest)
+        };
+        let (restored, fetched) = tokio::join!(restored, fetched);
+        let _ = std::fs::remove_file(&snap.layer_tar);
+        match (restored, fetched) {
+            // The engine read to the stream's end, which ends whole only once the download
+            // wrote everything.
+            (Ok(made), Ok(manifest)) => Ok((made, manifest)),
+            // The download stopped short, and the engine at its end: the store says why.
+            (Err(_), Err(e)) if cut_short.load(Ordering::Acquire) => Err(e.into()),
+            // The engine stopped first (the download then met the closed pipe).
+            (Err(e), _) => Err(e.into()),
+            (Ok(_), Err(e)) => Err(e.into()),
+        }
+    }
+}
+
+/// The engine's end of a download's pipe, which ends in an error unless the download said it
+/// wrote everything.
+struct Arrived {
+    pipe: std::io::PipeReader,
+    /// Set by the download, before it closes the pipe, when it wrote everything.
+    whole: std::sync::Arc<AtomicBool>,
+    /// Set here when the pipe ended without that.
+    cut_short: std::sync::Arc<AtomicBool>,
+}
+
+impl Read for Arrived {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.pipe.read(buf)?;
+        if n == 0 && !buf.is_empty() && !self.whole.load(Ordering::Acquire) {
+            self.cut_short.store(true, Ordering::Release);
+            return Err(std::io::Error::other("the download stopped short of the snapshot's end"));
+        }
+        Ok(n)
+    }
+}
+
 /// The store's end of a capture's pipe, which ends in an error unless the writer said it wrote
 /// everything.
 struct Whole {
@@ -210,5 +289,38 @@ impl Write for SpoolWriter<'_> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn arrived() -> (Arrived, std::io::PipeWriter) {
+        let (pipe, writer) = std::io::pipe().unwrap();
+        (Arrived { pipe, whole: Default::default(), cut_short: Default::default() }, writer)
+    }
+
+    #[test]
+    fn a_download_that_stops_short_ends_its_stream_in_an_error() {
+        // A tar can end at any entry's boundary: without this, the engine would take the
+        // bytes that arrived for the whole snapshot.
+        let (mut input, mut writer) = arrived();
+        writer.write_all(b"part of it").unwrap();
+        drop(writer);
+        let mut got = vec![];
+        let err = input.read_to_end(&mut got).unwrap_err();
+        assert!(err.to_string().contains("stopped short"), "{err}");
+        assert_eq!(got, b"part of it");
+        assert!(input.cut_short.load(Ordering::Acquire));
+
+        let (mut input, mut writer) = arrived();
+        writer.write_all(b"all of it").unwrap();
+        input.whole.store(true, Ordering::Release);
+        drop(writer);
+        let mut got = vec![];
+        input.read_to_end(&mut got).unwrap();
+        assert_eq!(got, b"all of it");
+        assert!(!input.cut_short.load(Ordering::Acquire));
     }
 }
