@@ -439,16 +439,17 @@ impl Node {
                 "the sandbox is moving to another node; try again in a moment",
             ));
         }
-        let (engine, sid, spec) =
-            (self.engine.clone(), live.record.id.parse::<SandboxId>()?, box_spec(&live.record));
+        let engine = self.engine.clone();
         match live.record.phase.clone() {
             Phase::Running => Ok(live),
             Phase::Stopped => {
+                let sid = live.record.id.parse::<SandboxId>()?;
                 let info = blocking(move || engine.resume(&sid)).await?;
                 self.start_from(live, info, false, None).await
             }
             Phase::Captured(snap) => {
-                let s = snap.clone();
+                let (s, spec) = (snap.clone(), box_spec(&live.record));
+                let sid = live.record.id.parse::<SandboxId>()?;
                 let info = blocking(move || engine.restore(&s, &sid, &spec, Memory::Auto)).await?;
                 let woken = self.start_from(live, info, true, None).await?;
                 let _ = std::fs::remove_file(&snap.layer_tar);
