@@ -154,7 +154,11 @@ fn kill_9_of_the_node_takes_its_launcher_with_it() {
     let mut node = Sandboxd::start(ONE_WARM);
     node.wait_warm(1);
     let pid = node.pid().unwrap();
-    let launchers = children_named(pid, "silk-jail");
+    let serving = |pid: &u32| {
+        std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c.ends_with(b"--serve\0"))
+    };
+    let launchers: Vec<u32> =
+        children_named(pid, "silk-jail").into_iter().filter(serving).collect();
     assert_eq!(launchers.len(), 1, "one launcher server: {launchers:?}");
     node.kill9();
     silk_testkit::eventually("the launcher exits with its node", || {
