@@ -40,7 +40,7 @@ impl Launcher {
     /// Starts the jail `spec` describes; returns its init's host pid.
     pub(super) fn launch(&self, spec: &LaunchSpec) -> Result<u32> {
         let json = serde_json::to_vec(spec).map_err(|e| EngineError::Host(e.to_string()))?;
-        // A server that died (killed, or the node's spawning thread gone) is replaced once.
+        // A server that died (killed, say) is replaced, once: the send meets its closed end.
         let answer = match self.ask(&json, false) {
             Err(e) if e.raw_os_error() == Some(libc::EPIPE) => self.ask(&json, true),
             answer => answer,
