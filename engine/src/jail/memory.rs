@@ -208,17 +208,10 @@ impl JailEngine {
             std::fs::File::open(tar).map_err(EngineError::io(format!("open {}", tar.display())))?;
         let mut head = [0u8; 512];
         let n = read_full(&mut file, &mut head).map_err(EngineError::io("read snapshot"))?;
-        let header = tar::Header::from_byte_slice(&head);
-        let name = &header.as_old().name;
-        let ours = n == 512 && name.starts_with(ENTRY) && name[ENTRY.len()] == 0;
-        if !ours {
+        let Some(size) = memory_entry(&head, n)? else {
             let layer = std::io::Cursor::new(head[..n].to_vec()).chain(file);
             return Ok((Box::new(layer), Ok(false)));
-        }
-        let size = header.size().unwrap_or(u64::MAX);
-        if !(MAC_LEN as u64..=MAX_ENTRY).contains(&size) {
-            return Err(EngineError::BadRequest("snapshot: bad memory entry".into()));
-        }
+        };
         let inner = size - MAC_LEN as u64;
         // The MAC first, over the bytes as they are: nothing the store sent is unpacked (no
         // name it chose used) before it is known to be this fleet's.
@@ -256,18 +249,10 @@ impl JailEngine {
         let read = |e: std::io::Error| EngineError::io("read snapshot")(e);
         let mut head = [0u8; 512];
         let n = read_full(&mut *input, &mut head).map_err(read)?;
-        let header = tar::Header::from_byte_slice(&head);
-        let name = &header.as_old().name;
-        if !(n == 512 && name.starts_with(ENTRY) && name[ENTRY.len()] == 0) {
-            return Ok((
-                Box::new(std::io::Cursor::new(head[..n].to_vec()).chain(input)),
-                Ok(false),
-            ));
-        }
-        let size = header.size().unwrap_or(u64::MAX);
-        if !(MAC_LEN as u64..=MAX_ENTRY).contains(&size) {
-            return Err(EngineError::BadRequest("snapshot: bad memory entry".into()));
-        }
+        let Some(size) = memory_entry(&head, n)? else {
+            let layer = std::io::Cursor::new(head[..n].to_vec()).chain(input);
+            return Ok((Box::new(layer), Ok(false)));
+        };
         let inner = size - MAC_LEN as u64;
         let spool_path = into.with_extension("spool");
         let _ = std::fs::remove_file(&spool_path);
@@ -352,6 +337,21 @@ impl<W: Write> Write for Mac<'_, W> {
     fn flush(&mut self) -> std::io::Result<()> {
         self.out.flush()
     }
+}
+
+/// The size of the memory entry a snapshot starts with, from its first `n` bytes (`head`);
+/// `None` where it starts with something else (the layer tar itself).
+fn memory_entry(head: &[u8; 512], n: usize) -> Result<Option<u64>> {
+    let header = tar::Header::from_byte_slice(head);
+    let name = &header.as_old().name;
+    if !(n == 512 && name.starts_with(ENTRY) && name[ENTRY.len()] == 0) {
+        return Ok(None);
+    }
+    let size = header.size().unwrap_or(u64::MAX);
+    if !(MAC_LEN as u64..=MAX_ENTRY).contains(&size) {
+        return Err(EngineError::BadRequest("snapshot: bad memory entry".into()));
+    }
+    Ok(Some(size))
 }
 
 /// Reads until `buf` is full or the input ends; how much was read.

@@ -478,17 +478,19 @@ impl Node {
         let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
         let (engine, sid, spec) =
             (self.engine.clone(), live.record.id.parse::<SandboxId>()?, box_spec(&live.record));
-        let (info, _) = self
-            .download_into(&name, move |input, snap| {
+        let restored = async {
+            let manifest = self.store.manifest(&name).await?;
+            self.download_into(&name, manifest, move |input, snap| {
                 engine.read_snapshot(input, snap, &sid, &spec, Memory::Auto)
             })
             .await
-            .map_err(|e| match e.code {
-                Code::NotFound => {
-                    NodeError::internal(format!("the archive {name} is missing from the store"))
-                }
-                _ => e,
-            })?;
+        };
+        let info = restored.await.map_err(|e: NodeError| match e.code {
+            Code::NotFound => {
+                NodeError::internal(format!("the archive {name} is missing from the store"))
+            }
+            _ => e,
+        })?;
         let woken = self.start_from(live, info, true, Some(&archive)).await?;
         self.crash_point("wake:journalled").await;
         self.finish_unpublish(&woken.record.id, &archive).await?;

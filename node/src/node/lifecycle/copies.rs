@@ -237,9 +237,10 @@ impl Node {
             let mut st = self.lock();
             self.admit(&mut st, 1, spec.tenant.as_deref())?
         };
+        let manifest = self.store.manifest(&name).await?;
         let (engine, sid) = (self.engine.clone(), self.new_id()?);
-        let ((info, size, lane), _) = self
-            .download_into(&name, move |input, snap| {
+        let (info, size, lane) = self
+            .download_into(&name, manifest, move |input, snap| {
                 // Size and lane only: limits are this node's for them, whatever the snapshot
                 // says (it comes from the shared store).
                 let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);

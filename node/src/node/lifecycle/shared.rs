@@ -270,7 +270,8 @@ impl Node {
             // The archive must have been made, by the node that held the sandbox, for this very
             // record: a member handing over someone's archive with its own token (or in
             // another tenant's name) gets nothing.
-            let made_for = self.store.manifest(&name).await?.meta;
+            let manifest = self.store.manifest(&name).await?;
+            let made_for = &manifest.meta;
             let said = |k: &str| made_for.get(k).map(String::as_str);
             if said("sandbox") != Some(record.id.as_str())
                 || said("token_hash") != Some(record.token_hash.as_str())
@@ -283,8 +284,8 @@ impl Node {
             }
             let (engine, sid, spec) =
                 (self.engine.clone(), record.id.parse::<SandboxId>()?, box_spec(&record));
-            let (info, _) = self
-                .download_into(&name, move |input, snap| {
+            let info = self
+                .download_into(&name, manifest, move |input, snap| {
                     engine.read_snapshot(input, snap, &sid, &spec, Memory::Auto)
                 })
                 .await?;

@@ -113,19 +113,19 @@ impl Node {
 }
 
 impl Node {
-    /// Restores the snapshot `name` as it downloads: `restore` runs on a blocking thread and
-    /// reads the stream, which ends in an error unless the download wrote all of it, so a
-    /// download cut short never passes for a whole snapshot. It gets the snapshot as stored
-    /// (its `layer_tar` a scratch path, for an engine that restores from a file). Returns what
-    /// `restore` made and the snapshot's manifest.
+    /// Restores the snapshot `name` (its `manifest`, which the caller read) as it downloads:
+    /// `restore` runs on a blocking thread and reads the stream, which ends in an error unless
+    /// the download wrote all of it, so a download cut short never passes for a whole snapshot.
+    /// It gets the snapshot as stored (its `layer_tar` a scratch path, for an engine that
+    /// restores from a file). Returns what `restore` made.
     pub(in crate::node) async fn download_into<T: Send + 'static>(
         &self,
         name: &SnapshotName,
+        manifest: silk_store::Manifest,
         restore: impl FnOnce(&mut dyn Read, &Snapshot) -> Result<T, EngineError> + Send + 'static,
-    ) -> Result<(T, silk_store::Manifest), NodeError> {
+    ) -> Result<T, NodeError> {
         // Every download becomes files on this disk (a branch, a wake from an archive, a move).
         self.disk_reserve()?;
-        let manifest = self.store.manifest(name).await?;
         let json = manifest
             .meta
             .get("snapshot")
@@ -151,14 +151,14 @@ impl Node {
             // Before the pipe closes: the engine takes its end for the snapshot's end.
             whole.store(got.is_ok(), Ordering::Release);
             drop(writer);
-            got.map(|()| manifest)
+            got
         };
         let (restored, fetched) = tokio::join!(restored, fetched);
         let _ = std::fs::remove_file(&snap.layer_tar);
         match (restored, fetched) {
             // The engine read to the stream's end, which ends whole only once the download
             // wrote everything.
-            (Ok(made), Ok(manifest)) => Ok((made, manifest)),
+            (Ok(made), Ok(())) => Ok(made),
             // The download stopped short, and the engine at its end: the store says why.
             (Err(_), Err(e)) if cut_short.load(Ordering::Acquire) => Err(e.into()),
             // The engine stopped first (the download then met the closed pipe).
