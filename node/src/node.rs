@@ -55,7 +55,7 @@ use fleet::Fleet;
 use slots::Slots;
 
 pub use lifecycle::{CheckpointInfo, Promoted};
-use pools::{load_pools, refill_loop};
+use pools::{Ready, load_pools, refill_loop};
 use reaper::{gc_loop, reap_loop, tenants_loop, usage_loop};
 pub use report::Advert;
 
@@ -113,7 +113,7 @@ struct State {
     pending: usize,
     /// Of those, the ones for each tenant (they count against its `max_sandboxes`).
     pending_by_tenant: HashMap<String, usize>,
-    pools: BTreeMap<PoolKey, Pool>,
+    pools: BTreeMap<PoolKey, Pool<Ready>>,
     templates: HashMap<String, Template>,
     goldens: HashMap<String, Golden>,
     /// Goldens holding the memory of what their warmup left running (pools with
@@ -291,11 +291,14 @@ impl Principal {
 }
 
 /// What a successful claim hands back (the token only this once).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Claimed {
     pub record: ClaimRecord,
     pub token: String,
     pub took: Duration,
+    /// A connection to its silkd, opened while it waited in its pool (warm claims): a relay
+    /// opened with the claim takes it rather than connecting on the claim's path.
+    pub agent: Option<UnixStream>,
 }
 
 pub fn now_ms() -> u64 {

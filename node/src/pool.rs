@@ -35,8 +35,10 @@ impl fmt::Display for PoolKey {
     }
 }
 
+/// `T` is what a ready sandbox is kept as: the node keeps its [`BoxInfo`] with a connection
+/// to its silkd; the tests here, the bare `BoxInfo`.
 #[derive(Debug)]
-pub struct Pool {
+pub struct Pool<T = BoxInfo> {
     pub key: PoolKey,
     pub warm: usize,
     pub warm_max: usize,
@@ -49,7 +51,7 @@ pub struct Pool {
     /// Lane `egress`: its claims' policy (`None`: the node's default).
     pub egress: Option<silk_api::EgressPolicy>,
     pub target: usize,
-    pub ready: VecDeque<BoxInfo>,
+    pub ready: VecDeque<T>,
     /// Starts in flight.
     pub starting: usize,
     /// Bumped by `flush`: a start begun before it may carry the old base.
@@ -60,8 +62,8 @@ pub struct Pool {
     last_decay: Option<Instant>,
 }
 
-impl Pool {
-    pub fn new(key: PoolKey, warm: usize, warm_max: usize) -> Pool {
+impl<T> Pool<T> {
+    pub fn new(key: PoolKey, warm: usize, warm_max: usize) -> Pool<T> {
         Pool {
             key,
             warm,
@@ -82,7 +84,7 @@ impl Pool {
     }
 
     /// Takes a ready sandbox, or records a miss (raising the target).
-    pub fn take(&mut self, now: Instant) -> Option<BoxInfo> {
+    pub fn take(&mut self, now: Instant) -> Option<T> {
         let got = self.ready.pop_front();
         if got.is_none() {
             self.target = (self.target + 1).min(self.warm_max);
@@ -115,7 +117,7 @@ impl Pool {
 
     /// A start of `generation` finished. A sandbox begun before the last `flush` is handed back,
     /// to be torn down: it may run on the old base.
-    pub fn started(&mut self, info: BoxInfo, generation: u64) -> Option<BoxInfo> {
+    pub fn started(&mut self, info: T, generation: u64) -> Option<T> {
         self.starting = self.starting.saturating_sub(1);
         if generation != self.generation {
             return Some(info);
@@ -128,7 +130,7 @@ impl Pool {
 
     /// Empties the pool after its template's base changed (a promote replaced it): returns the
     /// ready sandboxes to tear down, and makes `started` refuse the starts in flight.
-    pub fn flush(&mut self) -> Vec<BoxInfo> {
+    pub fn flush(&mut self) -> Vec<T> {
         self.generation += 1;
         self.ready.drain(..).collect()
     }

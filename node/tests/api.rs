@@ -97,6 +97,28 @@ fn relay_carries_the_silkd_protocol() {
 }
 
 #[test]
+fn a_warm_sandbox_whose_silkd_died_in_its_pool_is_claimed_with_a_working_relay() {
+    let node = Sandboxd::start(ONE_WARM);
+    node.wait_warm(1);
+    // The pool holds a connection to each waiting sandbox's silkd for the claim's relay. This
+    // one's processes die while it waits (an OOM kill): that connection is closed now.
+    let waiting = node.boxes();
+    assert_eq!(waiting.len(), 1, "one warm sandbox and nothing else: {waiting:?}");
+    node.kill_sandbox_processes(waiting[0].id.as_str());
+
+    let (status, row, stream) = claim_upgraded(node.addr, ROOT, "{}");
+    assert!(status.contains(" 101 "), "{status} {row}");
+    let id = row["id"].as_str().unwrap().to_string();
+    assert_eq!((id.as_str(), row["tier"].as_str()), (waiting[0].id.as_str(), Some("warm")));
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async move {
+        let mut conn = relay_connection(stream);
+        let (out, code) = relay_exec(&mut conn, &["hostname"]).await;
+        assert_eq!((out, code), (format!("{id}\n").into_bytes(), 0), "a restarted silkd answers");
+    });
+}
+
+#[test]
 fn a_claim_that_asks_for_the_relay_runs_calls_on_its_own_connection() {
     let node = Sandboxd::start(ONE_WARM);
     node.wait_warm(1);

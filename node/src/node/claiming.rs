@@ -144,13 +144,13 @@ impl Node {
         &self,
         spec: ClaimSpec,
         key: PoolKey,
-        warm: Option<BoxInfo>,
+        warm: Option<Ready>,
         idle_hibernate_seconds: Option<u64>,
         admitted: Admission<'_>,
         t0: Instant,
     ) -> Result<Claimed, NodeError> {
-        let (info, tier) = match warm {
-            Some(info) => (info, Tier::Warm),
+        let (info, tier, agent) = match warm {
+            Some(Ready { info, agent }) => (info, Tier::Warm, agent),
             None => {
                 let id: SandboxId = self.new_id()?;
                 let box_spec = BoxSpec::new(key.size, key.lane);
@@ -166,10 +166,12 @@ impl Node {
                     Some(g) => (
                         blocking(move || engine.clone_golden(&g, &id, &box_spec)).await?,
                         Tier::Clone,
+                        None,
                     ),
                     None => {
                         let t = self.template(&spec.template).await?;
-                        (blocking(move || engine.boot(&t, &id, &box_spec)).await?, Tier::Cold)
+                        let info = blocking(move || engine.boot(&t, &id, &box_spec)).await?;
+                        (info, Tier::Cold, None)
                     }
                 }
             }
@@ -180,7 +182,7 @@ impl Node {
         self.acknowledge(vec![(record.clone(), info)], admitted).await?;
         let took = t0.elapsed();
         self.metrics.claimed(tier, took);
-        Ok(Claimed { record, token, took })
+        Ok(Claimed { record, token, took, agent })
     }
 
     /// Journals new claims on running sandboxes, all or none, and makes them visible. On a

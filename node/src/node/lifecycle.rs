@@ -349,6 +349,26 @@ impl Node {
         super::detached(async move { node.agent_stream(&id).await }).await
     }
 
+    /// [`open_agent`](Self::open_agent) for a sandbox this call just claimed: `ahead`, the
+    /// connection its pool opened while it waited, if silkd still holds it open and idle (a
+    /// silkd that died or was restarted meanwhile closed it); else a new one.
+    pub async fn open_claimed_agent(
+        self: &Arc<Self>,
+        id: &str,
+        ahead: Option<UnixStream>,
+    ) -> Result<(Live, UnixStream), NodeError> {
+        if let Some(agent) = ahead.filter(open_and_idle) {
+            let st = self.lock();
+            if let Some(live) = st.slots.claim(id)
+                && st.slots.free(id)
+                && live.record.phase == Phase::Running
+            {
+                return Ok((live.clone(), agent));
+            }
+        }
+        self.open_agent(id).await
+    }
+
     /// Splices a data-plane connection to the sandbox's silkd, both ways, until either side
     /// ends or the sandbox stops (hibernate, archive, release); keeps its idle clock paused
     /// meanwhile and counts the bytes. The client's control frames (a request to run a
@@ -558,4 +578,21 @@ impl Node {
         self.metrics.woken.fetch_add(1, Ordering::Relaxed);
         Ok(woken)
     }
+}
+
+/// Whether silkd holds `agent` open with nothing sent on it (silkd never speaks first): one
+/// peek that must find nothing to read yet.
+fn open_and_idle(agent: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = [0u8; 1];
+    // SAFETY: a non-blocking peek into a local buffer, on a descriptor `agent` owns.
+    let n = unsafe {
+        libc::recv(
+            agent.as_raw_fd(),
+            byte.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }

@@ -14,8 +14,8 @@ impl Node {
             });
             if pool.memory_golden != p.memory_golden {
                 // Its warm sandboxes came from the other golden.
-                for info in pool.flush() {
-                    self.teardown(info.id);
+                for ready in pool.flush() {
+                    self.teardown(ready.info.id);
                 }
             }
             pool.warm = p.warm;
@@ -29,8 +29,8 @@ impl Node {
         }
         // Pools no longer configured: their warm sandboxes go away.
         for (_, pool) in std::mem::take(&mut st.pools) {
-            for info in pool.ready {
-                self.teardown(info.id);
+            for ready in pool.ready {
+                self.teardown(ready.info.id);
             }
         }
         st.pools = next;
@@ -88,6 +88,11 @@ impl Node {
             let node = self.clone();
             tokio::spawn(async move {
                 let started = node.start_warm(&key).await;
+                // Off the claim's path: the relay a claim opens takes this connection.
+                let agent = match &started {
+                    Ok(info) => super::connect_agent(&info.agent).await.ok(),
+                    Err(_) => None,
+                };
                 let mut st = node.lock();
                 let Some(pool) = st.pools.get_mut(&key) else {
                     // The pool was removed meanwhile.
@@ -98,8 +103,8 @@ impl Node {
                 };
                 match started {
                     Ok(info) => {
-                        if let Some(stale) = pool.started(info, generation) {
-                            node.teardown(stale.id);
+                        if let Some(stale) = pool.started(Ready { info, agent }, generation) {
+                            node.teardown(stale.info.id);
                             drop(st);
                             node.refill.notify_one();
                         }
@@ -124,6 +129,14 @@ impl Node {
         let (engine, spec) = (self.engine.clone(), BoxSpec::new(key.size, key.lane));
         blocking(move || engine.clone_golden(&golden, &id, &spec)).await
     }
+}
+
+/// A warm sandbox as its pool keeps it.
+#[derive(Debug)]
+pub(super) struct Ready {
+    pub(super) info: BoxInfo,
+    /// A connection to its silkd, opened while it waits (see [`Claimed::agent`]).
+    pub(super) agent: Option<UnixStream>,
 }
 
 pub(super) fn load_pools(cfg: &Config) -> anyhow::Result<Vec<PoolConfig>> {

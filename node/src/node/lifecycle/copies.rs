@@ -254,7 +254,7 @@ impl Node {
         record.from_checkpoint = Some(id.to_string());
         self.acknowledge(vec![(record.clone(), info)], admitted).await?;
         self.metrics.branched.fetch_add(1, Ordering::Relaxed);
-        Ok(Claimed { record, token, took: t0.elapsed() })
+        Ok(Claimed { record, token, took: t0.elapsed(), agent: None })
     }
 
     // ---- fork ----
@@ -311,7 +311,7 @@ impl Node {
             let mut record = new_record(&info, &token, &spec, Tier::Clone);
             record.forked_from = Some(id.to_string());
             record.idle_hibernate_seconds = src.idle_hibernate_seconds;
-            out.push(Claimed { record: record.clone(), token, took: t0.elapsed() });
+            out.push(Claimed { record: record.clone(), token, took: t0.elapsed(), agent: None });
             claims.push((record, info));
         }
         self.acknowledge(claims, admitted).await?;
@@ -457,8 +457,8 @@ impl Node {
     /// being started now.
     pub(in crate::node) fn flush_pools(&self, st: &mut State, template: &str) {
         for pool in st.pools.values_mut().filter(|p| p.key.template == template) {
-            for info in pool.flush() {
-                self.teardown(info.id);
+            for ready in pool.flush() {
+                self.teardown(ready.info.id);
             }
         }
     }
