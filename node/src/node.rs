@@ -162,6 +162,9 @@ pub struct Activity {
     pub hangup: Notify,
     /// What its last hibernate or start did with its processes' memory (`None`: neither yet).
     memory: std::sync::Mutex<Option<MemoryKept>>,
+    /// A connection to its silkd opened ahead of need (while it waited in a warm pool): the
+    /// next relay takes it rather than connecting on its caller's path.
+    ahead: std::sync::Mutex<Option<UnixStream>>,
 }
 
 impl Activity {
@@ -178,6 +181,40 @@ impl Activity {
     pub(crate) fn set_memory(&self, kept: MemoryKept) {
         *self.memory.lock().unwrap_or_else(|e| e.into_inner()) = Some(kept);
     }
+
+    /// The sandbox stops (hibernate, a memory dump, archive, move, release): its relays end,
+    /// and the connection kept ahead goes.
+    pub(crate) fn hang_up(&self) {
+        self.hangup.notify_waiters();
+        self.ahead.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+
+    fn keep_ahead(&self, agent: UnixStream) {
+        *self.ahead.lock().unwrap_or_else(|e| e.into_inner()) = Some(agent);
+    }
+
+    /// The connection kept ahead, if silkd still holds it open and idle (a silkd that died or
+    /// was restarted meanwhile closed it).
+    fn take_ahead(&self) -> Option<UnixStream> {
+        self.ahead.lock().unwrap_or_else(|e| e.into_inner()).take().filter(open_and_idle)
+    }
+}
+
+/// Whether silkd holds `agent` open with nothing sent on it (silkd never speaks first): one
+/// peek that must find nothing to read yet.
+fn open_and_idle(agent: &UnixStream) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut byte = [0u8; 1];
+    // SAFETY: a non-blocking peek into a local buffer, on a descriptor `agent` owns.
+    let n = unsafe {
+        libc::recv(
+            agent.as_raw_fd(),
+            byte.as_mut_ptr().cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
 }
 
 /// A data-plane call in progress: pauses the sandbox's idle clock until dropped.
@@ -296,9 +333,6 @@ pub struct Claimed {
     pub record: ClaimRecord,
     pub token: String,
     pub took: Duration,
-    /// A connection to its silkd, opened while it waited in its pool (warm claims): a relay
-    /// opened with the claim takes it rather than connecting on the claim's path.
-    pub agent: Option<UnixStream>,
 }
 
 pub fn now_ms() -> u64 {
@@ -529,7 +563,7 @@ impl Node {
         }
         self.metrics.released.fetch_add(1, Ordering::Relaxed);
         self.meter(std::slice::from_ref(&live.record), &[id.to_string()]);
-        live.activity.hangup.notify_waiters();
+        live.activity.hang_up();
         match &live.record.phase {
             Phase::Running | Phase::Stopped => self.teardown(live.record.id.parse()?),
             Phase::Captured(s) => {

@@ -230,7 +230,7 @@ async fn claim(
     let peer = forwardable.as_ref().and_then(|_| edge::warm_peer(&api, &key, query.as_deref()));
     let n = node.clone();
     let offered = peer.is_some();
-    let mut claimed = match detached(async move { n.claim_or_place(spec, offered).await }).await? {
+    let claimed = match detached(async move { n.claim_or_place(spec, offered).await }).await? {
         Some(claimed) => claimed,
         None => {
             let (peer, request) = (peer.expect("offered"), forwardable.expect("offered"));
@@ -242,7 +242,7 @@ async fn claim(
     // The claim stands whatever happens here: a row too large for a header, or a relay that
     // does not open, is the plain `201`, and the client dials one as it would have.
     if let (Some(upgrade), Some(in_header)) = (upgrade, header_json(&row)) {
-        match node.open_claimed_agent(&row.id, claimed.agent.take()).await {
+        match node.open_agent(&row.id).await {
             Ok((live, agent)) => {
                 let who = audited::principal(&node, bearer(&headers), None);
                 let mut res = relay::serve(node.clone(), live, agent, upgrade, who);

@@ -13,8 +13,8 @@ impl Node {
     /// A claim, or `None` when a peer should serve it: `peer_has_warm` says one has a warm
     /// sandbox for it, and this node has none it may hand out (none ready, full, or draining).
     /// The choice and the pop are one critical section, so a sandbox is never both promised
-    /// elsewhere and taken here, and a warm claim takes the state lock twice in all (here, and
-    /// to make it visible).
+    /// elsewhere and taken here; a warm claim holds the state lock only for such short steps,
+    /// never across an await.
     pub async fn claim_or_place(
         self: &Arc<Self>,
         spec: ClaimSpec,
@@ -180,9 +180,14 @@ impl Node {
         let mut record = new_record(&info, &token, &spec, tier);
         record.idle_hibernate_seconds = idle_hibernate_seconds;
         self.acknowledge(vec![(record.clone(), info)], admitted).await?;
+        if let Some(agent) = agent
+            && let Some(live) = self.lock().slots.claim(&record.id)
+        {
+            live.activity.keep_ahead(agent);
+        }
         let took = t0.elapsed();
         self.metrics.claimed(tier, took);
-        Ok(Claimed { record, token, took, agent })
+        Ok(Claimed { record, token, took })
     }
 
     /// Journals new claims on running sandboxes, all or none, and makes them visible. On a

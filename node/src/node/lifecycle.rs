@@ -105,7 +105,7 @@ fn promoted_path(cfg: &Config) -> PathBuf {
 /// Before a running sandbox's memory may be dumped: its silkd closes every connection.
 fn before_dump(live: &Live, memory: Memory) {
     if live.record.phase == Phase::Running && memory != Memory::Off {
-        live.activity.hangup.notify_waiters();
+        live.activity.hang_up();
     }
 }
 
@@ -313,7 +313,7 @@ impl Node {
         memory: Memory,
     ) -> Result<ClaimRecord, NodeError> {
         let mut rec = live.record.clone();
-        live.activity.hangup.notify_waiters();
+        live.activity.hang_up();
         let (engine, sid) = (self.engine.clone(), rec.id.parse::<SandboxId>()?);
         let kept = blocking(move || engine.stop(&sid, memory)).await?;
         live.activity.set_memory(kept);
@@ -347,26 +347,6 @@ impl Node {
     pub async fn open_agent(self: &Arc<Self>, id: &str) -> Result<(Live, UnixStream), NodeError> {
         let (node, id) = (self.clone(), id.to_string());
         super::detached(async move { node.agent_stream(&id).await }).await
-    }
-
-    /// [`open_agent`](Self::open_agent) for a sandbox this call just claimed: `ahead`, the
-    /// connection its pool opened while it waited, if silkd still holds it open and idle (a
-    /// silkd that died or was restarted meanwhile closed it); else a new one.
-    pub async fn open_claimed_agent(
-        self: &Arc<Self>,
-        id: &str,
-        ahead: Option<UnixStream>,
-    ) -> Result<(Live, UnixStream), NodeError> {
-        if let Some(agent) = ahead.filter(open_and_idle) {
-            let st = self.lock();
-            if let Some(live) = st.slots.claim(id)
-                && st.slots.free(id)
-                && live.record.phase == Phase::Running
-            {
-                return Ok((live.clone(), agent));
-            }
-        }
-        self.open_agent(id).await
     }
 
     /// Splices a data-plane connection to the sandbox's silkd, both ways, until either side
@@ -424,6 +404,9 @@ impl Node {
     /// client sees a slower call, and processes restart as on any wake.
     pub async fn agent_stream(&self, id: &str) -> Result<(Live, UnixStream), NodeError> {
         let live = self.wake(id).await?;
+        if let Some(stream) = live.activity.take_ahead() {
+            return Ok((live, stream));
+        }
         if let Ok(stream) = super::connect_agent(&live.agent).await {
             return Ok((live, stream));
         }
@@ -580,19 +563,3 @@ impl Node {
     }
 }
 
-/// Whether silkd holds `agent` open with nothing sent on it (silkd never speaks first): one
-/// peek that must find nothing to read yet.
-fn open_and_idle(agent: &UnixStream) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut byte = [0u8; 1];
-    // SAFETY: a non-blocking peek into a local buffer, on a descriptor `agent` owns.
-    let n = unsafe {
-        libc::recv(
-            agent.as_raw_fd(),
-            byte.as_mut_ptr().cast(),
-            1,
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    n < 0 && std::io::Error::last_os_error().kind() == std::io::ErrorKind::WouldBlock
-}

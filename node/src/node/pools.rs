@@ -135,7 +135,8 @@ impl Node {
 #[derive(Debug)]
 pub(super) struct Ready {
     pub(super) info: BoxInfo,
-    /// A connection to its silkd, opened while it waits (see [`Claimed::agent`]).
+    /// A connection to its silkd, opened while it waits: its claim keeps it for the first
+    /// relay (`Activity::take_ahead`).
     pub(super) agent: Option<UnixStream>,
 }
 

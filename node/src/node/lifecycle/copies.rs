@@ -254,7 +254,7 @@ impl Node {
         record.from_checkpoint = Some(id.to_string());
         self.acknowledge(vec![(record.clone(), info)], admitted).await?;
         self.metrics.branched.fetch_add(1, Ordering::Relaxed);
-        Ok(Claimed { record, token, took: t0.elapsed(), agent: None })
+        Ok(Claimed { record, token, took: t0.elapsed() })
     }
 
     // ---- fork ----
@@ -311,7 +311,7 @@ impl Node {
             let mut record = new_record(&info, &token, &spec, Tier::Clone);
             record.forked_from = Some(id.to_string());
             record.idle_hibernate_seconds = src.idle_hibernate_seconds;
-            out.push(Claimed { record: record.clone(), token, took: t0.elapsed(), agent: None });
+            out.push(Claimed { record: record.clone(), token, took: t0.elapsed() });
             claims.push((record, info));
         }
         self.acknowledge(claims, admitted).await?;

@@ -238,7 +238,7 @@ impl Node {
     async fn forget_moved(&self, id: &str, files: &Files, archive: &str) -> Result<(), NodeError> {
         self.journal.commit(vec![Change::Delete(id.to_string())]).await.map_err(journal_error)?;
         if let Some(live) = self.lock().slots.remove_claim(id) {
-            live.activity.hangup.notify_waiters();
+            live.activity.hang_up();
         }
         self.drop_files(id, files).await;
         self.drop_archive(archive).await;
