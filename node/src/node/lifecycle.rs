@@ -562,4 +562,3 @@ impl Node {
         Ok(woken)
     }
 }
-
