@@ -246,6 +246,39 @@ fn forks_share_one_layer_until_the_last_copy_goes() {
     assert_eq!(layers(), 0, "the last copy took the layer with it");
 }
 
+/// A destroy frees the id at once (a box of that id may start again right away: a sandbox moved
+/// back, or woken here from its archive) and the files go behind it; what a crash left in the
+/// trash goes when the next engine opens.
+#[test]
+fn a_destroyed_box_frees_its_id_at_once_and_its_files_go_behind_it() {
+    let h = Harness::new();
+    let host = h.host();
+    let trash = h.data.path().join("trash");
+    let entries = || std::fs::read_dir(&trash).unwrap().count();
+    let a = h.engine.boot(&host, &id("t-1"), &small()).unwrap();
+    ok(
+        &a,
+        "head -c 4194304 /dev/urandom > /root/four && mkdir -p /root/d/e && echo x > /root/d/e/f",
+    );
+    h.engine.destroy(&a.id).unwrap();
+    assert_eq!(traces(&h, &a.id, a.pid), Vec::<String>::new(), "the box is gone at once");
+    let again = h.engine.boot(&host, &id("t-1"), &small()).unwrap();
+    assert_eq!(ok(&again, "test -e /root/four && echo old || echo new"), "new");
+    h.engine.destroy(&again.id).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while entries() > 0 {
+        assert!(std::time::Instant::now() < deadline, "the trash was not emptied");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+
+    // A crash between a box's move into the trash and its deletion.
+    std::fs::create_dir_all(trash.join("t-2.1.2.0/upper/deep")).unwrap();
+    std::fs::write(trash.join("t-2.1.2.0/upper/deep/file"), "x").unwrap();
+    // An engine that closes has finished its deletions.
+    drop(h.reopen());
+    assert_eq!(entries(), 0, "the next engine deleted what the crash left");
+}
+
 /// A fork layer no copy links (a crash between its unpack and its release) goes at start.
 #[test]
 fn a_fork_layer_left_by_a_crash_is_removed_at_start() {

@@ -52,6 +52,7 @@ mod outside;
 pub mod seccomp;
 mod snapshot;
 mod start;
+mod trash;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -101,6 +102,8 @@ pub struct JailEngine {
     instance: String,
     /// The egress lane's addresses, when it is offered.
     addresses: Option<net::Addresses>,
+    /// Where destroyed boxes are deleted from, behind the destroy.
+    trash: trash::Trash,
 }
 
 /// The memory images of a golden built with `Warmup::memory`, beside its layer.
@@ -143,7 +146,7 @@ impl JailEngine {
             )));
         }
         // Sandboxes' files (setuid ones too) sit under these: nobody but root gets in.
-        for dir in ["", "templates", "goldens", "forks", "boxes", "disks"] {
+        for dir in ["", "templates", "goldens", "forks", "boxes", "disks", "trash"] {
             let d = cfg.data_dir.join(dir);
             std::fs::create_dir_all(&d)
                 .and_then(|()| std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)))
@@ -163,6 +166,8 @@ impl JailEngine {
             tracing::info!("sandboxes keep their files, not their memory: {why}");
         }
         let memory_key = memory::memory_key(&cfg.data_dir, cfg.memory_key)?;
+        let trash = trash::Trash::open(cfg.data_dir.join("trash"))
+            .map_err(EngineError::io("open the trash directory"))?;
         let addresses = cfg.lane.clone().map(|lane| {
             let taken = recorded_boxes(&cfg.data_dir).into_iter().filter_map(|b| b.address);
             net::Addresses::new(lane, taken)
@@ -177,6 +182,7 @@ impl JailEngine {
             memory_key,
             instance,
             addresses,
+            trash,
         };
         engine.remove_incomplete()?;
         engine.thaw_all();
@@ -431,7 +437,15 @@ impl Engine for JailEngine {
         }
         let dir = self.box_dir(id);
         let fork = self.fork_of(&dir);
-        disk::remove_box(&dir).map_err(EngineError::io(format!("remove sandbox {id}")))?;
+        let removed = || -> std::io::Result<()> {
+            disk::unmount_disk(&dir)?;
+            if fork.is_some() {
+                // Its link to the shared layer goes now: the release below counts the links.
+                let _ = std::fs::remove_file(dir.join("fork"));
+            }
+            self.trash.discard(&dir)
+        };
+        removed().map_err(EngineError::io(format!("remove sandbox {id}")))?;
         if let Some(fork) = fork {
             self.release_fork(&fork);
         }

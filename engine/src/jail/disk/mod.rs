@@ -117,6 +117,12 @@ impl Disks {
 /// Removes a box directory, its disk unmounted first (whatever is mounted there: the removal
 /// must never walk into a filesystem it did not mean to empty).
 pub fn remove_box(box_dir: &Path) -> io::Result<()> {
+    unmount_disk(box_dir)?;
+    super::host::remove_tree(box_dir)
+}
+
+/// Unmounts a box's disk image, if one is mounted there.
+pub fn unmount_disk(box_dir: &Path) -> io::Result<()> {
     let disk = box_dir.join("disk");
     if image::is_mountpoint(&disk) {
         match image::unmount(&disk) {
@@ -125,7 +131,7 @@ pub fn remove_box(box_dir: &Path) -> io::Result<()> {
             other => other?,
         }
     }
-    super::host::remove_tree(box_dir)
+    Ok(())
 }
 
 /// Mounts the image of every box whose image is not mounted (after a host reboot), checking
