@@ -106,6 +106,13 @@ pub struct JailEngine {
     trash: trash::Trash,
 }
 
+impl Drop for JailEngine {
+    fn drop(&mut self) {
+        // Sandboxes that outlive the engine (claims across a node's restart) keep theirs.
+        self.cgroups.remove_parents();
+    }
+}
+
 /// The memory images of a golden built with `Warmup::memory`, beside its layer.
 fn golden_images(golden: &Golden) -> Option<PathBuf> {
     let images = golden.layer.parent()?.join("memory");
