@@ -246,7 +246,7 @@ impl Cgroups {
 
     /// Removes the parent groups if no sandbox's group is left in them: when the engine
     /// closes. (Kept while the engine lives: making them again for a sandbox after the last
-    /// one went cost ~90 µs of its start on v1, four controllers' `mkdir`.)
+    /// one went cost 70–90 µs of its start on v1, four controllers' `mkdir`.)
     pub fn remove_parents(&self) {
         for parent in self.parents() {
             let _ = std::fs::remove_dir(parent);
