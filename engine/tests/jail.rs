@@ -279,6 +279,44 @@ fn a_destroyed_box_frees_its_id_at_once_and_its_files_go_behind_it() {
     assert_eq!(entries(), 0, "the next engine deleted what the crash left");
 }
 
+/// Deleting a destroyed box walks a tree its sandbox wrote: links planted there to host files
+/// and directories are removed as links, never followed.
+#[test]
+fn deleting_a_box_never_follows_the_links_its_sandbox_planted() {
+    let data = tempfile::tempdir().unwrap();
+    let host = tempfile::tempdir().unwrap();
+    std::fs::create_dir(host.path().join("dir")).unwrap();
+    for kept in ["dir/kept", "file"] {
+        std::fs::write(host.path().join(kept), "host file\n").unwrap();
+    }
+    let mut cfg = silk_engine::jail::JailConfig::new(
+        data.path(),
+        static_silkd(),
+        env!("CARGO_BIN_EXE_silk-jail"),
+    );
+    // The upper directory then sits in the box itself (not in a disk image), so the deletion
+    // meets the sandbox's files one by one.
+    cfg.bound_disks = false;
+    let engine = silk_engine::jail::JailEngine::new(cfg).unwrap();
+    let template = engine.template(&TemplateDef::host()).unwrap();
+    let b = engine.boot(&template, &id("t-3"), &small()).unwrap();
+    let h = host.path().display();
+    ok(
+        &b,
+        &format!(
+            "ln -s {h}/dir /root/dir && ln -s {h}/file /root/file && mkdir /root/d && ln -s {h} /root/d/up"
+        ),
+    );
+    engine.destroy(&b.id).unwrap();
+    // An engine that closes has finished its deletions.
+    drop(engine);
+    assert_eq!(std::fs::read_dir(data.path().join("trash")).unwrap().count(), 0, "deleted");
+    for kept in ["dir/kept", "file"] {
+        let content = std::fs::read_to_string(host.path().join(kept));
+        assert_eq!(content.ok().as_deref(), Some("host file\n"), "{kept}: deleted through a link");
+    }
+}
+
 /// A fork layer no copy links (a crash between its unpack and its release) goes at start.
 #[test]
 fn a_fork_layer_left_by_a_crash_is_removed_at_start() {
