@@ -51,6 +51,22 @@ pub struct Daemon {
     tls: Option<Arc<rustls::ServerConfig>>,
     /// E2B's listener, bound at start (so it answers once the node says it listens).
     e2b: Option<tokio::net::TcpListener>,
+    /// `<data>/node.lock`, held while the node runs (see [`start`]).
+    _data_lock: std::fs::File,
+}
+
+/// Takes `<data>/node.lock` for this process, or says that another node runs on `data`.
+fn lock_data_dir(data: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let path = data.join("node.lock");
+    let lock = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path)?;
+    match lock.try_lock() {
+        Ok(()) => Ok(lock),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "{} is already open in another process: a node runs there",
+            data.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => Err(e.into()),
+    }
 }
 
 /// Starts a node on the jail engine: the controller (which reconciles what survived the last
@@ -62,6 +78,18 @@ pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
     // Sandboxes' files, checkpoints and the journal live here: root's only.
     std::fs::create_dir_all(&cfg.data_dir)?;
     std::fs::set_permissions(&cfg.data_dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+    // Whatever can refuse the start is checked before the node touches the host: a second
+    // process on a live data directory would otherwise rewrite the live node's firewall table
+    // (steering its sandboxes to ports nothing listens on), and a refused start would leave a
+    // table behind.
+    let data_lock = lock_data_dir(&cfg.data_dir)?;
+    if let Some(m) = &cfg.mesh {
+        silk_mesh::tls::check_own(&fleet::tls_files(m), &m.name)?;
+    }
+    let e2b = match &cfg.e2b {
+        Some(e2b) => Some(tokio::net::TcpListener::bind(e2b.listen).await?),
+        None => None,
+    };
     // The lane's firewall before any sandbox can use it: without it the engine offers no lane.
     let egress = egress::start(&cfg).await;
     let mut jail = jail_config(&cfg)?;
@@ -84,11 +112,7 @@ pub async fn start(cfg: Config) -> anyhow::Result<Daemon> {
         }
         None => (None, None),
     };
-    let e2b = match &node.cfg.e2b {
-        Some(e2b) => Some(tokio::net::TcpListener::bind(e2b.listen).await?),
-        None => None,
-    };
-    Ok(Daemon { node, peers, incoming, tls, e2b })
+    Ok(Daemon { node, peers, incoming, tls, e2b, _data_lock: data_lock })
 }
 
 /// The silkd and the jail launcher a node runs: the configured ones, or those beside this
@@ -156,7 +180,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let Daemon { node, peers, incoming, tls, e2b } = daemon;
+    let Daemon { node, peers, incoming, tls, e2b, _data_lock } = daemon;
     let router = api::router(node.clone(), peers.clone());
     let e2b_router = e2b.is_some().then(|| e2b::router(node.clone(), peers.clone()));
     if let Some(incoming) = incoming {

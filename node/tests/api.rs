@@ -548,10 +548,18 @@ fn a_second_node_on_a_live_data_directory_stops_before_it_joins_the_mesh() {
         "pools = []\n[mesh]\nname = \"solo\"\nlisten = \"127.0.0.1:0\"\nca = \"{d}/ca.pem\"\ncert = \"{d}/solo.pem\"\nkey = \"{d}/solo.key\"\n"
     ));
     let epoch = || std::fs::read_to_string(node.data().join("mesh-epoch")).unwrap();
-    let before = epoch();
+    // The live node's egress table (none where nftables is missing: then both are empty).
+    let table = silk_egress::names(&node.data()).0;
+    let rules = || {
+        let out = std::process::Command::new("nft").args(["list", "table", "inet", &table]).output();
+        out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
+    };
+    let (before, rules_before) = (epoch(), rules());
     let second = sandboxd(&["--config", node.config.to_str().unwrap()]);
     assert!(!second.status.success(), "a second node ran on a live data directory");
     let stderr = String::from_utf8_lossy(&second.stderr);
     assert!(stderr.contains("already open in another process"), "{stderr}");
     assert_eq!(epoch(), before, "the second process bumped the live node's mesh epoch");
+    // It did not rewrite the live node's firewall with ports only it listened on.
+    assert_eq!(rules(), rules_before, "the second process rewrote the live node's table");
 }

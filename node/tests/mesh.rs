@@ -255,6 +255,9 @@ fn a_node_with_a_certificate_from_another_ca_cannot_join() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
     assert!(stderr.contains("is not a certificate for node \"a\""), "{stderr}");
+    // Refused before it touched the host: no firewall table is left for its data directory.
+    let table = silk_egress::names(&good.path().join("wrong")).0;
+    assert!(!silk_egress::nft::exists(&table), "a refused start left its egress table");
 }
 
 #[test]

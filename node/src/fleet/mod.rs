@@ -441,6 +441,11 @@ where
     call.send.finish().map_err(|e| e.to_string())
 }
 
+/// The node's mesh certificate files, as configured.
+pub fn tls_files(m: &crate::config::MeshSection) -> silk_mesh::TlsFiles {
+    silk_mesh::TlsFiles { ca: m.ca.clone(), cert: m.cert.clone(), key: m.key.clone() }
+}
+
 /// Starts this node's mesh endpoint. The epoch (persisted, +1 per start) versions its state, so
 /// peers order its announcements without trusting any clock.
 pub async fn start(
@@ -453,7 +458,7 @@ pub async fn start(
         std::fs::read_to_string(&path).ok().and_then(|s| s.trim().parse::<u64>().ok()).unwrap_or(0)
             + 1;
     crate::durable::replace(&path, epoch.to_string().as_bytes())?;
-    let tls = silk_mesh::TlsFiles { ca: m.ca.clone(), cert: m.cert.clone(), key: m.key.clone() };
+    let tls = tls_files(m);
     silk_mesh::tls::check_own(&tls, &m.name)?;
     let mut mc = silk_mesh::MeshConfig::new(m.name.clone(), m.listen, tls);
     mc.join = m.join.clone();
