@@ -148,9 +148,9 @@ pub enum Intent {
     Hibernate(Box<Snapshot>),
     /// Uploading the hibernated snapshot as the archive of this name.
     Archive(String),
-    /// Moving to peer `target` through the archive `archive`: the sandbox stays here,
-    /// hibernated, until the target has journalled it (the switch).
-    Move { archive: String, target: String },
+    /// Moving to peer `target` under `name` (unique per move, made as an archive's name is):
+    /// the sandbox stays here, hibernated, until the target has journalled it (the switch).
+    Move { name: String, target: String },
     /// Woken from the archive of this name and running: its published claim and the archive
     /// are still to be removed from the store. (Last: journals written before it decode.)
     Unpublish(String),

@@ -231,7 +231,11 @@ enum StoredOnExpire {
 enum StoredIntent {
     Hibernate(Box<StoredSnapshot>),
     Archive(String),
-    Move { archive: String, target: String },
+    /// `archive`: the move's name (the field's name from when moves went through an archive).
+    Move {
+        archive: String,
+        target: String,
+    },
     Unpublish(String),
 }
 
@@ -412,8 +416,8 @@ impl From<&ClaimRecord> for StoredClaim {
             intent: r.intent.as_ref().map(|i| match i {
                 Intent::Hibernate(s) => StoredIntent::Hibernate(Box::new(s.as_ref().into())),
                 Intent::Archive(a) => StoredIntent::Archive(a.clone()),
-                Intent::Move { archive, target } => {
-                    StoredIntent::Move { archive: archive.clone(), target: target.clone() }
+                Intent::Move { name, target } => {
+                    StoredIntent::Move { archive: name.clone(), target: target.clone() }
                 }
                 Intent::Unpublish(a) => StoredIntent::Unpublish(a.clone()),
             }),
@@ -448,7 +452,11 @@ impl TryFrom<StoredClaim> for ClaimRecord {
             None => None,
             Some(StoredIntent::Hibernate(s)) => Some(Intent::Hibernate(Box::new((*s).try_into()?))),
             Some(StoredIntent::Archive(a)) => Some(Intent::Archive(a)),
-            Some(StoredIntent::Move { archive, target }) => Some(Intent::Move { archive, target }),
+            // Older nodes moved through an archive of this name (the store's sweep removes one
+            // left behind); the name alone is what a move needs now.
+            Some(StoredIntent::Move { archive, target }) => {
+                Some(Intent::Move { name: archive, target })
+            }
             Some(StoredIntent::Unpublish(a)) => Some(Intent::Unpublish(a)),
         };
         let phase = match (r.state, r.stopped, r.archive) {

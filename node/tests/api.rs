@@ -551,7 +551,8 @@ fn a_second_node_on_a_live_data_directory_stops_before_it_joins_the_mesh() {
     // The live node's egress table (none where nftables is missing: then both are empty).
     let table = silk_egress::names(&node.data()).0;
     let rules = || {
-        let out = std::process::Command::new("nft").args(["list", "table", "inet", &table]).output();
+        let out =
+            std::process::Command::new("nft").args(["list", "table", "inet", &table]).output();
         out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default()
     };
     let (before, rules_before) = (epoch(), rules());

@@ -70,7 +70,7 @@ fn a_journal_in_the_format_on_main_is_read_whole_and_written_the_same() {
     assert_eq!(
         moving.intent,
         Some(Intent::Move {
-            archive: "sb-local-000000000002.00112233445566ff".into(),
+            name: "sb-local-000000000002.00112233445566ff".into(),
             target: "n2".into()
         })
     );

@@ -393,10 +393,11 @@ fn a_move_interrupted_by_a_crash_leaves_the_sandbox_exactly_once() {
     assert_eq!(exec_via(&a, id, token, HASH), before);
     assert!(!on(&b), "b removed its half-made copy");
 
-    // The source dies after uploading, before the target took it: after its restart the
-    // sandbox is still on the source, hibernated, and wakes on the next call.
+    // The source dies half way through streaming the files: the target refuses what came and
+    // removes its half-made copy. After its restart the sandbox is still on the source,
+    // hibernated, and wakes on the next call.
     eventually("b back in the mesh", || peer_names(&a) == ["b"]);
-    move_crashing_at(&mut a, &b, id, token, "move:uploaded");
+    move_crashing_at(&mut a, &b, id, token, "move:streaming");
     // Until the move is settled (the target asked) calls answer 503 `moving`; then it wakes.
     eventually("settled on a", || exec_ok(&a));
     assert!(held(&a));

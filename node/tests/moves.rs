@@ -1,19 +1,21 @@
 //! Moves between two nodes on the fake engine, in one process. The mover's fleet reaches the
-//! target's controller directly: the record crosses as JSON, as it does over QUIC, and the
-//! adoption runs on the target's runtime, so dropping that runtime loses the answer as a dead
-//! peer does. A stop at every crash point of a move (on the mover) and of an adoption (on the
+//! target's controller directly: the record crosses as JSON and the files as a stream that ends
+//! whole only when the mover finished it, as they do over QUIC, and the adoption runs on the
+//! target's runtime, so dropping that runtime loses the answer as a dead peer does. A stop at every crash point of a move (on the mover) and of an adoption (on the
 //! target), then a restart: the sandbox ends up on exactly one node, with its files and token.
 
 mod fake;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use fake::*;
 use sandboxd::claims::ClaimRecord;
 use sandboxd::error::{Code, NodeError};
 use sandboxd::node::Node;
-use sandboxd::node::fleet::{BoxFuture, Fleet, PeerNode};
+use sandboxd::node::fleet::{BoxFuture, Fleet, PeerNode, SnapshotBytes};
 use sandboxd::state::SandboxState;
+use silk_engine::fake::Op;
 
 /// The other node, reached in process; `None` while it is down.
 #[derive(Debug, Default)]
@@ -28,6 +30,32 @@ impl Direct {
 
     fn get(&self) -> Option<(Arc<Node>, tokio::runtime::Handle)> {
         self.target.lock().unwrap().clone()
+    }
+}
+
+/// The target's end of a hand-over: its end is an error unless the mover finished.
+struct Finished {
+    rx: tokio::io::DuplexStream,
+    finished: Arc<AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for Finished {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        std::task::ready!(std::pin::Pin::new(&mut self.rx).poll_read(cx, buf))?;
+        if buf.filled().len() == before
+            && buf.remaining() > 0
+            && !self.finished.load(Ordering::Acquire)
+        {
+            return std::task::Poll::Ready(Err(std::io::Error::other(
+                "the mover reset the stream",
+            )));
+        }
+        std::task::Poll::Ready(Ok(()))
     }
 }
 
@@ -48,18 +76,32 @@ impl Fleet for Direct {
         Ok(PeerNode { name: "b".into(), api: "b:1".into() })
     }
 
-    fn adopt<'a>(
+    fn hand_over<'a>(
         &'a self,
         _peer: &'a str,
         record: &'a ClaimRecord,
-        archive: &'a str,
+        name: &'a str,
+        snapshot: &'a str,
+        mut files: SnapshotBytes,
     ) -> BoxFuture<'a, Result<(), NodeError>> {
         Box::pin(async move {
             let (node, runtime) = self.get().ok_or_else(|| lost("the target is down"))?;
             let record: ClaimRecord =
                 serde_json::from_slice(&serde_json::to_vec(record).unwrap()).unwrap();
-            let archive = archive.to_string();
-            match runtime.spawn(async move { node.adopt(record, &archive).await }).await {
+            // The bytes cross as over a QUIC stream: copied on the mover's runtime into a pipe
+            // the target reads, which ends whole only once the copy finished. A mover stopped
+            // or dropped mid-way leaves it cut short, as a reset stream does.
+            let (mut tx, rx) = tokio::io::duplex(1 << 16);
+            let finished = Arc::new(AtomicBool::new(false));
+            let arriving = Finished { rx, finished: finished.clone() };
+            let (name, snapshot) = (name.to_string(), snapshot.to_string());
+            let receiving = runtime
+                .spawn(async move { node.receive(record, &name, &snapshot, arriving).await });
+            if tokio::io::copy(&mut files, &mut tx).await.is_ok() {
+                finished.store(true, Ordering::Release);
+            }
+            drop(tx);
+            match receiving.await {
                 Ok(adopted) => adopted,
                 Err(_) => Err(lost("the target died during the call")),
             }
@@ -160,7 +202,7 @@ fn a_move_moves_the_files_id_and_token_and_the_mover_forgets_it() {
 #[test]
 fn a_mover_stopped_at_any_crash_point_leaves_the_sandbox_on_exactly_one_node() {
     for (point, ends_on_b) in
-        [("move:intent", false), ("move:uploaded", false), ("move:switched", true)]
+        [("move:intent", false), ("move:streaming", false), ("move:switched", true)]
     {
         let p = Pair::new();
         let (_rt_b, b) = p.open_b();
@@ -225,4 +267,36 @@ fn an_adopt_is_refused_unless_the_archive_was_made_for_that_sandbox_token_and_te
     b.0.block_on(b.1.adopt(record, &archive)).unwrap();
     let live = b.1.get(&id).unwrap();
     assert!(sandboxd::claims::token_matches(&token, &live.record.token_hash));
+}
+
+#[test]
+fn a_move_whose_capture_fails_or_whose_target_refuses_leaves_the_sandbox_running_on_the_mover() {
+    let p = Pair::new();
+    let (_rt_b, b) = p.open_b();
+    let a = p.open_a();
+    let (id, token) = p.claim_with_notes(&a);
+    // The mover cannot capture the files (the stream to the target is cut), then the target
+    // cannot start them: either way nothing is left on the target, and the mover runs it again.
+    for (who, engine) in [("capture", &p.a.engine), ("target", &p.b.engine)] {
+        let op = if who == "capture" { Op::Snapshot } else { Op::Restore };
+        engine.fail(op, 1);
+        let (n, i) = (a.1.clone(), id.clone());
+        let moved =
+            a.0.block_on(
+                async move { n.move_sandbox(&i, Some("b"), silk_engine::Memory::Auto).await },
+            );
+        let e = moved.map(|_| ()).unwrap_err();
+        assert_ne!(e.code, Code::Moving, "{who}: a refusal is certain, not in doubt: {e:?}");
+        assert!(b.get(&id).is_none() && !b.is_adopting(&id), "{who}: the target kept a copy");
+        let live = a.1.get(&id).unwrap_or_else(|| panic!("{who}: the mover lost it"));
+        assert!(live.record.intent.is_none(), "{who}: {:?}", live.record.intent);
+        assert_eq!(live.record.state(), SandboxState::Claimed, "{who}: not running again");
+        assert_eq!(p.a.engine.read_file(&sid(&id), "notes").as_deref(), Some(&b"kept"[..]));
+        assert!(a.1.authorized(&id, Some(&token)).is_ok());
+    }
+    // And the next move goes through.
+    let (n, i) = (a.1.clone(), id.clone());
+    a.0.block_on(async move { n.move_sandbox(&i, Some("b"), silk_engine::Memory::Auto).await })
+        .unwrap();
+    assert!(settled_once(&p, &a, &b, &id, &token, "after the failures"), "not on b");
 }

@@ -11,9 +11,10 @@
 //! that authorized a token are cached for a few seconds per (id, token), and dropped when the
 //! cached owner answers 404 or leaves the mesh.
 //!
-//! Peer calls are QUIC streams (see `silk_mesh::wire`): a `Lookup`, an `Adopt`, or `Http`, after
-//! which the stream carries one HTTP/1.1 connection to the owner's own API (forward mode: the
-//! request, its answer and an upgraded relay pass through unchanged and stream).
+//! Peer calls are QUIC streams (see `silk_mesh::wire`): a `Lookup`; a `Receive`, after which the
+//! stream carries a moved sandbox's files (source to target, with no store between them); or
+//! `Http`, after which it carries one HTTP/1.1 connection to the owner's own API (forward
+//! mode: the request, its answer and an upgraded relay pass through unchanged and stream).
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,7 +28,7 @@ use tokio::task::JoinSet;
 use crate::claims::{ClaimRecord, home_tag};
 use crate::error::{Code, NodeError};
 use crate::node::Node;
-use crate::node::fleet::{BoxFuture, Fleet, PeerNode};
+use crate::node::fleet::{BoxFuture, Fleet, PeerNode, SnapshotBytes};
 
 const CACHE_TTL: Duration = Duration::from_secs(5);
 const PUBLISH_EVERY: Duration = Duration::from_millis(200);
@@ -39,16 +40,18 @@ pub enum PeerRequest {
     Lookup { id: String, token: Option<String> },
     /// The rest of this stream is an HTTP/1.1 connection to your API (forward mode).
     Http,
-    /// Take over sandbox `record` (JSON), whose files are the store archive `archive`: start it
-    /// here under the same id and token, and journal it. Answered once journalled.
-    Adopt { record: Vec<u8>, archive: String },
+    /// Take over sandbox `record` (JSON), moved as `name`: its files follow on this stream up
+    /// to its end (`snapshot` says what they are over). Start it here under the same id and
+    /// token as they arrive, and journal it. Answered once journalled; a stream the sender
+    /// reset instead of finishing is refused (its capture failed half way).
+    Receive { record: Vec<u8>, name: String, snapshot: String },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
 pub enum PeerReply {
     /// `adopting`: the sandbox is being started here (a move or a wake) and not yet journalled.
     Lookup { owned: bool, authorized: bool, adopting: bool },
-    /// The answer to `Adopt`: `None` once journalled, else the refusal's code and message.
+    /// The answer to `Receive`: `None` once journalled, else the refusal's code and message.
     Adopted { refused: Option<(String, String)> },
 }
 
@@ -209,16 +212,6 @@ impl Peers {
         wire::write_frame(&mut send, &PeerRequest::Http).await.map_err(unreachable_peer)?;
         Ok(tokio::io::join(recv, send))
     }
-
-    async fn call(&self, peer: &str, req: &PeerRequest) -> Result<PeerReply, NodeError> {
-        let (mut send, mut recv) = self.mesh.open(peer).await.map_err(unreachable_peer)?;
-        wire::write_frame(&mut send, req).await.map_err(unreachable_peer)?;
-        let _ = send.finish();
-        wire::read_frame(&mut recv)
-            .await
-            .map_err(unreachable_peer)?
-            .ok_or_else(|| unreachable_peer("the peer closed the call"))
-    }
 }
 
 impl Fleet for Peers {
@@ -237,6 +230,12 @@ impl Fleet for Peers {
 
     fn move_target(&self, to: Option<&str>) -> Result<PeerNode, NodeError> {
         let peer = match to {
+            Some(name) if name == self.mesh.id().name => {
+                return Err(NodeError::new(
+                    Code::Conflict,
+                    format!("the sandbox is on {name:?} already"),
+                ));
+            }
             Some(name) => self.mesh.peer(name).ok_or_else(|| {
                 NodeError::new(Code::PeerNotFound, format!("no live peer {name:?}"))
             })?,
@@ -255,22 +254,56 @@ impl Fleet for Peers {
         Ok(PeerNode { name: peer.id.name, api })
     }
 
-    fn adopt<'a>(
+    fn hand_over<'a>(
         &'a self,
         peer: &'a str,
         record: &'a ClaimRecord,
-        archive: &'a str,
+        name: &'a str,
+        snapshot: &'a str,
+        mut files: SnapshotBytes,
     ) -> BoxFuture<'a, Result<(), NodeError>> {
         Box::pin(async move {
+            use tokio::io::AsyncReadExt;
             let record =
                 serde_json::to_vec(record).map_err(|e| NodeError::internal(e.to_string()))?;
-            let req = PeerRequest::Adopt { record, archive: archive.to_string() };
-            match self.call(peer, &req).await? {
-                PeerReply::Adopted { refused: None } => Ok(()),
-                PeerReply::Adopted { refused: Some((code, message)) } => {
+            let req = PeerRequest::Receive { record, name: name.into(), snapshot: snapshot.into() };
+            let (mut send, mut recv) = self.mesh.open(peer).await.map_err(unreachable_peer)?;
+            wire::write_frame(&mut send, &req).await.map_err(unreachable_peer)?;
+            // The files, then the stream's end: finished only after the last byte of a whole
+            // capture, reset if the capture failed (the peer then refuses what came).
+            let mut buf = vec![0u8; 1 << 20];
+            let captured = loop {
+                match files.read(&mut buf).await {
+                    Ok(0) => break Ok(()),
+                    Ok(n) => {
+                        // The peer stopped reading (it refused): its answer says why.
+                        if send.write_all(&buf[..n]).await.is_err() {
+                            break Ok(());
+                        }
+                    }
+                    Err(e) => break Err(e),
+                }
+            };
+            match &captured {
+                Ok(()) => drop(send.finish()),
+                Err(_) => drop(send.reset(0u32.into())),
+            }
+            drop(files);
+            let reply = wire::read_frame(&mut recv)
+                .await
+                .map_err(unreachable_peer)?
+                .ok_or_else(|| unreachable_peer("the peer closed the call"))?;
+            match (reply, captured) {
+                (PeerReply::Adopted { refused: None }, _) => Ok(()),
+                (PeerReply::Adopted { .. }, Err(e)) => {
+                    Err(NodeError::internal(format!("capturing the sandbox's files: {e}")))
+                }
+                (PeerReply::Adopted { refused: Some((code, message)) }, Ok(())) => {
                     Err(refusal(peer, &code, &message))
                 }
-                PeerReply::Lookup { .. } => Err(unreachable_peer("a lookup answer to an adopt")),
+                (PeerReply::Lookup { .. }, _) => {
+                    Err(unreachable_peer("a lookup answer to a hand-over"))
+                }
             }
         })
     }
@@ -425,13 +458,16 @@ where
             http(tokio::io::join(call.recv, call.send)).await;
             return Ok(());
         }
-        PeerRequest::Adopt { record, archive } => {
+        PeerRequest::Receive { record, name, snapshot } => {
             let adopted = match serde_json::from_slice(&record) {
                 Ok(record) => {
-                    let n = node.clone();
-                    crate::node::detached(async move { n.adopt(record, &archive).await }).await
+                    let (n, files) = (node.clone(), call.recv);
+                    crate::node::detached(async move {
+                        n.receive(record, &name, &snapshot, files).await
+                    })
+                    .await
                 }
-                Err(e) => Err(NodeError::bad_request(format!("adopt: {e}"))),
+                Err(e) => Err(NodeError::bad_request(format!("receive: {e}"))),
             };
             let refused = adopted.err().map(|e| (e.code.as_str().to_string(), e.message));
             PeerReply::Adopted { refused }

@@ -43,7 +43,7 @@ mod stream;
 
 use archive::Files;
 use stored::StoredSnapshot;
-use stream::Pace;
+use stream::{Arriving, Pace};
 
 pub const MAX_FORK: usize = 16;
 /// How long a wake may hold an archive's lease before others treat its holder as dead: far

@@ -7,6 +7,14 @@
 use super::*;
 use crate::node::fleet::PeerNode;
 
+/// Where a sandbox taken over comes from.
+enum Taken {
+    /// Its archive in the store (its node died).
+    Archive(SnapshotName),
+    /// Its node, moving it here: the files as they arrive, over what they are.
+    Peer(StoredSnapshot, Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+}
+
 impl Node {
     // ---- wake anywhere ----
 
@@ -67,15 +75,13 @@ impl Node {
         Ok(swept)
     }
 
-    /// Whether a claim on this node names `archive` (archived in it, or archiving or moving
-    /// through it).
+    /// Whether a claim on this node names `archive` (archived in it, archiving through it, or
+    /// woken from it and not yet unpublished).
     fn names_archive_here(&self, archive: &str) -> bool {
         self.lock().slots.claims().any(|l| {
             l.record.phase.archive() == Some(archive)
                 || match &l.record.intent {
-                    Some(
-                        Intent::Archive(a) | Intent::Move { archive: a, .. } | Intent::Unpublish(a),
-                    ) => a == archive,
+                    Some(Intent::Archive(a) | Intent::Unpublish(a)) => a == archive,
                     _ => false,
                 }
         })
@@ -169,7 +175,8 @@ impl Node {
     // ---- move ----
 
     /// Moves a sandbox to another node (`to`, or the least loaded live peer): hibernate here,
-    /// upload, the target starts and journals it (the switch), then this node forgets it. The
+    /// stream its files to the target, which starts it as they arrive and journals it (the
+    /// switch), then this node forgets it. No store between them: one pass over the bytes. The
     /// id and token stay; any node finds the new owner. A failure before the switch leaves the
     /// sandbox here (running again if it was).
     pub async fn move_sandbox(
@@ -192,18 +199,18 @@ impl Node {
             }
         };
         let (mut rec, files) = self.stop_here(live, memory).await?;
-        let archive = new_archive_name(id);
-        let name = SnapshotName::archive(&archive).map_err(NodeError::from)?;
-        rec.intent = Some(Intent::Move { archive: archive.clone(), target: target.name.clone() });
+        let name = new_archive_name(id);
+        rec.intent = Some(Intent::Move { name: name.clone(), target: target.name.clone() });
         self.put_record(&rec).await?;
         self.crash_point("move:intent").await;
+        let mut theirs = rec.clone();
+        // The target starts it from the bytes: this node's paths are no business of its.
+        (theirs.intent, theirs.phase) = (None, Phase::Stopped);
         let handed = async {
-            self.upload_files(&name, &files, &rec, memory).await?;
-            self.crash_point("move:uploaded").await;
-            let mut theirs = rec.clone();
-            // The target downloads the archive: this node's paths are no business of its.
-            (theirs.intent, theirs.phase) = (None, Phase::Stopped);
-            fleet.adopt(&target.name, &theirs, &archive).await
+            let (stored, bytes) = self.files_stream(&files, &rec, memory).await?;
+            let stored =
+                serde_json::to_string(&stored).map_err(|e| NodeError::internal(e.to_string()))?;
+            fleet.hand_over(&target.name, &theirs, &name, &stored, bytes).await
         }
         .await;
         if let Err(e) = handed.as_ref().map_err(|e| e.code)
@@ -222,11 +229,11 @@ impl Node {
         }
         if let Err(e) = handed {
             // Refused, or failed before the target was asked: it stays here, as it was.
-            self.undo_stop(rec, Some(&archive), was_running, "move").await?;
+            self.undo_stop(rec, None, was_running, "move").await?;
             return Err(e);
         }
         self.crash_point("move:switched").await;
-        self.forget_moved(id, &files, &archive).await?;
+        self.forget_moved(id, &files).await?;
         self.metrics.moved.fetch_add(1, Ordering::Relaxed);
         let mut moved = rec;
         moved.intent = None;
@@ -234,21 +241,75 @@ impl Node {
         Ok((moved, target))
     }
 
+    /// A stopped sandbox's files as a stream for a peer (see `Fleet::hand_over`), and what they
+    /// are over: its tar as it is, or the engine's capture of its box, written on a blocking
+    /// thread into a pipe (the box is stopped: the capture may wait on the peer).
+    async fn files_stream(
+        self: &std::sync::Arc<Self>,
+        files: &Files,
+        source: &ClaimRecord,
+        memory: Memory,
+    ) -> Result<(StoredSnapshot, crate::node::fleet::SnapshotBytes), NodeError> {
+        let base = match files {
+            Files::Tar(snap) => {
+                let tar = tokio::fs::File::open(&snap.layer_tar).await.map_err(|e| {
+                    NodeError::internal(format!("open {}: {e}", snap.layer_tar.display()))
+                })?;
+                return Ok((StoredSnapshot::of(snap), Box::pin(tar)));
+            }
+            Files::Box(base) => base,
+        };
+        let (engine, sid) = (self.engine.clone(), source.id.parse::<SandboxId>()?);
+        let scratch = self.scratch_tar("move");
+        let write =
+            move |out: &mut dyn std::io::Write| engine.write_snapshot(&sid, memory, out, &scratch);
+        let bytes = self.capture_stream(write)?;
+        #[cfg(feature = "crash-points")]
+        let bytes = self.crash_point_within("move:streaming", bytes);
+        Ok((StoredSnapshot::over(base, &box_spec(source)), bytes))
+    }
+
     /// After the switch: the sandbox lives on the target; this node drops its copy.
-    async fn forget_moved(&self, id: &str, files: &Files, archive: &str) -> Result<(), NodeError> {
+    async fn forget_moved(&self, id: &str, files: &Files) -> Result<(), NodeError> {
         self.journal.commit(vec![Change::Delete(id.to_string())]).await.map_err(journal_error)?;
         if let Some(live) = self.lock().slots.remove_claim(id) {
             live.activity.hang_up();
         }
         self.drop_files(id, files).await;
-        self.drop_archive(archive).await;
         Ok(())
     }
 
-    /// The target's side of a move: start the sandbox from its archive under the same id, and
-    /// journal it (the switch). Idempotent. The record comes from a peer or the store: it is
-    /// checked (and its lease bounded) as any foreign record.
-    pub async fn adopt(&self, mut record: ClaimRecord, archive: &str) -> Result<(), NodeError> {
+    /// Starts, under the same id and token, a sandbox whose node died, from its archive (a wake
+    /// elsewhere), and journals it. Idempotent. The record comes from the store: it is checked
+    /// (and its lease bounded) as any foreign record, and the archive must have been made for it.
+    pub async fn adopt(&self, record: ClaimRecord, archive: &str) -> Result<(), NodeError> {
+        let name = SnapshotName::archive(archive).map_err(NodeError::from)?;
+        self.take_over(record, archive, Taken::Archive(name)).await
+    }
+
+    /// The target's side of a move: starts the sandbox under the same id and token from
+    /// `files`, the bytes its node streams as they arrive (`snapshot`: what they are over, a
+    /// `StoredSnapshot` as JSON), and journals it (the switch). Idempotent. The record and the
+    /// bytes come from a peer: the record is checked (and its lease bounded) as any foreign
+    /// record, and the bytes are unpacked as a download's are.
+    pub async fn receive(
+        &self,
+        record: ClaimRecord,
+        name: &str,
+        snapshot: &str,
+        files: impl tokio::io::AsyncRead + Send + Unpin + 'static,
+    ) -> Result<(), NodeError> {
+        let stored = StoredSnapshot::parse(snapshot)
+            .map_err(|e| NodeError::bad_request(format!("receive: snapshot: {e}")))?;
+        self.take_over(record, name, Taken::Peer(stored, Box::new(files))).await
+    }
+
+    async fn take_over(
+        &self,
+        mut record: ClaimRecord,
+        archive: &str,
+        from: Taken,
+    ) -> Result<(), NodeError> {
         let id = record.id.clone();
         let (default_ttl, max_ttl) = (self.cfg.default_ttl_seconds, self.cfg.max_ttl_seconds);
         record
@@ -266,29 +327,35 @@ impl Node {
             admitted
         };
         let result = async move {
-            let name = SnapshotName::archive(archive).map_err(NodeError::from)?;
-            // The archive must have been made, by the node that held the sandbox, for this very
-            // record: a member handing over someone's archive with its own token (or in
-            // another tenant's name) gets nothing.
-            let manifest = self.store.manifest(&name).await?;
-            let made_for = &manifest.meta;
-            let said = |k: &str| made_for.get(k).map(String::as_str);
-            if said("sandbox") != Some(record.id.as_str())
-                || said("token_hash") != Some(record.token_hash.as_str())
-                || said("tenant") != record.tenant.as_deref()
-            {
-                return Err(NodeError::bad_request(format!(
-                    "adopt: archive {archive} was not made for this claim of {}",
-                    record.id
-                )));
-            }
             let (engine, sid, spec) =
                 (self.engine.clone(), record.id.parse::<SandboxId>()?, box_spec(&record));
-            let info = self
-                .download_into(&name, manifest, move |input, snap| {
-                    engine.read_snapshot(input, snap, &sid, &spec, Memory::Auto)
-                })
-                .await?;
+            let restore = move |input: &mut dyn std::io::Read, snap: &Snapshot| {
+                engine.read_snapshot(input, snap, &sid, &spec, Memory::Auto)
+            };
+            let info = match from {
+                Taken::Archive(name) => {
+                    // The archive must have been made, by the node that held the sandbox, for
+                    // this very record: a member handing over someone's archive with its own
+                    // token (or in another tenant's name) gets nothing.
+                    let manifest = self.store.manifest(&name).await?;
+                    let made_for = &manifest.meta;
+                    let said = |k: &str| made_for.get(k).map(String::as_str);
+                    if said("sandbox") != Some(record.id.as_str())
+                        || said("token_hash") != Some(record.token_hash.as_str())
+                        || said("tenant") != record.tenant.as_deref()
+                    {
+                        return Err(NodeError::bad_request(format!(
+                            "adopt: archive {archive} was not made for this claim of {}",
+                            record.id
+                        )));
+                    }
+                    self.download_into(&name, manifest, restore).await?
+                }
+                // A peer can hand over only bytes it has: the sandbox it held.
+                Taken::Peer(stored, files) => {
+                    self.restore_arriving(&stored, Arriving::Peer(files), restore).await?
+                }
+            };
             self.crash_point("adopt:restored").await;
             let from_archive = matches!(record.phase, Phase::Archived(_));
             if from_archive {
@@ -340,8 +407,7 @@ impl Node {
         let Some(fleet) = self.fleet() else { return };
         let mut pause = std::time::Duration::from_millis(100);
         loop {
-            let Some(Intent::Move { archive, target }) =
-                self.get(&id).and_then(|l| l.record.intent)
+            let Some(Intent::Move { name, target }) = self.get(&id).and_then(|l| l.record.intent)
             else {
                 return;
             };
@@ -350,18 +416,17 @@ impl Node {
                 let _busy = self.busy(&id).await;
                 // Re-read under the lock: the record is what we act on.
                 let Some(live) = self.get(&id) else { return };
-                if !matches!(&live.record.intent, Some(Intent::Move { archive: a, .. }) if *a == archive)
+                if !matches!(&live.record.intent, Some(Intent::Move { name: n, .. }) if *n == name)
                 {
                     return;
                 }
                 let settled = if held {
                     match Files::of(&live) {
-                        Some(files) => self.forget_moved(&id, &files, &archive).await,
+                        Some(files) => self.forget_moved(&id, &files).await,
                         None => Ok(()),
                     }
                 } else {
-                    let archive = Some(archive.as_str());
-                    self.undo_stop(live.record.clone(), archive, was_running, "move").await
+                    self.undo_stop(live.record.clone(), None, was_running, "move").await
                 };
                 match settled {
                     Ok(()) => {

@@ -1,7 +1,8 @@
-//! Snapshots streamed between the store and the engine, with no tar file of the whole between
-//! them: into the store, the engine writes on a blocking thread into a pipe the store's put
-//! reads; out of it ([`Node::download_into`]), the store's get writes into a pipe the engine's
-//! restore reads as the chunks arrive. Uploads are safe for two reasons:
+//! Snapshots streamed between the store (or a peer) and the engine, with no tar file of the whole
+//! between them: into the store, the engine writes on a blocking thread into a pipe the store's
+//! put reads; out of it ([`Node::download_into`]), or from a peer moving a sandbox here, the
+//! bytes go into a pipe the engine's restore reads as they arrive ([`Node::restore_arriving`]).
+//! Uploads are safe for two reasons:
 //!
 //! - **Whole or nothing.** A capture that fails half way closes the pipe too. The store's end
 //!   ([`Whole`]) turns the end of the pipe into an error unless the writer said, before closing
@@ -16,6 +17,8 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Condvar, Mutex};
 
 use silk_engine::EngineError;
+
+use crate::node::fleet::SnapshotBytes;
 
 use super::*;
 
@@ -113,27 +116,101 @@ impl Node {
 }
 
 impl Node {
-    /// Restores the snapshot `name` (its `manifest`, which the caller read) as it downloads:
-    /// `restore` runs on a blocking thread and reads the stream, which ends in an error unless
-    /// the download wrote all of it, so a download cut short never passes for a whole snapshot.
-    /// It gets the snapshot as stored (its `layer_tar` a scratch path, for an engine that
-    /// restores from a file). Returns what `restore` made.
-    pub(in crate::node) async fn download_into<T: Send + 'static>(
+    /// What `write` writes on a blocking thread, as a stream for a peer (`Fleet::hand_over`)
+    /// that ends in an error unless it wrote everything. The reader sets the pace: for a
+    /// stopped sandbox only (a running one would stay frozen for as long).
+    pub(in crate::node) fn capture_stream(
         &self,
-        name: &SnapshotName,
-        manifest: silk_store::Manifest,
+        write: impl FnOnce(&mut dyn Write) -> Result<Streamed, EngineError> + Send + 'static,
+    ) -> Result<SnapshotBytes, NodeError> {
+        let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
+        let (reader, writer) = std::io::pipe().map_err(pipe)?;
+        let reader =
+            tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()).map_err(pipe)?;
+        let whole = Whole::new(reader);
+        let captured = whole.captured.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut writer = writer;
+            let written = write(&mut writer);
+            if let Err(e) = &written {
+                tracing::warn!("capturing a sandbox's files for a peer: {e}");
+            }
+            // Before the writer closes: the reader takes its end for the snapshot's end.
+            captured.store(written.is_ok(), Ordering::Release);
+        });
+        Ok(Box::pin(whole))
+    }
+
+    /// `bytes` stopping at the crash point `point` once part of them was read (see
+    /// `crash_point`): a stream cut short mid-way.
+    #[cfg(feature = "crash-points")]
+    pub(in crate::node) fn crash_point_within(
+        self: &std::sync::Arc<Self>,
+        point: &'static str,
+        bytes: SnapshotBytes,
+    ) -> SnapshotBytes {
+        let node = self.clone();
+        let stop = Box::pin(async move { node.crash_point(point).await });
+        Box::pin(StopWithin { bytes, stop: Some(stop), read: false })
+    }
+}
+
+#[cfg(feature = "crash-points")]
+struct StopWithin {
+    bytes: SnapshotBytes,
+    stop: Option<std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>>,
+    read: bool,
+}
+
+#[cfg(feature = "crash-points")]
+impl tokio::io::AsyncRead for StopWithin {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.read
+            && let Some(stop) = self.stop.as_mut()
+        {
+            std::task::ready!(std::future::Future::poll(stop.as_mut(), cx));
+            self.stop = None;
+        }
+        let before = buf.filled().len();
+        std::task::ready!(tokio::io::AsyncRead::poll_read(self.bytes.as_mut(), cx, buf))?;
+        self.read |= buf.filled().len() > before;
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// Where the bytes of a snapshot being restored come from.
+pub(super) enum Arriving {
+    /// The store: the snapshot whose manifest the caller read.
+    Store(silk_store::Manifest),
+    /// A peer moving a sandbox here: its stream ends in an error unless the peer finished it.
+    Peer(Box<dyn tokio::io::AsyncRead + Send + Unpin>),
+}
+
+impl Node {
+    /// Restores the snapshot `stored` as its bytes arrive: `restore` runs on a blocking thread
+    /// and reads them, and what it reads ends in an error unless all of them came, so a
+    /// download or hand-over cut short never passes for a whole snapshot. It gets the snapshot
+    /// with its `layer_tar` a scratch path, for an engine that restores from a file. Returns
+    /// what `restore` made.
+    pub(super) async fn restore_arriving<T: Send + 'static>(
+        &self,
+        stored: &StoredSnapshot,
+        from: Arriving,
         restore: impl FnOnce(&mut dyn Read, &Snapshot) -> Result<T, EngineError> + Send + 'static,
     ) -> Result<T, NodeError> {
-        // Every download becomes files on this disk (a branch, a wake from an archive, a move).
+        // Every snapshot restored becomes files on this disk (a branch, a wake from an archive,
+        // a move).
         self.disk_reserve()?;
-        let json = manifest
-            .meta
-            .get("snapshot")
-            .ok_or_else(|| NodeError::internal(format!("{name} has no snapshot metadata")))?;
-        let stored = StoredSnapshot::parse(json)
-            .map_err(|e| NodeError::internal(format!("{name}: snapshot metadata: {e}")))?;
-        let base = self.local_base(&stored).await?;
-        let snap = stored.local(base, self.scratch_tar("download"), manifest.size);
+        let base = self.local_base(stored).await?;
+        let bytes = match &from {
+            Arriving::Store(manifest) => manifest.size,
+            Arriving::Peer(_) => 0,
+        };
+        let snap = stored.local(base, self.scratch_tar("download"), bytes);
         let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
         let (reader, writer) = std::io::pipe().map_err(pipe)?;
         let mut writer =
@@ -147,7 +224,15 @@ impl Node {
             restore(&mut input, &s)
         });
         let fetched = async move {
-            let got = self.store.get_chunks(&manifest, &mut writer).await;
+            let got = match from {
+                Arriving::Store(manifest) => {
+                    self.store.get_chunks(&manifest, &mut writer).await.map_err(NodeError::from)
+                }
+                Arriving::Peer(mut files) => tokio::io::copy(&mut files, &mut writer)
+                    .await
+                    .map(drop)
+                    .map_err(|e| NodeError::internal(format!("the files stopped short: {e}"))),
+            };
             // Before the pipe closes: the engine takes its end for the snapshot's end.
             whole.store(got.is_ok(), Ordering::Release);
             drop(writer);
@@ -156,15 +241,31 @@ impl Node {
         let (restored, fetched) = tokio::join!(restored, fetched);
         let _ = std::fs::remove_file(&snap.layer_tar);
         match (restored, fetched) {
-            // The engine read to the stream's end, which ends whole only once the download
-            // wrote everything.
+            // The engine read to the stream's end, which ends whole only once everything came.
             (Ok(made), Ok(())) => Ok(made),
-            // The download stopped short, and the engine at its end: the store says why.
-            (Err(_), Err(e)) if cut_short.load(Ordering::Acquire) => Err(e.into()),
-            // The engine stopped first (the download then met the closed pipe).
-            (Err(e), _) => Err(e.into()),
-            (Ok(_), Err(e)) => Err(e.into()),
+            // The bytes stopped short, and the engine at their end: the source says why.
+            (Err(_), Err(e)) if cut_short.load(Ordering::Acquire) => Err(e),
+            // The engine stopped first (the source then met the closed pipe).
+            (Err(e), _) => Err(e),
+            (Ok(_), Err(e)) => Err(e),
         }
+    }
+
+    /// [`Node::restore_arriving`] from the store's snapshot `name` (its `manifest`, which the
+    /// caller read), as described by the manifest.
+    pub(in crate::node) async fn download_into<T: Send + 'static>(
+        &self,
+        name: &SnapshotName,
+        manifest: silk_store::Manifest,
+        restore: impl FnOnce(&mut dyn Read, &Snapshot) -> Result<T, EngineError> + Send + 'static,
+    ) -> Result<T, NodeError> {
+        let json = manifest
+            .meta
+            .get("snapshot")
+            .ok_or_else(|| NodeError::internal(format!("{name} has no snapshot metadata")))?;
+        let stored = StoredSnapshot::parse(json)
+            .map_err(|e| NodeError::internal(format!("{name}: snapshot metadata: {e}")))?;
+        self.restore_arriving(&stored, Arriving::Store(manifest), restore).await
     }
 }
 
