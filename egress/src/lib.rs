@@ -15,6 +15,7 @@ pub mod dns;
 pub mod guard;
 pub mod lanes;
 pub mod nft;
+pub mod orphans;
 pub mod policy;
 mod proxy;
 mod resolver;
@@ -55,6 +56,8 @@ pub struct EgressConfig {
     pub max_connections: usize,
     /// How long a connection out may take to open.
     pub connect_timeout: Duration,
+    /// The node's data directory, which names the table (see [`orphans`]).
+    pub data_dir: std::path::PathBuf,
 }
 
 /// What `/metrics` shows of the lane.
@@ -145,7 +148,18 @@ impl Egress {
         }
         let table = cfg.table.clone();
         let prefix = cfg.prefix.clone();
-        let install = move || nft::install(&table, &prefix, gateway, proxy_port, dns_port);
+        let data_dir = cfg.data_dir.clone();
+        let install = move || {
+            let registry = std::path::Path::new(orphans::REGISTRY);
+            for gone in orphans::sweep(registry) {
+                tracing::info!(table = gone, "removed the egress table of a node gone for good");
+            }
+            nft::install(&table, &prefix, gateway, proxy_port, dns_port)?;
+            if let Err(e) = orphans::register(registry, &table, &prefix, &data_dir) {
+                tracing::warn!("registering the egress table in {}: {e}", registry.display());
+            }
+            Ok::<(), EgressError>(())
+        };
         tokio::task::spawn_blocking(install)
             .await
             .map_err(|e| EgressError::Nft(e.to_string()))??;

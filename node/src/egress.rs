@@ -45,8 +45,13 @@ fn names(cfg: &Config) -> (String, String) {
 
 /// Removes the node's nftables table (`sandboxd clean`: no sandbox is left to use it).
 pub fn remove_table(cfg: &Config) {
-    if let Err(e) = silk_egress::nft::remove(&names(cfg).0) {
-        tracing::debug!("removing the egress table: {e}");
+    let table = names(cfg).0;
+    match silk_egress::nft::remove(&table) {
+        Ok(()) => silk_egress::orphans::unregister(
+            std::path::Path::new(silk_egress::orphans::REGISTRY),
+            &table,
+        ),
+        Err(e) => tracing::debug!("removing the egress table: {e}"),
     }
 }
 
@@ -91,6 +96,7 @@ pub async fn start(cfg: &Config) -> Option<Egress> {
         node_addresses,
         max_connections: e.max_connections,
         connect_timeout: std::time::Duration::from_secs(10),
+        data_dir: cfg.data_dir.clone(),
     };
     match Egress::start(egress_cfg).await {
         Ok(egress) => Some(egress),

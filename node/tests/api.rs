@@ -564,3 +564,24 @@ fn a_second_node_on_a_live_data_directory_stops_before_it_joins_the_mesh() {
     // It did not rewrite the live node's firewall with ports only it listened on.
     assert_eq!(rules(), rules_before, "the second process rewrote the live node's table");
 }
+
+#[test]
+fn a_node_gone_for_good_leaves_no_egress_table_once_another_node_starts() {
+    // Two nodes killed: one whose data directory is then deleted (a throwaway node: it never
+    // comes back), one whose directory stays (its next start replaces its table, which fences
+    // its sandboxes meanwhile). Every packet of the host walks every table left behind.
+    let mut gone = Sandboxd::start("pools = []\n");
+    let mut stopped = Sandboxd::start("pools = []\n");
+    let table = |n: &Sandboxd| silk_egress::names(&n.data()).0;
+    let (gone_table, stopped_table) = (table(&gone), table(&stopped));
+    gone.kill9();
+    stopped.kill9();
+    std::fs::remove_dir_all(gone.data()).unwrap();
+    assert!(silk_egress::nft::exists(&gone_table), "the lane's table (is nftables installed?)");
+    assert!(silk_egress::nft::exists(&stopped_table));
+
+    let next = Sandboxd::start("pools = []\n");
+    assert!(!silk_egress::nft::exists(&gone_table), "a node gone for good left its table");
+    assert!(silk_egress::nft::exists(&stopped_table), "a stopped node's table went");
+    assert!(silk_egress::nft::exists(&table(&next)));
+}

@@ -276,7 +276,12 @@ impl Drop for Node {
         remove_sandboxes(&self.data().join("engine"), &self.silkd, &self.launcher);
         // Its egress lane's nftables table (in the network namespace this thread is in, which
         // is the node's: it started from this thread).
-        let _ = silk_egress::nft::remove(&silk_egress::names(&self.data()).0);
+        let table = silk_egress::names(&self.data()).0;
+        let _ = silk_egress::nft::remove(&table);
+        silk_egress::orphans::unregister(
+            std::path::Path::new(silk_egress::orphans::REGISTRY),
+            &table,
+        );
     }
 }
 
