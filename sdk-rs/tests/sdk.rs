@@ -540,3 +540,20 @@ async fn hibernate_checkpoint_branch_fork_promote_archive() {
     c.delete_checkpoint(&ck.id, None).await.unwrap();
     assert!(c.checkpoints().await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_claim_after_the_node_restarted_dials_afresh_rather_than_take_a_dead_spare_connection() {
+    // A fixed port: the client finds the node again after its restart.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let mut launch = silk_testkit::Launch::new(ROOT, ONE_WARM);
+    launch.listen = format!("127.0.0.1:{port}");
+    let mut node = silk_testkit::Node::start(launch).expect("the node starts");
+    let client = Client::builder(node.url()).token(ROOT).build().unwrap();
+    let first = client.claim("host").send().await.unwrap();
+    assert_eq!(first.exec(["true"]).run().await.unwrap().code(), 0);
+    // The client has dialled its next connection ahead by now; the node that accepted it dies.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    node.restart();
+    let second = client.claim("host").send().await.expect("a claim after the restart");
+    assert_eq!(second.exec(["true"]).run().await.unwrap().code(), 0);
+}
