@@ -26,6 +26,7 @@ mod node;
 mod registry;
 mod report;
 mod sdk;
+mod stale;
 mod store;
 mod verbs;
 
@@ -96,6 +97,7 @@ enum Section {
 fn main() -> anyhow::Result<()> {
     let runtime = || tokio::runtime::Builder::new_multi_thread().enable_all().build();
     let args = Args::parse();
+    stale::sweep(std::path::Path::new("/var/tmp"));
     let Some(section) = args.section else {
         return all::run(args.all);
     };
