@@ -44,6 +44,7 @@ mod process;
 mod pty;
 mod sandbox;
 mod search;
+mod spare;
 mod tls;
 
 pub use client::{
