@@ -217,15 +217,15 @@ pub(crate) fn tree(mib: usize) -> String {
     )
 }
 
-/// The floor beside every operation on a written tree: an equal tree written on the host,
-/// then timed: `tar` of it to a file on the same disk, synced.
 /// Flushes every dirty page before a timed step, so no step pays for the writeback of the one
 /// before it (fork ×8 leaves 800 MiB behind it, the archive after it met that flush).
-fn quiet() -> anyhow::Result<()> {
+pub(crate) fn quiet() -> anyhow::Result<()> {
     ensure!(std::process::Command::new("sync").status()?.success(), "sync failed");
     Ok(())
 }
 
+/// The floor beside every operation on a written tree: an equal tree written on the host,
+/// then timed: `tar` of it to a file on the same disk, synced.
 pub(crate) fn tar_floor(work: &std::path::Path, mib: usize) -> anyhow::Result<std::time::Duration> {
     let dir = work.join("floor");
     std::fs::create_dir_all(&dir)?;

@@ -88,12 +88,14 @@ impl Http {
         path: &str,
         body: &str,
     ) -> anyhow::Result<(u16, String)> {
-        write!(
-            self.io.get_mut(),
+        // One write, as an HTTP client sends a request: `write!` on the socket itself would send
+        // each piece of the format as its own segment (the socket has TCP_NODELAY), and the
+        // node would wake for every one of them.
+        let request = format!(
             "{method} {path} HTTP/1.1\r\nHost: bench\r\nAuthorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
             body.len()
-        )?;
-        self.io.get_mut().flush()?;
+        );
+        self.io.get_mut().write_all(request.as_bytes())?;
         let mut line = String::new();
         self.io.read_line(&mut line)?;
         let status: u16 = line.split_whitespace().nth(1).context("status line")?.parse()?;
@@ -249,6 +251,10 @@ struct Arm<'a> {
     http: Http,
     floor: Samples,
     claim: Samples,
+    /// The node's own account of each claim (`claim_micros`).
+    node_work: Samples,
+    /// `POST /v1/sandboxes` refused after its parsing and auth: the claim's HTTP path alone.
+    refused: Samples,
     last: Option<String>,
 }
 
@@ -270,6 +276,8 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
                 http,
                 floor: Samples::default(),
                 claim: Samples::default(),
+                node_work: Samples::default(),
+                refused: Samples::default(),
                 last: None,
             })
         })
@@ -299,12 +307,22 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
             arm.http.call("GET", "/healthz", "")?;
             arm.floor.push(t.elapsed());
             let t = Instant::now();
+            let (status, body) =
+                arm.http.call("POST", "/v1/sandboxes", r#"{"template":"no-such"}"#)?;
+            arm.refused.push(t.elapsed());
+            anyhow::ensure!(
+                status == 404,
+                "a claim of an unknown template answered {status}: {body}"
+            );
+            let t = Instant::now();
             let (status, body) = arm.http.call("POST", "/v1/sandboxes", "{}")?;
             let d = t.elapsed();
             anyhow::ensure!(status == 201, "claim answered {status}: {body}");
             let body = json(&body);
             anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
             arm.claim.push(d);
+            let micros = body["claim_micros"].as_u64().context("claim_micros")?;
+            arm.node_work.push(Duration::from_micros(micros));
             arm.last = Some(body["id"].as_str().context("id")?.to_string());
         }
     }
@@ -318,6 +336,16 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
         rows.push(row(
             &format!("{}: `POST /v1/sandboxes`, warm hit → 201", arm.name),
             &arm.claim,
+            &arm.floor,
+        ));
+        rows.push(row(
+            &format!("{}: … of which the node's claim (`claim_micros`)", arm.name),
+            &arm.node_work,
+            &arm.floor,
+        ));
+        rows.push(row(
+            &format!("{}: `POST /v1/sandboxes`, unknown template → 404", arm.name),
+            &arm.refused,
             &arm.floor,
         ));
     }

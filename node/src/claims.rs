@@ -317,7 +317,13 @@ pub fn random_hex(bytes: usize) -> String {
             filled += n as usize;
         }
     }
-    buf.iter().map(|b| format!("{b:02x}")).collect()
+    let mut hex = String::with_capacity(2 * bytes);
+    for b in buf {
+        for nibble in [b >> 4, b & 15] {
+            hex.push(char::from_digit(nibble.into(), 16).expect("a nibble is a hex digit"));
+        }
+    }
+    hex
 }
 
 pub fn new_token() -> String {
@@ -462,6 +468,8 @@ mod tests {
     fn tokens_are_random_and_checked_by_hash() {
         let (a, b) = (new_token(), new_token());
         assert_ne!(a, b);
+        assert!(token_shaped(&a) && token_shaped(&b), "{a} {b}");
+        assert!(random_hex(3).bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')));
         assert!(token_matches(&a, &hash_token(&a)));
         assert!(!token_matches(&b, &hash_token(&a)));
         assert!(!constant_time_eq(b"ab", b"abc"));

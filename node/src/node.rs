@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use silk_engine::{
-    AgentAddr, Base, BoxInfo, BoxSpec, Engine, EngineError, Golden, SandboxId, Template,
-    TemplateDef, TemplateSource, Warmup,
+    AgentAddr, Base, BoxInfo, BoxSpec, Engine, EngineError, Golden, MemoryKept, SandboxId,
+    Template, TemplateDef, TemplateSource, Warmup,
 };
 use silk_store::SnapshotStore;
 use tokio::net::UnixStream;
@@ -373,6 +373,12 @@ impl Node {
 
     pub fn get(&self, id: &str) -> Option<Live> {
         self.lock().slots.claim(id).cloned()
+    }
+
+    /// What a live sandbox says of its processes' memory (what `get` would, without copying
+    /// its whole record: every row the API answers asks).
+    pub fn memory_of(&self, id: &str) -> Option<MemoryKept> {
+        self.lock().slots.claim(id).and_then(|l| l.activity.memory())
     }
 
     /// Claims whose metadata contains every `(key, value)` of `filter`.

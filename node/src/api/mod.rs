@@ -168,7 +168,7 @@ impl axum::response::IntoResponse for NodeError {
 }
 
 fn row(node: &Node, r: &ClaimRecord) -> silk_api::Sandbox {
-    let memory = node.get(&r.id).and_then(|l| l.activity.memory());
+    let memory = node.memory_of(&r.id);
     silk_api::Sandbox {
         id: r.id.clone(),
         template: r.template.clone(),
