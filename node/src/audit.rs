@@ -35,11 +35,18 @@ pub struct Audit {
 }
 
 /// Entries recorded and not yet written.
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Queue {
     entries: std::sync::Mutex<Vec<AuditEntry>>,
     /// Wakes the writer before its tick: the queue is half full.
     filling: Notify,
+}
+
+impl std::fmt::Debug for Queue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let queued = self.entries.lock().map_or(0, |e| e.len());
+        write!(f, "{queued} audit entries queued")
+    }
 }
 
 impl Queue {
