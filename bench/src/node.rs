@@ -328,26 +328,14 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
     }
     let mut rows = vec![];
     for arm in &arms {
-        rows.push(row(
-            &format!("{}: `GET /healthz` round trip (floor)", arm.name),
-            &arm.floor,
-            &arm.floor,
-        ));
-        rows.push(row(
-            &format!("{}: `POST /v1/sandboxes`, warm hit → 201", arm.name),
-            &arm.claim,
-            &arm.floor,
-        ));
-        rows.push(row(
-            &format!("{}: … of which the node's claim (`claim_micros`)", arm.name),
-            &arm.node_work,
-            &arm.floor,
-        ));
-        rows.push(row(
-            &format!("{}: `POST /v1/sandboxes`, unknown template → 404", arm.name),
-            &arm.refused,
-            &arm.floor,
-        ));
+        for (what, samples) in [
+            ("`GET /healthz` round trip (floor)", &arm.floor),
+            ("`POST /v1/sandboxes`, warm hit → 201", &arm.claim),
+            ("… of which the node's claim (`claim_micros`)", &arm.node_work),
+            ("`POST /v1/sandboxes`, unknown template → 404", &arm.refused),
+        ] {
+            rows.push(row(&format!("{}: {what}", arm.name), samples, &arm.floor));
+        }
     }
     table(
         &format!("warm claim over HTTP (kept connection, n = {})", arms[0].claim.len()),

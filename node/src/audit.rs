@@ -158,21 +158,22 @@ impl Writer {
                         None => return,
                     }
                 }
-                () = queue.filling.notified() => {
-                    for entry in queue.take() {
-                        self.write(&entry);
-                    }
-                }
+                () = queue.filling.notified() => self.write_queued(&queue),
                 _ = tick.tick() => self.write_out(&queue),
             }
         }
     }
 
-    /// Writes every queued entry and flushes.
-    fn write_out(&mut self, queue: &Queue) {
+    /// Writes every queued entry (into the buffer: the next flush takes it to the file).
+    fn write_queued(&mut self, queue: &Queue) {
         for entry in queue.take() {
             self.write(&entry);
         }
+    }
+
+    /// Writes every queued entry and flushes.
+    fn write_out(&mut self, queue: &Queue) {
+        self.write_queued(queue);
         self.flush();
     }
 
