@@ -205,8 +205,10 @@ impl SnapshotStore {
 
         let mut buf = BytesMut::new();
         let mut eof = false;
-        let mut chunks = Vec::new();
-        let mut seen = HashSet::new();
+        // Each chunk's size in order; its id comes back from the task that hashed it.
+        let mut sizes = Vec::new();
+        let mut ids: Vec<Option<ChunkId>> = Vec::new();
+        let seen = Arc::new(std::sync::Mutex::new(HashSet::new()));
         let mut known = Vec::new();
         let mut report = PutReport {
             key: name.key(),
@@ -218,7 +220,7 @@ impl SnapshotStore {
             touched_chunks: 0,
         };
         // Dropping the set (an error here, or the caller dropping this future) aborts uploads.
-        let mut uploads: JoinSet<Result<(ChunkId, Upload)>> = JoinSet::new();
+        let mut uploads: JoinSet<Result<(usize, ChunkId, Option<Upload>)>> = JoinSet::new();
         // A chunk's HEAD runs ahead of the PUTs: twice as many chunks are in hand as PUTs may be
         // in flight, so a PUT slot is never idle while its next chunk waits on a HEAD.
         let puts = Arc::new(Semaphore::new(inner.upload_concurrency));
@@ -238,28 +240,36 @@ impl SnapshotStore {
             }
             let len = inner.chunker.cut(&buf[..buf.len().min(max)]);
             let data = buf.split_to(len).freeze();
-            let id = ChunkId::of(&data);
-            chunks.push(ChunkRef { id, size: len as u32 });
+            let at = sizes.len();
+            sizes.push(len as u32);
+            ids.push(None);
             report.size += len as u64;
-            if !seen.insert(id) {
-                continue;
-            }
-            if inner.known.fresh_since(&id, fresh_since) {
-                continue;
-            }
             while uploads.len() >= 2 * inner.upload_concurrency {
-                record(&mut report, &mut known, joined(uploads.join_next().await)?, now);
+                let finished = joined(uploads.join_next().await)?;
+                record(&mut report, &mut ids, &mut known, finished, now);
             }
-            let (task, puts) = (self.clone(), puts.clone());
+            // Hashed in the task, not here: cutting the next chunk (this loop) and hashing this
+            // one each take a core, about equally (`silkbench store`).
+            let (task, puts, seen) = (self.clone(), puts.clone(), seen.clone());
             uploads.spawn(async move {
-                task.upload(id, data, fresh_since, &puts).await.map(|u| (id, u))
+                let id = ChunkId::of(&data);
+                let first = seen.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
+                if !first || task.inner.known.fresh_since(&id, fresh_since) {
+                    return Ok((at, id, None));
+                }
+                task.upload(id, data, fresh_since, &puts).await.map(|u| (at, id, Some(u)))
             });
         }
-        while let Some(done) = uploads.join_next().await {
-            record(&mut report, &mut known, joined(Some(done))?, now);
+        while let Some(finished) = uploads.join_next().await {
+            record(&mut report, &mut ids, &mut known, joined(Some(finished))?, now);
         }
+        let chunks: Vec<ChunkRef> = sizes
+            .into_iter()
+            .zip(ids)
+            .map(|(size, id)| ChunkRef { id: id.expect("every chunk's task came back"), size })
+            .collect();
         report.chunks = chunks.len();
-        report.unique_chunks = seen.len();
+        report.unique_chunks = seen.lock().unwrap_or_else(|e| e.into_inner()).len();
         inner.known.record(&known)?;
 
         let manifest = Manifest {
@@ -466,12 +476,17 @@ impl Inner {
     }
 }
 
+/// What the task of the chunk at `at` found: its id, and what it did (nothing for a chunk met
+/// before in this snapshot or known fresh).
 fn record(
     report: &mut PutReport,
+    ids: &mut [Option<ChunkId>],
     known: &mut Vec<(ChunkId, SystemTime)>,
-    (id, upload): (ChunkId, Upload),
+    (at, id, upload): (usize, ChunkId, Option<Upload>),
     now: SystemTime,
 ) {
+    ids[at] = Some(id);
+    let Some(upload) = upload else { return };
     match upload {
         Upload::Present(modified) => known.push((id, modified)),
         Upload::Touched => {

@@ -31,8 +31,8 @@ impl Node {
             meta.insert("name".into(), n.clone());
         }
         let (report, streamed) = match &live.record.phase {
-            // Spooled: the sandbox is frozen while its capture goes to disk, and the upload
-            // reads behind it, beside it rather than after it.
+            // Spooled: the sandbox is frozen while its capture goes to memory (or disk), and
+            // the upload reads behind it, beside it rather than after it.
             Phase::Running | Phase::Stopped => {
                 before_dump(&live, memory);
                 let base = live.base.as_ref().ok_or_else(|| NodeError::internal("unknown base"))?;
@@ -43,7 +43,7 @@ impl Node {
                 let write = move |out: &mut dyn std::io::Write| {
                     engine.write_snapshot(&sid, memory, out, &scratch)
                 };
-                let pace = Pace::Disk { captured: "checkpoint:captured" };
+                let pace = Pace::Spool { captured: "checkpoint:captured" };
                 self.upload_stream(&store_name, meta, pace, write).await?
             }
             Phase::Captured(snap) => {
