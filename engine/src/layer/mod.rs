@@ -157,6 +157,9 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> R
             if unsafe { libc::mknod(c.as_ptr(), libc::S_IFIFO | mode, 0) } != 0 {
                 return Err(EngineError::io("mkfifo")(std::io::Error::last_os_error()));
             }
+        } else if kind == EntryType::Regular {
+            unpack_file(&mut entry, &dst)
+                .map_err(|e| bad(format!("unpack {}: {e}", rel.display())))?;
         } else {
             entry.unpack(&dst).map_err(|e| bad(format!("unpack {}: {e}", rel.display())))?;
         }
@@ -168,6 +171,32 @@ pub fn apply(input: impl Read, root: &Path, whiteouts: Whiteouts, ids: Ids) -> R
         set_owner(&dst, ids.to_host(uid), ids.to_host(gid), header.mode().unwrap_or(0), kind)?;
     }
     Ok(())
+}
+
+/// A regular file's entry written to `dst` (which must not exist) as tar-rs's `unpack` writes
+/// it, mode and mtime included, but in 1 MiB writes: tar-rs copies through an 8 KiB buffer, a
+/// write call per 8 KiB (12 800 per 100 MiB restored).
+fn unpack_file(entry: &mut tar::Entry<'_, impl Read>, dst: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    // As tar-rs: a zero mtime is set as 1 (0 reads as "unset" to some tools).
+    let (mode, mtime) = (entry.header().mode()? & 0o7777, entry.header().mtime()?.max(1));
+    let size = entry.size();
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(dst)?;
+    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
+    // Into the BufWriter's own buffer (std's copy reads straight into it).
+    let copied = std::io::copy(entry, &mut out)?;
+    if copied != size {
+        return Err(std::io::Error::other("the entry ended before its size"));
+    }
+    let file = out.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+    file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+    let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime);
+    file.set_times(std::fs::FileTimes::new().set_accessed(at).set_modified(at))
 }
 
 const GZIP_MAGIC: &[u8] = &[0x1f, 0x8b];

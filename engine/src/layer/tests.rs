@@ -75,6 +75,11 @@ fn capture_then_apply_keeps_overlay_whiteouts_and_opaque_dirs() {
     let upper = tempfile::tempdir().unwrap();
     std::fs::create_dir_all(upper.path().join("etc/opaque")).unwrap();
     std::fs::write(upper.path().join("etc/file"), b"data").unwrap();
+    let file = std::fs::File::options().write(true).open(upper.path().join("etc/file")).unwrap();
+    let when = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_500_000_000);
+    file.set_modified(when).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(std::fs::Permissions::from_mode(0o640)).unwrap();
     mknod_whiteout(&upper.path().join("etc/removed")).unwrap();
     set_xattr(&upper.path().join("etc/opaque"), OPAQUE_XATTR, b"y").unwrap();
     let mut tar = vec![];
@@ -83,6 +88,9 @@ fn capture_then_apply_keeps_overlay_whiteouts_and_opaque_dirs() {
     let restored = tempfile::tempdir().unwrap();
     apply(&tar[..], restored.path(), Whiteouts::Overlay, Ids::HOST).unwrap();
     assert_eq!(std::fs::read(restored.path().join("etc/file")).unwrap(), b"data");
+    let meta = std::fs::metadata(restored.path().join("etc/file")).unwrap();
+    assert_eq!(meta.modified().unwrap(), when, "a file keeps its mtime");
+    assert_eq!(meta.mode() & 0o7777, 0o640, "a file keeps its mode");
     let wh = std::fs::symlink_metadata(restored.path().join("etc/removed")).unwrap();
     assert!(is_overlay_whiteout(&wh));
     assert_eq!(
