@@ -187,8 +187,11 @@ fn unpack_file(entry: &mut tar::Entry<'_, impl Read>, dst: &Path) -> std::io::Re
         .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(dst)?;
-    let mut out = std::io::BufWriter::with_capacity(1 << 20, file);
-    // Into the BufWriter's own buffer (std's copy reads straight into it).
+    // std's copy reads straight into the BufWriter's buffer, zeroing it first: sized to the
+    // file, so a small file does not pay for clearing 1 MiB (4x tar-rs's time over 10 000
+    // files of 100 bytes).
+    let capacity = usize::try_from(size).unwrap_or(usize::MAX).clamp(8 << 10, 1 << 20);
+    let mut out = std::io::BufWriter::with_capacity(capacity, file);
     let copied = std::io::copy(entry, &mut out)?;
     if copied != size {
         return Err(std::io::Error::other("the entry ended before its size"));
