@@ -256,7 +256,8 @@ impl<W: std::io::Write> Capture<W> {
             blocks.extend_from_slice(ext.as_bytes());
         }
         let len = blocks.len() as u64 + stored;
-        let data = std::io::Cursor::new(blocks).chain(SegmentReader { file: &file, segments, at: 0 });
+        let data =
+            std::io::Cursor::new(blocks).chain(SegmentReader { file: &file, segments, at: 0 });
         self.append_read(&mut header, path, data, len)
     }
 
@@ -412,9 +413,8 @@ mod tests {
     fn an_entry_whose_file_shrank_fails_rather_than_leave_the_tar_short() {
         let mut header = tar::Header::new_gnu();
         header.set_size(10);
-        let err = capture()
-            .append_read(&mut header, Path::new("f"), &b"short"[..], 10)
-            .unwrap_err();
+        let err =
+            capture().append_read(&mut header, Path::new("f"), &b"short"[..], 10).unwrap_err();
         assert!(err.to_string().contains("shrank"), "{err}");
     }
 

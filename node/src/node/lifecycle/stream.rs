@@ -13,10 +13,10 @@
 //!   ([`SpoolReader`]), so the freeze lasts the capture, not the upload, and the upload still
 //!   runs beside the capture rather than after it.
 
-use std::io::{Read, Write};
-use std::sync::atomic::AtomicBool;
 use std::future::Future;
+use std::io::{Read, Write};
 use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
 
 use silk_engine::EngineError;
 
@@ -34,9 +34,8 @@ pub(in crate::node) enum Pace {
     Spool { captured: &'static str },
 }
 
-type Capture<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = Result<Streamed, NodeError>> + Send + 'a>,
->;
+type Capture<'a> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Streamed, NodeError>> + Send + 'a>>;
 
 impl Node {
     /// Stores as `name` what `write` writes, run on a blocking thread; see the module docs.
@@ -444,6 +443,10 @@ struct SpoolWriter {
 
 impl Write for SpoolWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if bytes.is_empty() {
+            // An empty part would read as the stream's end.
+            return Ok(0);
+        }
         let spare = self.spool.progress().spare.pop().unwrap_or_default();
         let part = match Held::copy(bytes, spare) {
             Some(held) => Part::Memory(held),
@@ -504,6 +507,9 @@ impl tokio::io::AsyncRead for SpoolReader {
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         use std::task::Poll;
+        if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
         let this = &mut *self;
         loop {
             match &mut this.reading {
