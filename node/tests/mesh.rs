@@ -459,7 +459,11 @@ fn a_store_outage_fails_a_move_before_the_switch_and_the_sandbox_stays() {
     let a = node(dir.path(), "a", 19, None, &format!("{pool}{dead}"));
     let b = node(dir.path(), "b", 20, Some(&mesh_addr(&a)), &format!("pools = []\n{dead}"));
     eventually("meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
+    // From a's golden, which b can only get from the store (a sandbox cold-booted before the
+    // golden was built is over the template alone, which b has).
+    a.wait_warm(1);
     let c = a.claim("{}");
+    assert_eq!(c["tier"], "warm", "{c}");
     let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
     exec_via(&a, id, token, TREE);
     let before = exec_via(&a, id, token, HASH);
