@@ -249,7 +249,7 @@ impl SnapshotStore {
                 record(&mut report, &mut ids, &mut known, finished, now);
             }
             // Hashed in the task, not here: cutting the next chunk (this loop) and hashing this
-            // one each take a core, about equally (`silkbench store`).
+            // one then run on two cores (each is a large part of a put's CPU: `silkbench store`).
             let (task, puts, seen) = (self.clone(), puts.clone(), seen.clone());
             uploads.spawn(async move {
                 let id = ChunkId::of(&data);
