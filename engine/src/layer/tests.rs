@@ -68,6 +68,24 @@ fn escaping_paths_are_rejected_and_symlinks_stay_inside() {
     assert!(!outside.path().join("pwned").exists(), "wrote outside the root");
     let inside = resolve(root.path(), Path::new("link/pwned")).unwrap();
     assert!(inside.starts_with(root.path()) && inside.exists());
+
+    // A symlink to a host file, then a regular file under the link's own name: the file
+    // replaces the link, the host file is untouched.
+    let host_file = outside.path().join("host-file");
+    std::fs::write(&host_file, b"host").unwrap();
+    let mut b = tar::Builder::new(Vec::new());
+    let mut h = header();
+    h.set_entry_type(EntryType::Symlink);
+    h.set_size(0);
+    b.append_link(&mut h, "planted", &host_file).unwrap();
+    let mut h = header();
+    h.set_size(5);
+    b.append_data(&mut h, "planted", &b"owned"[..]).unwrap();
+    apply(&b.into_inner().unwrap()[..], root.path(), Whiteouts::Delete, Ids::HOST).unwrap();
+    assert_eq!(std::fs::read(&host_file).unwrap(), b"host", "wrote through the link");
+    let planted = std::fs::symlink_metadata(root.path().join("planted")).unwrap();
+    assert!(planted.is_file(), "the link is still there");
+    assert_eq!(std::fs::read(root.path().join("planted")).unwrap(), b"owned");
 }
 
 #[test]

@@ -38,6 +38,7 @@ mod archive;
 mod copies;
 mod recover;
 mod shared;
+mod spool;
 mod stored;
 mod stream;
 
