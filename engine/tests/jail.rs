@@ -139,6 +139,24 @@ fn destroy_leaves_nothing_behind() {
     assert_eq!(traces(&h, &a.id, a.pid), Vec::<String>::new());
 }
 
+/// A stop returns before its overlay is unmounted (a sync of all the sandbox wrote): that runs
+/// behind it, holding the overlay open. A wake right after mounts it again over the same files
+/// and finds every one, and a destroy right after leaves nothing behind.
+#[test]
+fn a_stopped_box_is_unmounted_behind_the_stop() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("u-a"), &small()).unwrap();
+    ok(&a, "head -c 67108864 /dev/urandom > /root/big && echo kept > /root/small");
+    h.engine.stop(&a.id, Memory::Off).unwrap();
+    let back = h.engine.resume(&a.id).unwrap();
+    assert_eq!(ok(&back, "cat /root/small; wc -c < /root/big"), "kept\n67108864");
+    ok(&back, "head -c 67108864 /dev/urandom > /root/again");
+    h.engine.stop(&a.id, Memory::Off).unwrap();
+    h.engine.destroy(&a.id).unwrap();
+    assert_eq!(traces(&h, &a.id, back.pid), Vec::<String>::new());
+}
+
 #[test]
 fn a_sandbox_frozen_by_a_crash_mid_snapshot_is_thawed_at_start() {
     let h = Harness::new();

@@ -53,6 +53,7 @@ pub mod seccomp;
 mod snapshot;
 mod start;
 mod trash;
+mod unmounting;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -104,6 +105,8 @@ pub struct JailEngine {
     addresses: Option<net::Addresses>,
     /// Where destroyed boxes are deleted from, behind the destroy.
     trash: trash::Trash,
+    /// Stopped jails' overlays, unmounted behind the stop.
+    unmounting: unmounting::Unmounting,
 }
 
 impl Drop for JailEngine {
@@ -175,6 +178,8 @@ impl JailEngine {
         let memory_key = memory::memory_key(&cfg.data_dir, cfg.memory_key)?;
         let trash = trash::Trash::open(cfg.data_dir.join("trash"))
             .map_err(EngineError::io("open the trash directory"))?;
+        let unmounting = unmounting::Unmounting::start()
+            .map_err(EngineError::io("start the unmounting thread"))?;
         let addresses = cfg.lane.clone().map(|lane| {
             let taken = recorded_boxes(&cfg.data_dir).into_iter().filter_map(|b| b.address);
             net::Addresses::new(lane, taken)
@@ -190,6 +195,7 @@ impl JailEngine {
             instance,
             addresses,
             trash,
+            unmounting,
         };
         engine.remove_incomplete()?;
         engine.thaw_all();
@@ -439,6 +445,8 @@ impl Engine for JailEngine {
     fn destroy(&self, id: &SandboxId) -> Result<()> {
         let record = self.record(id)?;
         self.kill(id, self.live_pid(&record))?;
+        // A stop's overlay still held: it must be gone before its disk is.
+        self.unmounting.wait(id);
         if let (Some(addresses), Some(addr)) = (&self.addresses, record.info.address) {
             addresses.give_back(addr);
         }

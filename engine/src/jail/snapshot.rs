@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::host::partial_path;
-use super::{JailEngine, disk};
+use super::{JailEngine, disk, unmounting};
 use crate::layer::{self, Ids, Whiteouts};
 use crate::{
     Base, BoxInfo, BoxSpec, Engine, EngineError, Memory, MemoryKept, Result, SandboxId, Snapshot,
@@ -194,6 +194,9 @@ impl JailEngine {
             self.kill(id, None)?;
             return Ok(MemoryKept::no("its processes were not running"));
         };
+        // Held past the kill, so the overlay's unmount (a sync of all it wrote) runs behind
+        // this call: see `unmounting`.
+        let root = unmounting::Unmounting::hold(pid);
         let dir = self.box_dir(id);
         let kept = match memory {
             Memory::Off => MemoryKept::no("not asked for"),
@@ -212,12 +215,17 @@ impl JailEngine {
         };
         // After a dump CRIU has killed the jail already: the signal finds it dying or dead.
         self.kill(id, Some(pid))?;
+        if let Some(root) = root {
+            self.unmounting.close(id, root);
+        }
         Ok(kept)
     }
 
     /// Starts a stopped sandbox again: from its memory images if it has them (its processes go
     /// on), else (or if they fail) from its files.
     pub(super) fn resume_box(&self, id: &SandboxId) -> Result<BoxInfo> {
+        // Two overlays over one upper directory at once: the last stop's must be gone.
+        self.unmounting.wait(id);
         let record = self.record(id)?;
         if let Some(pid) = self.live_pid(&record) {
             return Ok(BoxInfo { pid: Some(pid), running: true, ..record.info });
