@@ -3,7 +3,8 @@
 //! holding a freshly written tree of incompressible files (100 MiB by default); and the bytes a
 //! second checkpoint uploads after a 1 MiB change. Every timed step, the floor included, starts
 //! from a flushed disk (`sync`) but for the sandbox's own tree, which the hibernate that follows
-//! its writing flushes.
+//! its writing leaves to flush behind its answer (the jail's overlay is unmounted, and synced,
+//! after the stop returns): the `sync` before the explicit wake waits for that flush.
 //!
 //! | measurement | floor beside it |
 //! |---|---|
@@ -96,7 +97,7 @@ fn measure(args: &LifecycleArgs, node: &NodeProc, work: &std::path::Path) -> any
 
         let (_, s) = timed(&mut http, "POST", "/v1/sandboxes", "{}", 201)?;
         let id = s["id"].as_str().context("id")?.to_string();
-        // Before the tree is written, not after: flushing it is the hibernate's own work.
+        // Before the tree is written, not after: flushing it follows the hibernate.
         quiet()?;
         exec(&mut http, &id, &write_tree)?;
         let sum = exec(&mut http, &id, hash)?;
