@@ -6,42 +6,72 @@
 //! bytes next and then deletes them; a hibernate keeps them on a disk the kernel writes back
 //! anyway.
 //!
-//! So a kill first opens the jail's root (`O_PATH`), which keeps the overlay mounted once the
-//! namespace is gone, and hands it here: one thread per engine closes it, and the unmount and
-//! its sync run there. Whatever mounts over the same upper directory again (a wake) or
-//! unmounts the disk under it (a destroy) waits for that box's close first ([`Unmounting::wait`]).
-//! A crash closes them all: the kernel unmounts each as it would have.
+//! So a stop first opens the jail's root (`O_PATH`), which keeps the overlay mounted once the
+//! namespace is gone, and hands it here: one thread per engine closes the roots in turn, and
+//! the unmount and its sync run there. Whatever mounts over the same upper directory again (a
+//! wake) or unmounts the disk under it (a destroy) waits for that box's close first, and closes
+//! it itself if it is still queued ([`Unmounting::wait`]). A crash closes them all: the kernel
+//! unmounts each as it would have.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::os::fd::OwnedFd;
-use std::sync::{Condvar, Mutex, mpsc};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
 use crate::SandboxId;
 
+#[derive(Debug, Default)]
+struct Held {
+    /// Roots waiting for the closer, oldest first.
+    queued: VecDeque<(SandboxId, OwnedFd)>,
+    /// Boxes whose root the closer is closing now.
+    closing: HashSet<SandboxId>,
+    /// The engine is closing: the closer empties the queue and ends.
+    done: bool,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    held: Mutex<Held>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
 #[derive(Debug)]
 pub(super) struct Unmounting {
-    /// Boxes whose overlay is still held here.
-    held: std::sync::Arc<(Mutex<HashSet<SandboxId>>, Condvar)>,
-    to_closer: Option<mpsc::Sender<(SandboxId, OwnedFd)>>,
+    shared: Arc<Shared>,
     closer: Option<JoinHandle<()>>,
 }
 
 impl Unmounting {
     pub(super) fn start() -> std::io::Result<Unmounting> {
-        let held = std::sync::Arc::new((Mutex::new(HashSet::new()), Condvar::new()));
-        let (tx, rx) = mpsc::channel::<(SandboxId, OwnedFd)>();
-        let state = held.clone();
+        let shared = Arc::new(Shared::default());
+        let state = shared.clone();
         let closer = std::thread::Builder::new().name("silk-unmount".into()).spawn(move || {
-            for (id, root) in rx {
+            let mut held = state.lock();
+            loop {
+                let Some((id, root)) = held.queued.pop_front() else {
+                    if held.done {
+                        return;
+                    }
+                    held = state.changed.wait(held).unwrap_or_else(|p| p.into_inner());
+                    continue;
+                };
+                held.closing.insert(id.clone());
+                drop(held);
                 // The last reference: the overlay's unmount and its sync run in this close.
                 drop(root);
-                let (lock, changed) = &*state;
-                lock.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-                changed.notify_all();
+                held = state.lock();
+                held.closing.remove(&id);
+                state.changed.notify_all();
             }
         })?;
-        Ok(Unmounting { held, to_closer: Some(tx), closer: Some(closer) })
+        Ok(Unmounting { shared, closer: Some(closer) })
     }
 
     /// Opens the root of the jail whose init is `pid`, to hold its overlay past the kill.
@@ -58,22 +88,22 @@ impl Unmounting {
 
     /// Closes `root` (from [`Unmounting::hold`], its jail now dead) behind the caller.
     pub(super) fn close(&self, id: &SandboxId, root: OwnedFd) {
-        let (lock, _) = &*self.held;
-        lock.lock().unwrap_or_else(|p| p.into_inner()).insert(id.clone());
-        let sent = self.to_closer.as_ref().map(|tx| tx.send((id.clone(), root)));
-        if let Some(Err(mpsc::SendError((id, root)))) = sent {
-            // The closer is gone: close it here, waiting as a kill used to.
-            drop(root);
-            lock.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
-        }
+        self.shared.lock().queued.push_back((id.clone(), root));
+        self.shared.changed.notify_all();
     }
 
-    /// Returns once box `id`'s overlay is unmounted (at once if none is held).
+    /// Returns once box `id`'s overlay is unmounted (at once if none is held). A root still
+    /// queued is closed here: the caller waits for its own box's sync, never behind others'.
     pub(super) fn wait(&self, id: &SandboxId) {
-        let (lock, changed) = &*self.held;
-        let mut held = lock.lock().unwrap_or_else(|p| p.into_inner());
-        while held.contains(id) {
-            held = changed.wait(held).unwrap_or_else(|p| p.into_inner());
+        let mut held = self.shared.lock();
+        if let Some(at) = held.queued.iter().position(|(queued, _)| queued == id) {
+            let root = held.queued.remove(at);
+            drop(held);
+            drop(root);
+            return;
+        }
+        while held.closing.contains(id) {
+            held = self.shared.changed.wait(held).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -81,7 +111,8 @@ impl Unmounting {
 impl Drop for Unmounting {
     /// Waits for every held overlay to go: an engine closed leaves nothing mounted behind it.
     fn drop(&mut self) {
-        drop(self.to_closer.take());
+        self.shared.lock().done = true;
+        self.shared.changed.notify_all();
         if let Some(closer) = self.closer.take() {
             let _ = closer.join();
         }
@@ -93,20 +124,32 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    /// `wait` returns only once the closer has closed what it was handed: here the read end
-    /// of a pipe, so a write to the other end then fails.
+    /// `wait` returns only once what was handed over for that box is closed: here the read
+    /// ends of pipes, so a write to the other end then fails. A root still queued behind
+    /// another is closed by the wait itself.
     #[test]
     fn a_wait_returns_once_the_held_descriptor_is_closed() {
         let unmounting = Unmounting::start().unwrap();
-        let (read, write) = std::io::pipe().unwrap();
-        let mut write = std::fs::File::from(OwnedFd::from(write));
-        let id: SandboxId = "u-1".parse().unwrap();
-        unmounting.wait(&id);
-        unmounting.close(&id, OwnedFd::from(read));
-        unmounting.wait(&id);
-        let err = write.write_all(b"x").unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
-        // Another box's wait is not held up by it.
-        unmounting.wait(&"u-2".parse().unwrap());
+        let pipe = || {
+            let (read, write) = std::io::pipe().unwrap();
+            (OwnedFd::from(read), std::fs::File::from(OwnedFd::from(write)))
+        };
+        let closed = |w: &mut std::fs::File| {
+            w.write_all(b"x").is_err_and(|e| e.kind() == std::io::ErrorKind::BrokenPipe)
+        };
+        let (a, b): (SandboxId, SandboxId) = ("u-1".parse().unwrap(), "u-2".parse().unwrap());
+        unmounting.wait(&a);
+        let ((ra, mut wa), (rb, mut wb)) = (pipe(), pipe());
+        unmounting.close(&a, ra);
+        unmounting.close(&b, rb);
+        unmounting.wait(&b);
+        assert!(closed(&mut wb));
+        unmounting.wait(&a);
+        assert!(closed(&mut wa));
+        // Closing the engine closes whatever is still held.
+        let (rc, mut wc) = pipe();
+        unmounting.close(&"u-3".parse().unwrap(), rc);
+        drop(unmounting);
+        assert!(closed(&mut wc));
     }
 }
