@@ -80,7 +80,9 @@ impl Unmounting {
         use std::os::fd::FromRawFd;
         let path = std::ffi::CString::new(format!("/proc/{pid}/root")).ok()?;
         // SAFETY: a plain open of a NUL-terminated path; the fd is owned below. O_PATH: the
-        // directory is neither read nor searched, only kept.
+        // directory is neither read nor searched, only kept. O_CLOEXEC: a sandbox's root must
+        // never reach a process the node starts (through it, that process would reach the
+        // sandbox's files).
         let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
         // SAFETY: `fd` is a descriptor this call just opened and nothing else owns.
         (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
