@@ -77,15 +77,16 @@ impl Unmounting {
     /// Opens the root of the jail whose init is `pid`, to hold its overlay past the kill.
     /// `None` when it cannot (the jail already gone): the kill then waits as it always did.
     pub(super) fn hold(pid: u32) -> Option<OwnedFd> {
-        use std::os::fd::FromRawFd;
-        let path = std::ffi::CString::new(format!("/proc/{pid}/root")).ok()?;
-        // SAFETY: a plain open of a NUL-terminated path; the fd is owned below. O_PATH: the
-        // directory is neither read nor searched, only kept. O_CLOEXEC: a sandbox's root must
-        // never reach a process the node starts (through it, that process would reach the
-        // sandbox's files).
-        let fd = unsafe { libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC) };
-        // SAFETY: `fd` is a descriptor this call just opened and nothing else owns.
-        (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
+        use std::os::unix::fs::OpenOptionsExt;
+        // O_PATH: the directory is neither read nor searched, only kept. std opens with
+        // O_CLOEXEC: a sandbox's root must never reach a process the node starts (through it,
+        // that process would reach the sandbox's files).
+        let root = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH)
+            .open(format!("/proc/{pid}/root"))
+            .ok()?;
+        Some(root.into())
     }
 
     /// Closes `root` (from [`Unmounting::hold`], its jail now dead) behind the caller.
@@ -153,5 +154,15 @@ mod tests {
         unmounting.close(&"u-3".parse().unwrap(), rc);
         drop(unmounting);
         assert!(closed(&mut wc));
+    }
+
+    /// A held root never reaches a process the node starts: it is closed on exec.
+    #[test]
+    fn a_held_root_is_closed_on_exec() {
+        use std::os::fd::AsRawFd;
+        let root = Unmounting::hold(std::process::id()).unwrap();
+        // SAFETY: plain fcntl on a descriptor this test owns.
+        let flags = unsafe { libc::fcntl(root.as_raw_fd(), libc::F_GETFD) };
+        assert!(flags >= 0 && flags & libc::FD_CLOEXEC != 0, "flags {flags}");
     }
 }
