@@ -20,6 +20,7 @@ pub mod egress;
 pub mod error;
 pub mod fleet;
 pub mod images;
+mod in_place;
 pub mod journal;
 pub mod listen;
 pub mod metrics;

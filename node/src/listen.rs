@@ -80,7 +80,8 @@ async fn accept_loop(
         }
         let (router, acceptor, http) = (router.clone(), acceptor.clone(), http.clone());
         let watcher = graceful.watcher();
-        tokio::spawn(async move {
+        // A request with a body wakes its own connection's task (see `in_place`).
+        tokio::spawn(crate::in_place::in_place(async move {
             let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
                 req.extensions_mut().insert(ClientAddr(addr));
                 tower::ServiceExt::oneshot(router.clone(), req)
@@ -105,7 +106,7 @@ async fn accept_loop(
             if let Err(e) = served {
                 tracing::debug!(%addr, "connection: {e}");
             }
-        });
+        }));
     }
     drop(listener);
     // Requests in flight finish; a connection that stays (a relay, a long exec stream) is cut
