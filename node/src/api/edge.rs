@@ -327,14 +327,17 @@ pub async fn serve_forwarded(router: axum::Router, stream: PeerStream) {
     let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
         tower::ServiceExt::oneshot(router.clone(), req.map(Body::new))
     });
-    // One request per stream (the caller opens one per call), its head within a bound.
-    let served = hyper::server::conn::http1::Builder::new()
-        .keep_alive(false)
-        .timer(hyper_util::rt::TokioTimer::new())
-        .header_read_timeout(std::time::Duration::from_secs(30))
-        .serve_connection(TokioIo::new(stream), service)
-        .with_upgrades()
-        .await;
+    // One request per stream (the caller opens one per call), its head within a bound; polled
+    // in place when a request's body wakes it, as the listener's connections are.
+    let served = crate::in_place::in_place(
+        hyper::server::conn::http1::Builder::new()
+            .keep_alive(false)
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(std::time::Duration::from_secs(30))
+            .serve_connection(TokioIo::new(stream), service)
+            .with_upgrades(),
+    )
+    .await;
     if let Err(e) = served {
         tracing::debug!("a peer's forwarded connection: {e}");
     }

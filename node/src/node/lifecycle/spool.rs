@@ -95,7 +95,9 @@ impl Spool {
         }
         let waker = p.waker.take();
         drop(p);
-        waker.map(std::task::Waker::wake);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
         Ok(())
     }
 
@@ -104,7 +106,9 @@ impl Spool {
         p.done = Some(whole);
         let waker = p.waker.take();
         drop(p);
-        waker.map(std::task::Waker::wake);
+        if let Some(waker) = waker {
+            waker.wake();
+        }
     }
 }
 
