@@ -7,8 +7,9 @@
 //! it. Tokio treats a task woken during its poll as a yield: it goes to the back of the run
 //! queue and a parked worker is woken to steal it. On these 2 cores that was a futex wake and an
 //! idle vCPU roused for every `POST`, and the connection moving between the two cores from one
-//! request to the next (perf stat over 2000 `POST`s on a kept connection: 2.4 context switches
-//! and 0.27 migrations per request, against 1.0 and none for a bodiless `DELETE`).
+//! request to the next (perf stat over 2000 `POST`s on a kept connection: 2.3–2.4 context
+//! switches and up to 0.3 migrations per request, against 1.0 and none for a bodiless `DELETE`;
+//! docs/benchmarks.md, the session of 2026-12-06 09:05).
 //!
 //! A wake that comes while the future is not being polled (the socket became readable, a
 //! spawned task finished) goes to the task's waker as before.
