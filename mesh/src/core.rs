@@ -117,6 +117,9 @@ pub struct Membership {
     pushed: NodeState,
     pushed_at: Option<Duration>,
     unpushed: bool,
+    /// Renewed after the cluster declared this node down, and no member has spoken to it since
+    /// (see [`Membership::reannounce`]).
+    rejoined: bool,
 }
 
 /// How often the driver calls [`Membership::tick`].
@@ -192,6 +195,7 @@ impl Membership {
             sent: BTreeMap::new(),
             pushed_at: None,
             unpushed: false,
+            rejoined: false,
         }
     }
 
@@ -209,6 +213,23 @@ impl Membership {
         let placeholder = NodeId { name: String::new(), addr: seed, epoch: 0, renewal: 0 };
         if let Err(e) = self.foca.announce(placeholder, &mut self.runtime) {
             tracing::debug!("announce to {seed}: {e}");
+        }
+    }
+
+    /// After a rejoin, until a member speaks to this node: its new identity announced to every
+    /// peer it knew. foca gossips the renewal once and then waits for a member to speak first,
+    /// and that one packet often goes out on the connection the peer that declared us down has
+    /// just closed (a node paused past failure detection: SIGSTOP, a frozen VM); a peer that
+    /// declared us down never speaks first, so without this both would stay silent for good.
+    pub fn reannounce(&mut self) {
+        if !self.rejoined {
+            return;
+        }
+        let known: Vec<NodeId> = self.peers.values().map(|p| p.id.clone()).collect();
+        for id in known {
+            if let Err(e) = self.foca.announce(id, &mut self.runtime) {
+                tracing::debug!("announce after a rejoin: {e}");
+            }
         }
     }
 
@@ -429,6 +450,8 @@ impl Membership {
                     self.doubted.remove(&id.name);
                     out.push(Output::Down(id));
                 }
+                OwnedNotification::Rejoin(_) => self.rejoined = true,
+                OwnedNotification::Active => self.rejoined = false,
                 OwnedNotification::Rename(old, new) => {
                     // Renamed to our own name (gossiped at another member's address): the old
                     // member goes, and, as in `MemberUp`, our name is never a peer.

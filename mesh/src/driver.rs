@@ -514,6 +514,7 @@ async fn membership_task(
                         core.join(*seed);
                     }
                 }
+                core.reannounce();
             }
         }
         apply(&inner, &mut core);
