@@ -216,12 +216,23 @@ impl Membership {
         }
     }
 
+    /// The driver's rejoin tick (every second): seeds that were not up yet when this node
+    /// started, knocked on while it knows no peer; and a rejoined node's announcements.
+    pub fn knock(&mut self, seeds: &[SocketAddr]) {
+        if self.peers.is_empty() {
+            for seed in seeds {
+                self.join(*seed);
+            }
+        }
+        self.reannounce();
+    }
+
     /// After a rejoin, until a member speaks to this node: its new identity announced to every
     /// peer it knew. foca gossips the renewal once and then waits for a member to speak first,
     /// and that one packet often goes out on the connection the peer that declared us down has
     /// just closed (a node paused past failure detection: SIGSTOP, a frozen VM); a peer that
     /// declared us down never speaks first, so without this both would stay silent for good.
-    pub fn reannounce(&mut self) {
+    fn reannounce(&mut self) {
         if !self.rejoined {
             return;
         }

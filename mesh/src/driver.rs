@@ -507,15 +507,7 @@ async fn membership_task(
                 None => return,
             },
             _ = tick.tick() => core.tick(started.elapsed()),
-            _ = rejoin.tick() => {
-                // Seeds that were not up yet when we started: keep knocking until someone answers.
-                if core.peers().next().is_none() {
-                    for seed in &join {
-                        core.join(*seed);
-                    }
-                }
-                core.reannounce();
-            }
+            _ = rejoin.tick() => core.knock(&join),
         }
         apply(&inner, &mut core);
     }
