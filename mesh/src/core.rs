@@ -401,6 +401,13 @@ impl Membership {
         }
         if alive {
             tracing::info!(peer = id.name, "declared down by the cluster, but answers: kept");
+            // Told that we are here: the peer may have declared us down too (our packets lost
+            // while we could not hear it), and then neither side would speak first. An
+            // announcement makes it answer: with a feed of members, or that we are down, and
+            // then we renew and rejoin (see `reannounce`).
+            if let Err(e) = self.foca.announce(id.clone(), &mut self.runtime) {
+                tracing::debug!("announce to a doubted peer: {e}");
+            }
             self.pending.push(Output::Verify { id, again: true });
             return;
         }

@@ -1,8 +1,8 @@
 //! A deterministic simulation of the membership core: N nodes on a virtual network (fixed
 //! latency, seeded packet loss) under a virtual clock, ticked and pushing state as the driver
-//! does. Used by the tests for the edge cases (loss, a killed node, a leave, a restart) and by
-//! the bench for gossip volume, convergence and failure detection at sizes no test machine could
-//! run as processes ([`Sim::churn`]).
+//! does. Used by the tests for the edge cases (loss, a killed node, a leave, a restart, a
+//! pause) and by the bench for gossip volume, convergence and failure detection at sizes no test
+//! machine could run as processes ([`Sim::churn`]).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -73,6 +73,11 @@ pub struct Sim {
     left: Vec<bool>,
     /// Counts each node's starts.
     generation: Vec<u32>,
+    /// Paused (SIGSTOP, a frozen VM): what reaches it is lost, its own timers wait in `held`.
+    paused: Vec<bool>,
+    held: Vec<Vec<Event>>,
+    /// What node `i` sends before `muted_until[i]` is lost (a connection its peer had closed).
+    muted_until: Vec<Duration>,
     queue: BinaryHeap<Reverse<(Duration, u64)>>,
     events: BTreeMap<u64, Event>,
     next: u64,
@@ -106,6 +111,9 @@ impl Sim {
             dead: vec![false; cfg.nodes],
             left: vec![false; cfg.nodes],
             generation: vec![0; cfg.nodes],
+            paused: vec![false; cfg.nodes],
+            held: (0..cfg.nodes).map(|_| vec![]).collect(),
+            muted_until: vec![Duration::ZERO; cfg.nodes],
             queue: BinaryHeap::new(),
             events: BTreeMap::new(),
             next: 0,
@@ -192,12 +200,14 @@ impl Sim {
     /// Carries out node `i`'s output.
     fn flush(&mut self, i: usize) {
         let generation = self.generation[i];
+        let muted = self.now < self.muted_until[i];
         for out in self.nodes[i].drain() {
             match out {
                 Output::Packet(to, data) => {
                     self.sent_bytes[i] += data.len() as u64;
                     if let Some(&j) = self.by_addr.get(&to.addr)
                         && !self.rng.random_bool(self.cfg.loss)
+                        && !muted
                     {
                         self.at(self.cfg.latency, Event::Packet(j, data));
                     }
@@ -216,8 +226,8 @@ impl Sim {
                     // through) or left (its endpoint closed answers at once), the driver's bound
                     // if it died silently.
                     let j = self.by_addr.get(&id.addr).copied();
-                    let alive =
-                        j.is_some_and(|j| !self.dead[j]) && !self.rng.random_bool(self.cfg.loss);
+                    let alive = j.is_some_and(|j| !self.dead[j] && !self.paused[j])
+                        && !self.rng.random_bool(self.cfg.loss);
                     let left = j.is_some_and(|j| self.left[j]);
                     let probe =
                         if alive || left { self.cfg.latency * 2 } else { self.cfg.probe_rtt * 4 };
@@ -242,6 +252,7 @@ impl Sim {
         self.state_messages[i] += 1;
         if let Some(&j) = self.by_addr.get(&to.addr)
             && !self.rng.random_bool(self.cfg.state_loss)
+            && self.now >= self.muted_until[i]
         {
             self.at(self.cfg.latency, Event::State(j, msg));
         }
@@ -287,6 +298,23 @@ impl Sim {
         self.left[i] = true;
     }
 
+    /// Pauses node `i` (SIGSTOP): what is sent to it is lost, and its timers fire only when it
+    /// is resumed.
+    pub fn pause(&mut self, i: usize) {
+        self.paused[i] = true;
+    }
+
+    /// Resumes node `i`: every timer that came due while it was paused fires now, as a stopped
+    /// process finds them on SIGCONT, and what it sends for the next `muted` is lost, as on the
+    /// connections its peers closed meanwhile.
+    pub fn resume(&mut self, i: usize, muted: Duration) {
+        self.paused[i] = false;
+        self.muted_until[i] = self.now + muted;
+        for e in std::mem::take(&mut self.held[i]) {
+            self.at(Duration::ZERO, e);
+        }
+    }
+
     /// Node `i` starts again after a kill, as its next epoch (a flap).
     pub fn restart(&mut self, i: usize) {
         let epoch = self.nodes[i].id().epoch + 1;
@@ -320,6 +348,12 @@ impl Sim {
             if self.dead[i] || generation != self.generation[i] {
                 continue;
             }
+            if self.paused[i] {
+                if matches!(e, Event::Timer(..) | Event::Tick(..) | Event::Verified(..)) {
+                    self.held[i].push(e);
+                }
+                continue;
+            }
             match e {
                 Event::Packet(_, data) => self.nodes[i].handle_packet(&data),
                 Event::Verified(_, _, id, alive) => self.nodes[i].verified(id, alive),
@@ -331,6 +365,11 @@ impl Sim {
                     // As the driver does: a node alone keeps knocking on its seed.
                     if i > 0 && self.nodes[i].peers().next().is_none() {
                         self.nodes[i].join(addr(0));
+                    }
+                    // ... and once a second, its rejoin tick (the driver's `knock`; the seed
+                    // knocking above is the same at every tick here).
+                    if self.now.as_millis() % 1000 < TICK.as_millis() {
+                        self.nodes[i].knock(&[]);
                     }
                     self.nodes[i].tick(self.now);
                     if let Some(every) = self.cfg.full_every
