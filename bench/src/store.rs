@@ -4,7 +4,8 @@
 //! chunking + hashing throughput on one core, the CPU floor of every put.
 //!
 //! The S3 arm reads the environment `scripts/start-s3` prints (`eval "$(scripts/start-s3)"`);
-//! `--no-s3` leaves it out.
+//! `--no-s3` leaves it out. The Garage the test suite installs is a test server, unoptimised:
+//! measure against one built with `GARAGE_OPT_LEVEL=3` (docs/store.md).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
