@@ -3,6 +3,7 @@
 //! | measurement | floor beside it |
 //! |---|---|
 //! | warm claim, request → 201 with a usable handle | `GET /healthz` on the same kept connection |
+//! | two more warm claims right after it, back to back (the same work with warm caches) | the same |
 //! | `info` and `exec /bin/true` through the relay (kept upgraded connection) | the same calls on a direct connection to the sandbox's silkd socket |
 //!
 //! With `--tls`, a second node of this build serves its API over TLS (a development
@@ -255,7 +256,12 @@ struct Arm<'a> {
     node_work: Samples,
     /// `POST /v1/sandboxes` refused after its parsing and auth: the claim's HTTP path alone.
     refused: Samples,
-    last: Option<String>,
+    /// Two more claims right after the timed one, and the node's account of them: the same
+    /// work with its code and data still in the caches the idle gap had cooled.
+    back_to_back: Samples,
+    back_to_back_node: Samples,
+    /// This iteration's claims, released at the start of the next.
+    last: Vec<String>,
 }
 
 type TlsClient = Option<std::sync::Arc<rustls::ClientConfig>>;
@@ -278,7 +284,9 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
                 claim: Samples::default(),
                 node_work: Samples::default(),
                 refused: Samples::default(),
-                last: None,
+                back_to_back: Samples::default(),
+                back_to_back_node: Samples::default(),
+                last: vec![],
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -289,7 +297,7 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
         // Every node quiet first: the last claim released (its teardown runs in the
         // background), every pool refilled, a moment for the teardowns to end.
         for arm in &mut arms {
-            if let Some(id) = arm.last.take() {
+            for id in std::mem::take(&mut arm.last) {
                 arm.http.call("DELETE", &format!("/v1/sandboxes/{id}"), "")?;
             }
         }
@@ -323,7 +331,20 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
             arm.claim.push(d);
             let micros = body["claim_micros"].as_u64().context("claim_micros")?;
             arm.node_work.push(Duration::from_micros(micros));
-            arm.last = Some(body["id"].as_str().context("id")?.to_string());
+            arm.last.push(body["id"].as_str().context("id")?.to_string());
+            // The pool held 4: these are warm hits too.
+            for _ in 0..2 {
+                let t = Instant::now();
+                let (status, body) = arm.http.call("POST", "/v1/sandboxes", "{}")?;
+                let d = t.elapsed();
+                anyhow::ensure!(status == 201, "claim answered {status}: {body}");
+                let body = json(&body);
+                anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
+                arm.back_to_back.push(d);
+                let micros = body["claim_micros"].as_u64().context("claim_micros")?;
+                arm.back_to_back_node.push(Duration::from_micros(micros));
+                arm.last.push(body["id"].as_str().context("id")?.to_string());
+            }
         }
     }
     let mut rows = vec![];
@@ -333,6 +354,8 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
             ("`POST /v1/sandboxes`, warm hit → 201", &arm.claim),
             ("… of which the node's claim (`claim_micros`)", &arm.node_work),
             ("`POST /v1/sandboxes`, unknown template → 404", &arm.refused),
+            ("`POST /v1/sandboxes`, 2nd and 3rd claims back to back → 201", &arm.back_to_back),
+            ("… of which the node's claim", &arm.back_to_back_node),
         ] {
             rows.push(row(&format!("{}: {what}", arm.name), samples, &arm.floor));
         }
@@ -350,7 +373,7 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let mut rows = vec![];
     for arm in &arms {
-        let id = arm.last.clone().context("no sandbox")?;
+        let id = arm.last.last().cloned().context("no sandbox")?;
         let record = arm.node.work.join("data/engine/boxes").join(&id).join("box.json");
         let record: serde_json::Value = serde_json::from_slice(&std::fs::read(record)?)?;
         let agent: silk_engine::AgentAddr =
@@ -401,7 +424,7 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
 /// its network namespace entered and left on the calling thread) beside a plain connect to a
 /// unix socket by path (the floor: how the node reached silkd before it listened inside).
 fn connect_cost(arm: &Arm<'_>, iters: usize) -> anyhow::Result<()> {
-    let id = arm.last.clone().context("no sandbox")?;
+    let id = arm.last.last().cloned().context("no sandbox")?;
     let record = arm.node.work.join("data/engine/boxes").join(&id).join("box.json");
     let record: serde_json::Value = serde_json::from_slice(&std::fs::read(record)?)?;
     let agent: silk_engine::AgentAddr = serde_json::from_value(record["info"]["agent"].clone())?;
