@@ -80,6 +80,49 @@ fn hibernated_processes_wake_where_they_were() {
 }
 
 #[test]
+fn images_a_killed_node_left_beside_a_woken_box_are_neither_in_the_way_nor_restored() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("m-stale"), &small()).unwrap();
+    ok(&a, COUNTER);
+    let pid = ok(&a, "cat /tmp/pid");
+    let dir = h.data.path().join("boxes").join(a.id.as_str());
+    let (images, aside) = (dir.join("memory"), h.data.path().join("images-aside"));
+    let copy = |from: &std::path::Path, to: &std::path::Path| {
+        let copied = std::process::Command::new("cp").arg("-a").arg(from).arg(to).status();
+        assert!(copied.unwrap().success(), "cp -a {from:?} {to:?}");
+    };
+    // What a node killed between a wake's restore and the removal of its images leaves: the
+    // box running again, its old images still beside it.
+    let stale_images_beside_a_woken_box = || {
+        let woken = h.engine.resume(&a.id).unwrap();
+        assert!(woken.memory.kept, "{:?}", woken.memory);
+        assert!(!images.exists(), "a wake removes the images it restored");
+        copy(&aside, &images);
+        woken
+    };
+    assert!(h.engine.stop(&a.id, Memory::Required).unwrap().kept);
+    copy(&images, &aside);
+    let woken = stale_images_beside_a_woken_box();
+    let before = count(&woken);
+
+    // A stop that keeps memory writes its own images (it failed: `Directory not empty`).
+    let kept = h.engine.stop(&a.id, Memory::Required).unwrap();
+    assert!(kept.kept, "{kept:?}");
+    let woken = h.engine.resume(&a.id).unwrap();
+    continues(&woken, before, &pid);
+
+    // A stop that keeps none wakes from the files, not from the old images (it woke the
+    // processes of the first hibernation: memory from then, files from now).
+    let _ = h.engine.stop(&a.id, Memory::Required).unwrap();
+    stale_images_beside_a_woken_box();
+    assert!(!h.engine.stop(&a.id, Memory::Off).unwrap().kept);
+    let restarted = h.engine.resume(&a.id).unwrap();
+    assert!(!restarted.memory.kept, "woken from images it was not stopped with");
+    assert_ne!(sh(&restarted, "cat /tmp/count").0, 0, "a fresh /tmp");
+}
+
+#[test]
 fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
     let h = memory_engine();
     let g = h.golden(&[]);

@@ -198,6 +198,10 @@ impl JailEngine {
         // this call: see `unmounting`.
         let root = unmounting::Unmounting::hold(pid);
         let dir = self.box_dir(id);
+        // Images beside a running box are from before its last wake: a node killed between a
+        // restore and their removal leaves them. They must not block this stop's images, nor
+        // be restored by the next wake after a stop that keeps none.
+        let _ = std::fs::remove_dir_all(dir.join("memory"));
         let kept = match memory {
             Memory::Off => MemoryKept::no("not asked for"),
             _ => match self.dump_memory(id, pid, &dir.join("memory.partial"), false, None) {
