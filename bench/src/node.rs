@@ -244,7 +244,21 @@ pub(crate) fn row(name: &str, s: &Samples, f: &Samples) -> Vec<String> {
     ]
 }
 
-/// Per node: kept connection, floor and claim samples, the last claimed sandbox.
+/// One claim that must be a warm hit: its round trip, the node's own account of it
+/// (`claim_micros`) and the sandbox's id.
+fn warm_claim(http: &mut Http) -> anyhow::Result<(Duration, Duration, String)> {
+    let t = Instant::now();
+    let (status, body) = http.call("POST", "/v1/sandboxes", "{}")?;
+    let took = t.elapsed();
+    anyhow::ensure!(status == 201, "claim answered {status}: {body}");
+    let body = json(&body);
+    anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
+    let micros = body["claim_micros"].as_u64().context("claim_micros")?;
+    let id = body["id"].as_str().context("id")?.to_string();
+    Ok((took, Duration::from_micros(micros), id))
+}
+
+/// Per node: kept connection, floor and claim samples, this iteration's claimed sandboxes.
 struct Arm<'a> {
     name: &'a str,
     node: &'a NodeProc,
@@ -322,28 +336,16 @@ fn sections(args: &NodeArgs, nodes: &[(&str, NodeProc, TlsClient)]) -> anyhow::R
                 status == 404,
                 "a claim of an unknown template answered {status}: {body}"
             );
-            let t = Instant::now();
-            let (status, body) = arm.http.call("POST", "/v1/sandboxes", "{}")?;
-            let d = t.elapsed();
-            anyhow::ensure!(status == 201, "claim answered {status}: {body}");
-            let body = json(&body);
-            anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
+            let (d, node, id) = warm_claim(&mut arm.http)?;
             arm.claim.push(d);
-            let micros = body["claim_micros"].as_u64().context("claim_micros")?;
-            arm.node_work.push(Duration::from_micros(micros));
-            arm.last.push(body["id"].as_str().context("id")?.to_string());
+            arm.node_work.push(node);
+            arm.last.push(id);
             // The pool held 4: these are warm hits too.
             for _ in 0..2 {
-                let t = Instant::now();
-                let (status, body) = arm.http.call("POST", "/v1/sandboxes", "{}")?;
-                let d = t.elapsed();
-                anyhow::ensure!(status == 201, "claim answered {status}: {body}");
-                let body = json(&body);
-                anyhow::ensure!(body["tier"] == "warm", "not a warm hit: {body}");
+                let (d, node, id) = warm_claim(&mut arm.http)?;
                 arm.back_to_back.push(d);
-                let micros = body["claim_micros"].as_u64().context("claim_micros")?;
-                arm.back_to_back_node.push(Duration::from_micros(micros));
-                arm.last.push(body["id"].as_str().context("id")?.to_string());
+                arm.back_to_back_node.push(node);
+                arm.last.push(id);
             }
         }
     }
