@@ -62,6 +62,8 @@ fn hibernated_processes_wake_where_they_were() {
     assert!(woken.memory.kept, "{:?}", woken.memory);
     continues(&woken, before, &pid);
     assert_eq!(ok(&woken, served), "200", "the http server inside answers after the wake");
+    // Every restored process is back in the sandbox's own groups (its limits hold).
+    assert_eq!(outside_own_cgroups(&woken), Vec::<String>::new());
     assert_eq!(ok(&woken, "hostname; cat /etc/hostname"), "m-a\nm-a");
 
     // A restarted node (a new engine on the same data) wakes it the same way.

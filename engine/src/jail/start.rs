@@ -66,6 +66,7 @@ impl JailEngine {
             Err(e) => return Err(EngineError::io("mkdir box")(e)),
         }
         let started = self.start(base, id, spec, seed, bounded, address);
+        self.disks.restock();
         if started.is_err() {
             let _ = self.cgroups.remove(id);
             let _ = disk::remove_box(&dir);

@@ -142,3 +142,35 @@ pub fn traces(h: &Harness, id: &SandboxId, pid: Option<u32>) -> Vec<String> {
     }
     found
 }
+
+/// The host processes of a sandbox (silkd, the host pid in `info`, and everything under it)
+/// that are not in each of the sandbox's own cgroups (memory, cpu, pids and freezer on v1; its
+/// one group on v2), as "pid: line of /proc/<pid>/cgroup".
+pub fn outside_own_cgroups(info: &BoxInfo) -> Vec<String> {
+    let root = info.pid.expect("a running sandbox has a pid");
+    let (mut pids, mut i) = (vec![root], 0);
+    while i < pids.len() {
+        let p = pids[i];
+        for task in std::fs::read_dir(format!("/proc/{p}/task")).into_iter().flatten().flatten() {
+            let children =
+                std::fs::read_to_string(task.path().join("children")).unwrap_or_default();
+            pids.extend(children.split_whitespace().filter_map(|c| c.parse::<u32>().ok()));
+        }
+        i += 1;
+    }
+    let own = format!("/{}", info.id);
+    let mut outside = vec![];
+    for pid in pids {
+        let Ok(groups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { continue };
+        let v1 = |line: &&str| {
+            let controllers = line.split(':').nth(1).unwrap_or_default();
+            controllers.split(',').any(|c| ["memory", "cpu", "pids", "freezer"].contains(&c))
+        };
+        let mut ours: Vec<&str> = groups.lines().filter(v1).collect();
+        if ours.is_empty() {
+            ours = groups.lines().filter(|l| l.starts_with("0::")).collect();
+        }
+        outside.extend(ours.iter().filter(|l| !l.ends_with(&own)).map(|l| format!("{pid}: {l}")));
+    }
+    outside
+}

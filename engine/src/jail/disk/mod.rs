@@ -91,6 +91,13 @@ impl Disks {
         self.mechanism
     }
 
+    /// Lets the stock replace the images taken since the last call (see [`Stock::restock`]).
+    pub fn restock(&self) {
+        if let Some(stock) = &self.stock {
+            stock.restock();
+        }
+    }
+
     /// Makes `box_dir/disk`, bounded to `size`'s tier.
     pub fn make(&self, box_dir: &Path, size: Size) -> io::Result<()> {
         let bytes = self.sizes.of(size);

@@ -219,11 +219,7 @@ fn rename(pid: u32, hostname: &str, root_id: u32) -> Result<(), String> {
 }
 
 fn prepare(spec: &RestoreSpec) -> Result<std::process::Command, String> {
-    let me = std::process::id().to_string();
-    for dir in &spec.cgroups {
-        std::fs::write(dir.join("cgroup.procs"), &me)
-            .map_err(|e| format!("join cgroup {}: {e}", dir.display()))?;
-    }
+    super::join_cgroups(&spec.cgroups)?;
     // SAFETY: plain syscalls in a single-threaded process.
     unsafe {
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
