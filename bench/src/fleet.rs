@@ -1,7 +1,8 @@
 //! The fleet section, measured through the SDK as a user would: claim tiers (request → a handle
-//! whose silkd answered `info`), a burst of concurrent clone claims, and refill recovery after a
-//! drained pool. Floors, interleaved A B B A with the measured arm: one loopback HTTP round trip
-//! for claims, and `unshare` of the same namespaces + overlay mount + `/bin/true` for clones.
+//! whose silkd answered `info`; a clone both right after a warm claim and on a quiet node), a
+//! burst of concurrent clone claims, and refill recovery after a drained pool. Floors,
+//! interleaved A B B A with the measured arm: one loopback HTTP round trip for claims, and
+//! `unshare` of the same namespaces + overlay mount + `/bin/true` for clones.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -147,6 +148,18 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
             sb.release().await?;
         }
     }
+    // A pool miss on a quiet node, as a first claim of a size without a pool meets it: the arm
+    // above claims its clone right after a warm claim, beside that claim's refill and the last
+    // round's teardowns.
+    let mut quiet_clone = Samples::default();
+    for _ in 0..args.claims {
+        wait_warm(&client, args.warm).await?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let (d, tier, sb) = claim_ready(&client, "host", Size::Medium).await?;
+        anyhow::ensure!(tier == Tier::Clone, "expected a clone");
+        quiet_clone.push(d);
+        sb.release().await?;
+    }
     // Cold claims last: each one starts a golden build in the background (so the next claim of
     // its template clones), which would load the machine under the warm and clone arms.
     for i in 0..args.claims {
@@ -184,7 +197,8 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
             row("loopback HTTP round trip (floor for warm)", &floor, &floor),
             row("warm hit", &warm, &floor),
             row("unshare 6 ns + overlay + /bin/true (floor for clone, cold)", &unshare, &unshare),
-            row("clone from golden", &clone, &unshare),
+            row("clone from golden, right after a warm claim", &clone, &unshare),
+            row("clone from golden, 0.2 s after the node went quiet", &quiet_clone, &unshare),
             row("cold boot from template", &cold, &unshare),
         ],
     );
