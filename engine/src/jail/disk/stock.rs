@@ -43,6 +43,9 @@ struct State {
     ready: [Vec<PathBuf>; 3],
     /// Tiers a sandbox has been made in.
     wanted: [bool; 3],
+    /// Entries whose image was taken: empty directories the refiller removes, off the start's
+    /// path (two `rmdir`s cost ~0.57 ms on a data directory mounted with `discard`).
+    spent: Vec<PathBuf>,
     next: u64,
     closed: bool,
 }
@@ -108,8 +111,7 @@ impl Stock {
             remove_entry(&entry);
             return Err(e);
         }
-        let _ = std::fs::remove_dir(&mnt);
-        let _ = std::fs::remove_dir(&entry);
+        self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).spent.push(entry);
         Ok(true)
     }
 
@@ -138,7 +140,7 @@ fn refill(shared: &Shared) {
     // SAFETY: plain syscalls on this thread (mkfs inherits the nice value).
     unsafe { libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 10) };
     loop {
-        let (size, n) = {
+        let (size, n, spent) = {
             let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
             let short = loop {
                 if state.closed {
@@ -152,8 +154,12 @@ fn refill(shared: &Shared) {
                 }
             };
             state.next += 1;
-            (TIERS[short], state.next)
+            (TIERS[short], state.next, std::mem::take(&mut state.spent))
         };
+        for entry in spent {
+            let _ = std::fs::remove_dir(entry.join("mnt"));
+            let _ = std::fs::remove_dir(&entry);
+        }
         let entry = shared.dir.join(n.to_string());
         match make_entry(&entry, &shared.blanks, shared.sizes.of(size)) {
             Ok(()) => {
