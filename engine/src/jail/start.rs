@@ -90,7 +90,14 @@ impl JailEngine {
         let files = disk::files_dir(dir);
         let (upper, work, root) = (files.join("upper"), files.join("work"), dir.join("root"));
         for d in [&upper, &work, &root, &dir.join("lower")] {
-            std::fs::create_dir(d).map_err(EngineError::io(format!("mkdir {}", d.display())))?;
+            match std::fs::create_dir(d) {
+                // A disk from the stock comes with its upper and work directories.
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AlreadyExists
+                        && d.starts_with(&files)
+                        && bounded => {}
+                made => made.map_err(EngineError::io(format!("mkdir {}", d.display())))?,
+            }
         }
         // The overlay's root directory is the upper directory's: the sandbox's root owns it.
         let root_id = Some(self.ids.base);
