@@ -19,12 +19,16 @@ use crate::Size;
 
 /// Images kept ready per tier in use.
 const TARGET: usize = 2;
+/// Threads making images. Making one is mostly waiting for the disk (attaching it for direct
+/// I/O first writes the copied blank through: 11–15 ms here), so two make twice as many in
+/// the same time, which starts that follow each other closely need (docs/engine.md).
+const REFILLERS: usize = 2;
 const TIERS: [Size; 3] = [Size::Small, Size::Medium, Size::Large];
 
 #[derive(Debug)]
 pub struct Stock {
     shared: Arc<Shared>,
-    refiller: Option<JoinHandle<()>>,
+    refillers: Vec<JoinHandle<()>>,
     _lock: File,
 }
 
@@ -41,6 +45,8 @@ struct Shared {
 struct State {
     /// Mounted images per tier (index as in `TIERS`).
     ready: [Vec<PathBuf>; 3],
+    /// Images being made per tier.
+    making: [usize; 3],
     /// Tiers a sandbox has been made in.
     wanted: [bool; 3],
     /// Entries whose image was taken: empty directories the refiller removes, off the start's
@@ -74,11 +80,13 @@ impl Stock {
             state: Mutex::new(State::default()),
             wake: Condvar::new(),
         });
-        let refiller = {
-            let shared = shared.clone();
-            std::thread::Builder::new().name("disk-stock".into()).spawn(move || refill(&shared))?
-        };
-        Ok(Stock { shared, refiller: Some(refiller), _lock: lock })
+        let mut stock = Stock { shared, refillers: vec![], _lock: lock };
+        for _ in 0..REFILLERS {
+            let shared = stock.shared.clone();
+            let refiller = std::thread::Builder::new().name("disk-stock".into());
+            stock.refillers.push(refiller.spawn(move || refill(&shared))?);
+        }
+        Ok(stock)
     }
 
     /// A mounted empty image of `size`'s tier, moved to `image` and mounted at `at` (an empty
@@ -119,7 +127,7 @@ impl Stock {
     /// took an image is done rather than at the take: an image made beside a start (a copy of
     /// the blank, a loop attach, a mount on the other core) made that start 2–4 ms slower.
     pub fn restock(&self) {
-        self.shared.wake.notify_one();
+        self.shared.wake.notify_all();
     }
 }
 
@@ -127,7 +135,7 @@ impl Drop for Stock {
     fn drop(&mut self) {
         self.shared.state.lock().unwrap_or_else(|e| e.into_inner()).closed = true;
         self.shared.wake.notify_all();
-        if let Some(refiller) = self.refiller.take() {
+        for refiller in self.refillers.drain(..) {
             let _ = refiller.join();
         }
         remove_instance(&self.shared.dir);
@@ -146,14 +154,15 @@ fn refill(shared: &Shared) {
                 if state.closed {
                     return;
                 }
-                let short =
-                    (0..TIERS.len()).find(|&t| state.wanted[t] && state.ready[t].len() < TARGET);
+                let short = (0..TIERS.len())
+                    .find(|&t| state.wanted[t] && state.ready[t].len() + state.making[t] < TARGET);
                 match short {
                     Some(t) => break t,
                     None => state = shared.wake.wait(state).unwrap_or_else(|e| e.into_inner()),
                 }
             };
             state.next += 1;
+            state.making[short] += 1;
             (TIERS[short], state.next, std::mem::take(&mut state.spent))
         };
         for entry in spent {
@@ -164,12 +173,14 @@ fn refill(shared: &Shared) {
         match make_entry(&entry, &shared.blanks, shared.sizes.of(size)) {
             Ok(()) => {
                 let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                state.making[tier(size)] -= 1;
                 state.ready[tier(size)].push(entry);
             }
             Err(e) => {
                 tracing::warn!("stocking a {size:?} disk: {e}; the tier is no longer stocked");
                 remove_entry(&entry);
                 let mut state = shared.state.lock().unwrap_or_else(|e| e.into_inner());
+                state.making[tier(size)] -= 1;
                 state.wanted[tier(size)] = false;
             }
         }
