@@ -176,7 +176,16 @@ fn new_sandboxes_take_images_made_ahead() {
         }
         inodes
     };
-    let before = stock_images();
+    let mut before = stock_images();
+    before.sort();
+    // An id in use: refused, and neither its box nor the stock loses anything.
+    ok(&first, "echo mine > /root/first");
+    let again = engine.boot(&template, &id("disk-s1"), &small());
+    assert!(matches!(again, Err(EngineError::Exists(_))), "{again:?}");
+    let mut after = stock_images();
+    after.sort();
+    assert_eq!(after, before, "the stock lost a box to a refused id");
+    assert_eq!(ok(&first, "cat /root/first"), "mine");
     let second = engine.boot(&template, &id("disk-s2"), &small()).unwrap();
     let taken = std::os::unix::fs::MetadataExt::ino(
         &std::fs::metadata(fs.mnt.join("data/boxes/disk-s2/disk.img")).unwrap(),
@@ -209,8 +218,8 @@ fn a_disk_in_use_is_never_mounted_twice_and_a_box_without_its_image_file_still_g
     assert_eq!(ok(&a, "cat /root/note"), "live");
     engine.destroy(&a.id).unwrap();
 
-    // A crash between a stock take's steps can leave a mounted disk without its image file
-    // beside it: removal unmounts whatever is mounted there.
+    // A box whose image file went (an operator's `rm`) while its disk is mounted: removal
+    // unmounts whatever is mounted there.
     let b = engine.boot(&template, &id("disk-v"), &small()).unwrap();
     std::fs::remove_file(fs.mnt.join("data/boxes/disk-v/disk.img")).unwrap();
     engine.destroy(&b.id).unwrap();

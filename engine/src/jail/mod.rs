@@ -9,7 +9,7 @@
 //! boxes/<id>/{box.json,root,lower,agent.log,fork}
 //! boxes/<id>/[disk/]{upper,work}      the sandbox's files (in `disk/` where its disk is bounded)
 //! boxes/<id>/disk.img                the sandbox's disk, where it is an ext4 image
-//! disks/<engine>/<n>/{disk.img,mnt}    images made ahead (see `disk`)
+//! disks/<engine>/<n>/{disk.img,disk,root,lower}   boxes with a mounted image, made ahead (see `disk`)
 //! ```
 //! `box.json` is the record [`Engine::list`] reads back after the node restarts; a sandbox is
 //! running when the pid it names is alive *and* has the start time recorded with it, so a reused

@@ -1,7 +1,6 @@
 //! Starting a box: its directories, its disk, its seed (files, memory, or a fork's layer), its
 //! jail through `silk-jail`, and the wait for its silkd.
 
-use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use super::host::{image_defaults, log_tail, now_ms, start_time};
@@ -58,12 +57,12 @@ impl JailEngine {
         address: Option<std::net::Ipv4Addr>,
     ) -> Result<BoxInfo> {
         let dir = self.box_dir(id);
-        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+        match self.disks.make_box(&dir, bounded.then_some(spec.size)) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                 return Err(EngineError::Exists(id.to_string()));
             }
-            Err(e) => return Err(EngineError::io("mkdir box")(e)),
+            Err(e) => return Err(EngineError::io("make the box")(e)),
         }
         let started = self.start(base, id, spec, seed, bounded, address);
         self.disks.restock();
@@ -84,18 +83,13 @@ impl JailEngine {
         address: Option<std::net::Ipv4Addr>,
     ) -> Result<BoxInfo> {
         let dir = &self.box_dir(id);
-        if bounded {
-            self.disks.make(dir, spec.size).map_err(EngineError::io("make the sandbox's disk"))?;
-        }
         let files = disk::files_dir(dir);
-        let (upper, work, root) = (files.join("upper"), files.join("work"), dir.join("root"));
-        for d in [&upper, &work, &root, &dir.join("lower")] {
+        let (upper, work) = (files.join("upper"), files.join("work"));
+        let box_dirs = disk::BOX_DIRS.map(|d| dir.join(d));
+        for d in [&upper, &work].into_iter().chain(&box_dirs) {
             match std::fs::create_dir(d) {
-                // A disk from the stock comes with its upper and work directories.
-                Err(e)
-                    if e.kind() == std::io::ErrorKind::AlreadyExists
-                        && d.starts_with(&files)
-                        && bounded => {}
+                // A box from the disk stock comes with them; nothing else made this new box's.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && bounded => {}
                 made => made.map_err(EngineError::io(format!("mkdir {}", d.display())))?,
             }
         }

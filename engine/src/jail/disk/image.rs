@@ -319,30 +319,6 @@ pub fn is_mountpoint(dir: &Path) -> bool {
     }
 }
 
-/// Moves the mount at `from` to `to` (`EINVAL` where its parent mount is shared).
-pub fn move_mount(from: &Path, to: &Path) -> io::Result<()> {
-    let from = CString::new(from.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let to = CString::new(to.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let null = std::ptr::null();
-    // SAFETY: NUL-terminated strings that live across the call.
-    if unsafe { libc::mount(from.as_ptr(), to.as_ptr(), null, libc::MS_MOVE, null.cast()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-/// Bind-mounts what is mounted at `from` onto `to`.
-pub fn bind(from: &Path, to: &Path) -> io::Result<()> {
-    let from = CString::new(from.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let to = CString::new(to.as_os_str().as_bytes()).map_err(io::Error::other)?;
-    let null = std::ptr::null();
-    // SAFETY: NUL-terminated strings that live across the call.
-    if unsafe { libc::mount(from.as_ptr(), to.as_ptr(), null, libc::MS_BIND, null.cast()) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Detaches the mount at `at` (lazily: a jail still dying keeps it until it is gone).
 pub fn unmount(at: &Path) -> io::Result<()> {
     let c = CString::new(at.as_os_str().as_bytes()).map_err(io::Error::other)?;

@@ -11,6 +11,7 @@ mod image;
 mod stock;
 
 use std::io;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::{DiskMechanism, Size};
@@ -98,28 +99,40 @@ impl Disks {
         }
     }
 
-    /// Makes `box_dir/disk`, bounded to `size`'s tier.
-    pub fn make(&self, box_dir: &Path, size: Size) -> io::Result<()> {
+    /// Makes the box directory `box_dir` (0700; `AlreadyExists` if it is there), with its disk
+    /// `box_dir/disk` bounded to `size`'s tier when there is a size. A bounded box of a stocked
+    /// tier is a box from the stock, renamed into place; it holds its [`BOX_DIRS`] already.
+    pub fn make_box(&self, box_dir: &Path, size: Option<Size>) -> io::Result<()> {
+        if let (Some(size), Some(stock)) = (size, &self.stock)
+            && stock.take(size, box_dir)?
+        {
+            return Ok(());
+        }
+        std::fs::DirBuilder::new().mode(0o700).create(box_dir)?;
+        let Some(size) = size else { return Ok(()) };
         let bytes = self.sizes.of(size);
-        match self.mechanism {
+        let made = match self.mechanism {
             DiskMechanism::None => Ok(()),
             DiskMechanism::BtrfsQgroup => btrfs::create_limited(box_dir, "disk", bytes),
             DiskMechanism::Ext4Image => {
                 let (image, at) = (box_dir.join("disk.img"), box_dir.join("disk"));
-                std::fs::create_dir(&at)?;
-                let taken = match &self.stock {
-                    Some(stock) => stock.take(size, &image, &at)?,
-                    None => false,
-                };
-                if !taken {
-                    image::make_copy(&self.blanks, &image, bytes)?;
-                    image::mount(&image, &at)?;
-                }
-                Ok(())
+                std::fs::create_dir(&at)
+                    .and_then(|()| image::make_copy(&self.blanks, &image, bytes))
+                    .and_then(|()| image::mount(&image, &at))
             }
-        }
+        };
+        made.map_err(|e| {
+            let _ = remove_box(box_dir);
+            // Not `AlreadyExists` whatever it was: that would say the box's id is taken.
+            io::Error::other(format!("making the sandbox's disk: {e}"))
+        })
     }
 }
+
+/// The directories of a new box besides its disk: the jail's root mount point and the lower
+/// layers' (`JailEngine::start`). The stock makes them in its boxes; a start makes what is not
+/// there.
+pub const BOX_DIRS: [&str; 2] = ["root", "lower"];
 
 /// Removes a box directory, its disk unmounted first (whatever is mounted there: the removal
 /// must never walk into a filesystem it did not mean to empty).
