@@ -41,6 +41,7 @@ mod activity;
 mod catalog;
 mod claiming;
 pub mod fleet;
+mod foreground;
 mod lane;
 mod lifecycle;
 mod pools;
@@ -78,6 +79,8 @@ pub struct Node {
     /// Golden builds run one at a time (two builds of one golden would collide).
     golden_lock: tokio::sync::Mutex<()>,
     background: Arc<Semaphore>,
+    /// Claims' starts in progress, which the pools' refills give way to.
+    foreground: foreground::Foreground,
     refill: Notify,
     draining: AtomicBool,
     pub metrics: Metrics,
@@ -322,6 +325,7 @@ impl Node {
             journal,
             state: Mutex::default(),
             golden_lock: tokio::sync::Mutex::new(()),
+            foreground: foreground::Foreground::default(),
             refill: Notify::new(),
             draining: AtomicBool::new(false),
             metrics: Metrics::default(),

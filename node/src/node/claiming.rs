@@ -152,6 +152,8 @@ impl Node {
         let (info, tier, agent) = match warm {
             Some(Ready { info, agent }) => (info, Tier::Warm, agent),
             None => {
+                // Refills wait while this start runs (see `foreground`).
+                let _start = self.foreground.start();
                 let id: SandboxId = self.new_id()?;
                 let box_spec = BoxSpec::new(key.size, key.lane);
                 let engine = self.engine.clone();
