@@ -226,3 +226,23 @@ fn a_disk_in_use_is_never_mounted_twice_and_a_box_without_its_image_file_still_g
     assert!(!fs.mnt.join("data/boxes/disk-v").exists());
     assert!(!fs.mounts().iter().any(|m| m.contains("disk-v")));
 }
+
+#[test]
+fn a_stock_a_killed_node_left_is_unmounted_and_removed_whatever_build_made_it() {
+    let fs = LoopFs::new("mkfs.ext4", &["-q"]);
+    // What a node killed with its stock full leaves, in this build's layout (`disk`) and in
+    // the one before (`mnt`): mounted entries of an instance whose lock nobody holds.
+    let disks = fs.mnt.join("data/disks/1-dead");
+    for (entry, at) in [("0", "disk"), ("1", "mnt")] {
+        let mount_at = disks.join(entry).join(at);
+        std::fs::create_dir_all(&mount_at).unwrap();
+        std::fs::File::create(disks.join(entry).join("disk.img")).unwrap();
+        let mounted = Command::new("mount").args(["-t", "tmpfs", "left"]).arg(&mount_at).status();
+        assert!(mounted.is_ok_and(|s| s.success()));
+    }
+    std::fs::File::create(disks.join("lock")).unwrap();
+    assert_eq!(fs.mounts().iter().filter(|m| m.contains("1-dead")).count(), 2);
+    let _engine = fs.engine();
+    assert!(!fs.mounts().iter().any(|m| m.contains("1-dead")), "{:?}", fs.mounts());
+    assert!(!disks.exists(), "the dead stock's directory is still there");
+}

@@ -27,8 +27,8 @@ use crate::Size;
 const TARGET: usize = 2;
 /// Threads making images. Making one is mostly waiting for the disk (attaching it for direct
 /// I/O first writes the copied blank through: 1.3 ms on a quiet disk here, up to 15 beside
-/// other writes), so two make twice as many in
-/// the same time, which starts that follow each other closely need (docs/engine.md).
+/// other writes), so two make twice as many in the same time, which starts that follow each
+/// other closely need (docs/engine.md).
 const REFILLERS: usize = 2;
 const TIERS: [Size; 3] = [Size::Small, Size::Medium, Size::Large];
 
@@ -197,15 +197,19 @@ fn make_entry(entry: &Path, blanks: &Path, bytes: u64) -> io::Result<()> {
     std::fs::create_dir(entry.join("disk/work"))
 }
 
+/// Where an entry's image is mounted: `disk`, or `mnt` in a stock a build before 2eeb514 left.
+const MOUNTS: [&str; 2] = ["disk", "mnt"];
+
 fn remove_entry(entry: &Path) {
-    let disk = entry.join("disk");
-    if image::is_mountpoint(&disk) {
-        let _ = image::unmount(&disk);
+    for at in MOUNTS.map(|m| entry.join(m)) {
+        if image::is_mountpoint(&at) {
+            let _ = image::unmount(&at);
+        }
     }
     // Only what this module made: an image file and directories, empty ones but for the
     // image's, which go with it.
     let _ = std::fs::remove_file(entry.join("disk.img"));
-    for dir in BOX_DIRS.iter().chain(&["disk"]) {
+    for dir in BOX_DIRS.iter().chain(&MOUNTS) {
         let _ = std::fs::remove_dir(entry.join(dir));
     }
     let _ = std::fs::remove_dir(entry);
