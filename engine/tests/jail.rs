@@ -396,3 +396,59 @@ fn the_launcher_server_is_replaced_when_it_dies_and_goes_with_its_engine() {
         "the server outlived its engine"
     );
 }
+
+#[test]
+fn a_criu_a_killed_node_left_running_goes_when_the_next_engine_opens() {
+    use std::os::unix::process::CommandExt;
+    use std::process::Command;
+    let h = Harness::new();
+    let ours = h.data.path().join("trash/sb-gone/memory");
+    let other = tempfile::tempdir().unwrap();
+    // Processes named criu working on a directory, as CRIU's forks do (the system's python:
+    // a pyenv shim would exec another with its own name). An orphan's parent, a subshell,
+    // exits at once and init adopts it, as when their node was killed.
+    let orphan = |dir: &std::path::Path| -> u32 {
+        let script = format!(
+            "(exec -a criu /usr/bin/python3 -c 'import time; time.sleep(300)' dump \
+             --images-dir '{}' >/dev/null 2>&1 & echo $!)",
+            dir.display()
+        );
+        let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().parse().unwrap()
+    };
+    // Running: there and not a zombie (init reaps the killed orphan when it gets to it).
+    let running = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let state = stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().next());
+        state.is_some_and(|s| s != "Z" && s != "X")
+    };
+    let ppid = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit_once(')').and_then(|(_, r)| r.split_whitespace().nth(1)?.parse::<u32>().ok())
+    };
+    let (left, elsewhere) = (orphan(&ours), orphan(other.path()));
+    // One whose parent lives: a running engine's CRIU.
+    let mut live = Command::new("/usr/bin/python3")
+        .arg0("criu")
+        .args(["-c", "import time; time.sleep(300)", "dump", "--images-dir"])
+        .arg(&ours)
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while ppid(left) != Some(1) || ppid(elsewhere) != Some(1) {
+        assert!(std::time::Instant::now() < deadline, "the orphans were not adopted by init");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+
+    let _restarted = h.reopen();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while running(left) {
+        assert!(std::time::Instant::now() < deadline, "the orphaned criu still runs");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    // Not this engine's, and one whose parent lives: left alone.
+    assert!(running(elsewhere) && running(live.id()));
+    unsafe { libc::kill(elsewhere as i32, libc::SIGKILL) };
+    live.kill().unwrap();
+    live.wait().unwrap();
+}

@@ -125,6 +125,8 @@ fn kill_9_under_load_loses_no_acknowledged_claim_and_leaks_nothing() {
     let tally = tally.lock().unwrap();
     assert_eq!(node.jails(), 0, "jails left");
     assert_eq!(processes_under(node.work()), 0, "sandbox processes left");
+    // A helper the node ran on a sandbox's files (CRIU and what it forks), orphaned by a kill.
+    assert_eq!(helpers_naming(node.work()), 0, "helper processes left");
     assert_eq!(mounts_under(node.work()), 0, "mounts left");
     assert_eq!(cgroups_of(&node.data().join("engine")), 0, "cgroups left");
     for dir in ["snapshots", "scratch"] {
@@ -284,6 +286,17 @@ fn processes_under(dir: &std::path::Path) -> usize {
         .flatten()
         .filter_map(|p| std::fs::read_link(p.path().join("root")).ok())
         .filter(|root| root.starts_with(dir))
+        .count()
+}
+
+fn helpers_naming(dir: &std::path::Path) -> usize {
+    let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
+    let needle = dir.as_os_str().as_encoded_bytes();
+    procs
+        .flatten()
+        .filter(|p| p.file_name() != std::process::id().to_string().as_str())
+        .filter_map(|p| std::fs::read(p.path().join("cmdline")).ok())
+        .filter(|cmdline| cmdline.split(|b| *b == 0).any(|arg| arg.starts_with(needle)))
         .count()
 }
 

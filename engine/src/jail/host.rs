@@ -1,6 +1,7 @@
 //! Small host-side helpers of the jail engine: box removal, log tails, partial-file names,
 //! clocks and process start times, and an image's silkd flags.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -74,6 +75,63 @@ pub(super) fn wait_exited(pid: u32) {
     while start_time(pid).is_some() && std::time::Instant::now() < deadline {
         std::thread::sleep(std::time::Duration::from_millis(1));
     }
+}
+
+/// Kills what CRIU left running when its node was killed: processes named `criu`, orphaned
+/// (their parent is init: the criu the node ran died with it, `dies_with_the_node`, and the
+/// processes it had forked do not inherit that signal), whose arguments name a path under
+/// `data_dir`. Seen after kill -9 soaks: such a process asleep for minutes with a destroyed
+/// box's images open. Returns how many were killed.
+pub(super) fn kill_orphaned_criu(data_dir: &Path) -> usize {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // Where this process is init (a container), its own children's parent is init too.
+    if std::process::id() == 1 {
+        return 0;
+    }
+    let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
+    let mut killed = 0;
+    for entry in procs.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        if !orphaned_criu(pid, data_dir) {
+            continue;
+        }
+        // SAFETY: plain syscalls; the descriptor is owned from here on.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            continue;
+        }
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        // Checked again through the pidfd's process: the pid cannot have been reused under it.
+        let sent = orphaned_criu(pid, data_dir)
+            && unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            } == 0;
+        if sent {
+            tracing::warn!(pid, "killed a criu a killed node left running");
+            killed += 1;
+        }
+    }
+    killed
+}
+
+fn orphaned_criu(pid: i32, data_dir: &Path) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1));
+    if ppid != Some("1") {
+        return false;
+    }
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };
+    let mut args = cmdline.split(|b| *b == 0).map(|a| Path::new(std::ffi::OsStr::from_bytes(a)));
+    args.next().and_then(Path::file_name).is_some_and(|name| name == "criu")
+        && args.any(|a| a.starts_with(data_dir))
 }
 
 /// Makes `cmd` die with the node: a helper (CRIU, the launcher) must not outlive a node that

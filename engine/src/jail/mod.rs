@@ -162,6 +162,8 @@ impl JailEngine {
                 .and_then(|()| std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)))
                 .map_err(EngineError::io(format!("mkdir {}", d.display())))?;
         }
+        // Before anything else here is cleared: such a process holds a destroyed box's images.
+        host::kill_orphaned_criu(&cfg.data_dir);
         let hash = blake3::hash(cfg.data_dir.as_os_str().as_encoded_bytes()).to_hex();
         let instance = hash[..12].to_string();
         let cgroups = Cgroups::detect(&cfg.cgroup_root, format!("silkmesh-{instance}"))?;
