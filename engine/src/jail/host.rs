@@ -1,5 +1,6 @@
 //! Small host-side helpers of the jail engine: box removal, log tails, partial-file names,
-//! clocks and process start times, and an image's silkd flags.
+//! clocks and process start times, helpers that die with the node (and those that did not),
+//! and an image's silkd flags.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -81,15 +82,14 @@ pub(super) fn wait_exited(pid: u32) {
 /// (their parent is init: the criu the node ran died with it, `dies_with_the_node`, and the
 /// processes it had forked do not inherit that signal), whose arguments name a path under
 /// `data_dir`. Seen after kill -9 soaks: such a process asleep for minutes with a destroyed
-/// box's images open. Returns how many were killed.
-pub(super) fn kill_orphaned_criu(data_dir: &Path) -> usize {
+/// box's images open.
+pub(super) fn kill_orphaned_criu(data_dir: &Path) {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     // Where this process is init (a container), its own children's parent is init too.
     if std::process::id() == 1 {
-        return 0;
+        return;
     }
-    let Ok(procs) = std::fs::read_dir("/proc") else { return 0 };
-    let mut killed = 0;
+    let Ok(procs) = std::fs::read_dir("/proc") else { return };
     for entry in procs.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
@@ -116,10 +116,8 @@ pub(super) fn kill_orphaned_criu(data_dir: &Path) -> usize {
             } == 0;
         if sent {
             tracing::warn!(pid, "killed a criu a killed node left running");
-            killed += 1;
         }
     }
-    killed
 }
 
 fn orphaned_criu(pid: i32, data_dir: &Path) -> bool {
