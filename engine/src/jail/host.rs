@@ -57,10 +57,16 @@ pub(super) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (which may hold spaces and `)`):
+/// the state first, then the parent's pid.
+fn stat_fields(pid: impl std::fmt::Display) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    Some(stat.rsplit_once(')')?.1.to_string())
+}
+
 /// Field 22 of `/proc/<pid>/stat`: the process's start time in clock ticks since boot.
 pub(crate) fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let after_comm = stat.rsplit_once(')')?.1;
+    let after_comm = stat_fields(pid)?;
     let state = after_comm.split_whitespace().next()?;
     if state == "Z" || state == "X" {
         return None; // dead, waiting to be reaped
@@ -121,9 +127,8 @@ pub(super) fn kill_orphaned_criu(data_dir: &Path) {
 }
 
 fn orphaned_criu(pid: i32, data_dir: &Path) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1));
-    if ppid != Some("1") {
+    let Some(after_comm) = stat_fields(pid) else { return false };
+    if after_comm.split_whitespace().nth(1) != Some("1") {
         return false;
     }
     let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { return false };

@@ -10,7 +10,7 @@ use tokio::sync::Notify;
 
 /// How long a refill gives way at most: a steady stream of pool misses must not keep a pool
 /// from refilling (a clone takes ~5–10 ms here, a burst of 16 ~100 ms).
-pub(super) const GIVE_WAY_AT_MOST: Duration = Duration::from_millis(50);
+const GIVE_WAY_AT_MOST: Duration = Duration::from_millis(50);
 
 #[derive(Debug, Default)]
 pub(super) struct Foreground {
@@ -27,8 +27,8 @@ impl Foreground {
         Start(self)
     }
 
-    /// Returns once no claim's start is in progress, or after `at_most`.
-    pub(super) async fn give_way(&self, at_most: Duration) {
+    /// Returns once no claim's start is in progress, or after [`GIVE_WAY_AT_MOST`].
+    pub(super) async fn give_way(&self) {
         let none = async {
             loop {
                 // Made before the check: `notify_waiters` reaches it from here on.
@@ -39,7 +39,7 @@ impl Foreground {
                 notified.await;
             }
         };
-        let _ = tokio::time::timeout(at_most, none).await;
+        let _ = tokio::time::timeout(GIVE_WAY_AT_MOST, none).await;
     }
 }
 
@@ -60,14 +60,14 @@ mod tests {
         let fg = Foreground::default();
         // Nothing in progress: no wait.
         let t = tokio::time::Instant::now();
-        fg.give_way(GIVE_WAY_AT_MOST).await;
+        fg.give_way().await;
         assert_eq!(t.elapsed(), Duration::ZERO);
 
         // Two starts: the refill goes when the last one ends.
         let (a, b) = (fg.start(), fg.start());
         let t = tokio::time::Instant::now();
         let waited = async {
-            fg.give_way(GIVE_WAY_AT_MOST).await;
+            fg.give_way().await;
             t.elapsed()
         };
         let ends = async {
@@ -82,7 +82,7 @@ mod tests {
         // A start that does not end: the refill goes after the bound.
         let _stuck = fg.start();
         let t = tokio::time::Instant::now();
-        fg.give_way(GIVE_WAY_AT_MOST).await;
+        fg.give_way().await;
         assert_eq!(t.elapsed(), GIVE_WAY_AT_MOST);
     }
 }

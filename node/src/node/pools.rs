@@ -124,7 +124,7 @@ impl Node {
         let memory_golden = self.lock().pools.get(key).is_some_and(|p| p.memory_golden);
         let golden = self.golden_of(&key.template, memory_golden).await?;
         // Before the permit: a refill giving way holds up no teardown.
-        self.foreground.give_way(super::foreground::GIVE_WAY_AT_MOST).await;
+        self.foreground.give_way().await;
         let _permit =
             self.background.acquire().await.map_err(|e| NodeError::internal(e.to_string()))?;
         let id: SandboxId = self.new_id()?;
