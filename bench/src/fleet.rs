@@ -127,6 +127,8 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
         (Samples::default(), Samples::default(), Samples::default(), Samples::default());
     let (mut answered, mut node_work, mut first_info) =
         (Samples::default(), Samples::default(), Samples::default());
+    let (mut clone_node, mut clone_around, mut clone_info) =
+        (Samples::default(), Samples::default(), Samples::default());
     let mut keep = vec![];
     for _ in 0..args.claims {
         wait_warm(&client, args.warm).await?;
@@ -139,9 +141,12 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
         first_info.push(parts.total - parts.answered);
         keep.push(sb);
         // Medium has no pool: the host golden serves it, the clone tier.
-        let (d, tier, sb) = claim_ready(&client, "host", Size::Medium).await?;
+        let (parts, tier, sb) = claim_parts(&client, "host", Size::Medium).await?;
         anyhow::ensure!(tier == Tier::Clone, "expected a clone");
-        clone.push(d);
+        clone.push(parts.total);
+        clone_node.push(parts.node);
+        clone_around.push(parts.answered.saturating_sub(parts.node));
+        clone_info.push(parts.total - parts.answered);
         keep.push(sb);
         floor.push(http_floor(&mut http)?);
         for sb in keep.drain(..) {
@@ -213,6 +218,18 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
             part("claim answered (connect, `POST /v1/sandboxes`, its `101`)", &answered),
             part("of which the node's claim (`claim_micros`)", &node_work),
             part("first `info` on the claim's connection", &first_info),
+        ],
+    );
+    table(
+        "clone right after a warm claim, in parts",
+        &["part", "p50", "p90", "p50 ratio to the HTTP round trip"],
+        &[
+            part("the node's claim (`claim_micros`: the engine's clone, the journal)", &clone_node),
+            part(
+                "the rest of the claim's answer (HTTP, the relay opened, its `101`)",
+                &clone_around,
+            ),
+            part("first `info` on the claim's connection", &clone_info),
         ],
     );
 

@@ -209,4 +209,12 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
 
     /// Where the sandbox's silkd listens.
     fn agent(&self, id: &SandboxId) -> Result<AgentAddr>;
+
+    /// The connection on which the last start of `id` was found ready (its silkd answered
+    /// `info` on it), if no one took it yet and it is a few seconds old at most: the caller's
+    /// first call then opens no connection into the sandbox. Non-blocking. Engines that keep
+    /// none answer `None`.
+    fn take_answered(&self, _id: &SandboxId) -> Option<std::os::unix::net::UnixStream> {
+        None
+    }
 }

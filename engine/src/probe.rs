@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -55,16 +56,64 @@ impl Client {
 
 /// Waits until silkd at `agent` answers `info`.
 pub fn info(agent: &AgentAddr, timeout: Duration) -> Result<AgentInfo> {
+    Client::connect(agent, Instant::now() + timeout)?.info()
+}
+
+/// Waits until silkd at `agent` answers `info`; returns the connection it answered on, idle
+/// and non-blocking, when nothing else came on it (silkd never speaks first).
+pub fn ready(agent: &AgentAddr, timeout: Duration) -> Result<Option<UnixStream>> {
     let mut c = Client::connect(agent, Instant::now() + timeout)?;
-    c.send(&Frame::Info)?;
-    let mut info = None;
-    loop {
-        match c.recv()? {
-            Frame::InfoReply(i) => info = Some(i),
-            Frame::Done => return info.ok_or_else(|| EngineError::NotReady("no InfoReply".into())),
-            Frame::Error(e) => return Err(EngineError::NotReady(e.to_string())),
-            _ => {}
+    c.info()?;
+    let idle = c.buf.is_empty()
+        && c.stream.set_read_timeout(None).is_ok()
+        && c.stream.set_nonblocking(true).is_ok();
+    Ok(idle.then_some(c.stream))
+}
+
+impl Client {
+    fn info(&mut self) -> Result<AgentInfo> {
+        self.send(&Frame::Info)?;
+        let mut info = None;
+        loop {
+            match self.recv()? {
+                Frame::InfoReply(i) => info = Some(i),
+                Frame::Done => {
+                    return info.ok_or_else(|| EngineError::NotReady("no InfoReply".into()));
+                }
+                Frame::Error(e) => return Err(EngineError::NotReady(e.to_string())),
+                _ => {}
+            }
         }
+    }
+}
+
+/// The connections on which starts were found ready ([`ready`]), each kept a few seconds for
+/// its sandbox's first caller (`Engine::take_answered`): that call then opens no connection
+/// into the sandbox, and its silkd accepts none on the call's path. One not taken closes when
+/// it expires or when its sandbox stops.
+#[derive(Debug, Default)]
+pub(crate) struct Answered(Mutex<Vec<(crate::SandboxId, Instant, UnixStream)>>);
+
+/// How long an answered connection waits for its taker: the node takes it as the start returns.
+const ANSWERED_FOR: Duration = Duration::from_secs(10);
+
+impl Answered {
+    pub(crate) fn keep(&self, id: &crate::SandboxId, conn: UnixStream) {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        kept.retain(|(other, since, _)| other != id && since.elapsed() < ANSWERED_FOR);
+        kept.push((id.clone(), Instant::now(), conn));
+    }
+
+    pub(crate) fn take(&self, id: &crate::SandboxId) -> Option<UnixStream> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let at = kept.iter().position(|(other, _, _)| other == id)?;
+        let (_, since, conn) = kept.swap_remove(at);
+        (since.elapsed() < ANSWERED_FOR).then_some(conn)
+    }
+
+    /// Closes the one kept for `id`, if any (its sandbox stops).
+    pub(crate) fn forget(&self, id: &crate::SandboxId) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|(other, _, _)| other != id);
     }
 }
 

@@ -128,6 +128,67 @@ fn a_jail_whose_silkd_died_comes_back_from_its_files() {
     h.engine.destroy(&back.id).unwrap();
 }
 
+/// A start hands the connection its silkd answered the readiness probe on to that sandbox's
+/// first caller, once: the first call then opens no connection into the jail. No sandbox's is
+/// handed out for another id, and a stop closes one nobody took.
+#[test]
+fn a_start_hands_its_answered_connection_to_that_sandboxs_first_caller_only() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("p-a"), &small()).unwrap();
+    let b = h.engine.clone_golden(&g, &id("p-b"), &small()).unwrap();
+    ok(&a, "echo a > /root/who");
+    ok(&b, "echo b > /root/who");
+    assert!(h.engine.take_answered(&id("p-c")).is_none(), "no start, no connection");
+    let to_a = h.engine.take_answered(&a.id).expect("a's start kept the probe's connection");
+    assert!(h.engine.take_answered(&a.id).is_none(), "handed out once");
+    assert_eq!(run_on(to_a, "cat /root/who"), "a");
+
+    h.engine.stop(&b.id, Memory::Off).unwrap();
+    assert!(h.engine.take_answered(&b.id).is_none(), "the stop closed the one not taken");
+    let back = h.engine.resume(&b.id).unwrap();
+    let to_b = h.engine.take_answered(&back.id).expect("a wake keeps its probe's connection too");
+    assert_eq!(run_on(to_b, "cat /root/who"), "b");
+    h.engine.destroy(&a.id).unwrap();
+    h.engine.destroy(&b.id).unwrap();
+}
+
+/// Runs `script` over `conn` (a connection to some silkd) and returns its trimmed stdout.
+fn run_on(conn: std::os::unix::net::UnixStream, script: &str) -> String {
+    use silk_proto::{Command, ExecRequest, Frame, decode, encode};
+    use std::io::{Read, Write};
+    let mut conn = conn;
+    conn.set_nonblocking(false).unwrap();
+    conn.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    let argv = ["/bin/sh", "-c", script].map(String::from).to_vec();
+    let exec = ExecRequest {
+        command: Command { argv, ..Default::default() },
+        stdin: false,
+        timeout_ms: Some(30_000),
+    };
+    let mut out = bytes::BytesMut::new();
+    encode(&Frame::Exec(exec), &mut out).unwrap();
+    conn.write_all(&out).unwrap();
+    let (mut buf, mut stdout) = (bytes::BytesMut::new(), Vec::new());
+    loop {
+        while let Some(frame) = decode(&mut buf).unwrap() {
+            match frame {
+                Frame::Stdout(b) => stdout.extend_from_slice(&b),
+                Frame::Exit(status) => {
+                    assert_eq!(status.code, 0, "`{script}` failed");
+                    return String::from_utf8_lossy(&stdout).trim().to_string();
+                }
+                Frame::Error(e) => panic!("`{script}`: {e}"),
+                _ => {}
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = conn.read(&mut chunk).unwrap();
+        assert!(n > 0, "silkd closed the connection");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
 #[test]
 fn destroy_leaves_nothing_behind() {
     let h = Harness::new();

@@ -288,6 +288,14 @@ pub(crate) async fn connect_agent(agent: &AgentAddr) -> std::io::Result<UnixStre
     }
 }
 
+impl Node {
+    /// The connection the engine's start of `info` found its silkd ready on (see
+    /// `Engine::take_answered`), for the sandbox's first relay.
+    fn answered(&self, info: &BoxInfo) -> Option<UnixStream> {
+        UnixStream::from_std(self.engine.take_answered(&info.id)?).ok()
+    }
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, EngineError> + Send + 'static,
 ) -> Result<T, NodeError> {

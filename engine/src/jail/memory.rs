@@ -475,11 +475,14 @@ impl JailEngine {
             id_base: Some(self.ids.base),
         });
         let ready = saved.map_err(|e| e.to_string()).and_then(|()| {
-            probe::info(&info.agent, self.cfg.ready_timeout).map_err(|e| e.to_string())
+            probe::ready(&info.agent, self.cfg.ready_timeout).map_err(|e| e.to_string())
         });
-        if let Err(e) = ready {
-            let _ = self.kill(id, Some(pid));
-            return Err(format!("the restored silkd does not answer: {e}"));
+        match ready {
+            Ok(answered) => answered.into_iter().for_each(|conn| self.answered.keep(id, conn)),
+            Err(e) => {
+                let _ = self.kill(id, Some(pid));
+                return Err(format!("the restored silkd does not answer: {e}"));
+            }
         }
         let _ = std::fs::remove_dir_all(&images);
         Ok(info)

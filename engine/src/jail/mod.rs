@@ -107,6 +107,8 @@ pub struct JailEngine {
     trash: trash::Trash,
     /// Stopped jails' overlays, unmounted behind the stop.
     unmounting: unmounting::Unmounting,
+    /// The connections starts were found ready on, for their sandboxes' first callers.
+    answered: crate::probe::Answered,
 }
 
 impl Drop for JailEngine {
@@ -198,6 +200,7 @@ impl JailEngine {
             addresses,
             trash,
             unmounting,
+            answered: Default::default(),
         };
         engine.remove_incomplete()?;
         engine.thaw_all();
@@ -265,6 +268,7 @@ impl JailEngine {
     /// Kills the jail (PID 1 first: the kernel then kills the whole pid namespace) and removes
     /// its cgroups.
     fn kill(&self, id: &SandboxId, pid: Option<u32>) -> Result<()> {
+        self.answered.forget(id);
         let address = self.record(id).ok().and_then(|r| r.info.address);
         if let Some(pid) = pid {
             // SAFETY: plain syscall; callers pass a pid checked against its recorded start time.
@@ -477,5 +481,9 @@ impl Engine for JailEngine {
 
     fn agent(&self, id: &SandboxId) -> Result<AgentAddr> {
         Ok(self.record(id)?.info.agent)
+    }
+
+    fn take_answered(&self, id: &SandboxId) -> Option<std::os::unix::net::UnixStream> {
+        self.answered.take(id)
     }
 }

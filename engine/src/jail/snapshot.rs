@@ -188,6 +188,8 @@ impl JailEngine {
     /// Stops a sandbox, its files in place and (unless `memory` is off, or CRIU cannot) its
     /// processes dumped beside them for `resume`.
     pub(super) fn stop_box(&self, id: &SandboxId, memory: Memory) -> Result<MemoryKept> {
+        // Not the jail's to hold while its memory is dumped.
+        self.answered.forget(id);
         let record = self.record(id)?;
         let Some(pid) = self.live_pid(&record) else {
             // The rootfs mount lives in the jail's own mount namespace: it went with the jail.

@@ -182,10 +182,13 @@ impl JailEngine {
             let _ = self.kill(id, Some(pid));
             return Err(EngineError::NotReady(format!("wiring the egress lane: {e}")));
         }
-        if let Err(e) = probe::info(&info.agent, self.cfg.ready_timeout) {
-            let log = log_tail(&dir.join("agent.log"));
-            let _ = self.kill(id, Some(pid));
-            return Err(EngineError::NotReady(format!("{e}; agent log: {}", log.trim())));
+        match probe::ready(&info.agent, self.cfg.ready_timeout) {
+            Ok(answered) => answered.into_iter().for_each(|conn| self.answered.keep(id, conn)),
+            Err(e) => {
+                let log = log_tail(&dir.join("agent.log"));
+                let _ = self.kill(id, Some(pid));
+                return Err(EngineError::NotReady(format!("{e}; agent log: {}", log.trim())));
+            }
         }
         Ok(info)
     }

@@ -207,9 +207,20 @@ impl Node {
             }
             return Err(NodeError::internal(format!("journal: {e}")));
         }
+        let lives: Vec<Live> = claims
+            .into_iter()
+            .map(|(record, info)| {
+                let live = Live::new(record, &info);
+                // The connection its start found silkd ready on: its first relay takes it.
+                if let Some(answered) = self.answered(&info) {
+                    live.activity.keep_ahead(answered);
+                }
+                live
+            })
+            .collect();
         let mut st = self.lock();
-        for (record, info) in claims {
-            st.slots.insert_claim(record.id.clone(), Live::new(record, &info));
+        for live in lives {
+            st.slots.insert_claim(live.record.id.clone(), live);
         }
         admitted.settle(&mut st);
         Ok(())

@@ -549,6 +549,7 @@ impl Node {
             }
             return Err(e);
         }
+        let answered = self.answered(&info);
         let woken = Live {
             record: rec,
             agent: info.agent.clone(),
@@ -558,6 +559,10 @@ impl Node {
         };
         woken.activity.last_ms.store(now, Ordering::Relaxed);
         woken.activity.set_memory(info.memory.clone());
+        // The wake's caller (a relay, mostly: a wake on access) takes it.
+        if let Some(answered) = answered {
+            woken.activity.keep_ahead(answered);
+        }
         self.lock().slots.insert_claim(woken.record.id.clone(), woken.clone());
         self.metrics.woken.fetch_add(1, Ordering::Relaxed);
         Ok(woken)

@@ -90,7 +90,10 @@ impl Node {
                 let started = node.start_warm(&key).await;
                 // Off the claim's path: the relay a claim opens takes this connection.
                 let agent = match &started {
-                    Ok(info) => super::connect_agent(&info.agent).await.ok(),
+                    Ok(info) => match node.answered(info) {
+                        Some(answered) => Some(answered),
+                        None => super::connect_agent(&info.agent).await.ok(),
+                    },
                     Err(_) => None,
                 };
                 let mut st = node.lock();
