@@ -6,8 +6,8 @@
 //! `pidfd_getfd`/`kcmp` — and filters arguments like Docker: `clone` with namespace flags,
 //! `socket(AF_VSOCK)` (vsock ignores network namespaces) and `AF_ALG`, `personality` beyond
 //! Docker's five values. Numbers newer than the filter answer `ENOSYS`. Other architectures'
-//! system calls kill the process. Built by hand as classic BPF (under 100 instructions) rather
-//! than with a crate.
+//! system calls kill the process. Built by hand as classic BPF (the refused numbers as a
+//! binary search, about 110 instructions) rather than with a crate.
 
 use libc::{sock_filter, sock_fprog};
 
@@ -124,6 +124,8 @@ const RET_K: u32 = libc::BPF_RET | libc::BPF_K;
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum To {
     Next,
+    /// Over the next this many instructions.
+    Over(usize),
     CloneCheck,
     SocketCheck,
     PersonalityCheck,
@@ -149,10 +151,9 @@ pub fn program() -> Vec<sock_filter> {
     ins.push((JEQ_K, SYS_CLONE3, Enosys, Next));
     ins.push((JEQ_K, SYS_SOCKET, SocketCheck, Next));
     ins.push((JEQ_K, SYS_PERSONALITY, PersonalityCheck, Next));
-    for nr in BLOCKED {
-        ins.push((JEQ_K, *nr, Eperm, Next));
-    }
-    ins.push((RET_K, SECCOMP_RET_ALLOW, Next, Next));
+    let mut blocked = BLOCKED.to_vec();
+    blocked.sort_unstable();
+    search(&mut ins, &blocked);
 
     at.push((CloneCheck, ins.len()));
     ins.push((LD_W_ABS, OFF_ARG0_LO, Next, Next));
@@ -180,8 +181,10 @@ pub fn program() -> Vec<sock_filter> {
     ins.push((RET_K, SECCOMP_RET_KILL_PROCESS, Next, Next));
 
     let offset = |from: usize, to: To| -> u8 {
-        if to == Next {
-            return 0;
+        match to {
+            Next => return 0,
+            Over(n) => return u8::try_from(n).expect("a subtree fits in a jump"),
+            _ => {}
         }
         let target = at.iter().find(|(l, _)| *l == to).expect("label placed").1;
         u8::try_from(target - from - 1).expect("filter jumps are forward and fit in u8")
@@ -195,6 +198,26 @@ pub fn program() -> Vec<sock_filter> {
             k,
         })
         .collect()
+}
+
+/// The refused numbers `sorted` (ascending) as a binary search that ends in `Eperm` for each of
+/// them and allows every other number. The kernel runs the filter once for every system call
+/// number when it is installed (to cache the numbers always allowed), on every jail's start:
+/// a search there instead of a list of 66 comparisons made that 4× shorter.
+fn search(ins: &mut Vec<(u32, u32, To, To)>, sorted: &[u32]) {
+    if sorted.len() <= 4 {
+        for nr in sorted {
+            ins.push((JEQ_K, *nr, To::Eperm, To::Next));
+        }
+        ins.push((RET_K, SECCOMP_RET_ALLOW, To::Next, To::Next));
+        return;
+    }
+    let (below, from) = sorted.split_at(sorted.len() / 2);
+    let fork = ins.len();
+    ins.push((JGE_K, from[0], To::Next, To::Next));
+    search(ins, below);
+    ins[fork].2 = To::Over(ins.len() - fork - 1);
+    search(ins, from);
 }
 
 /// Installs the filter on the calling thread (and what it execs). `no_new_privs` must be set.
@@ -225,6 +248,68 @@ mod tests {
                 assert!(i + 1 + (ins.jf as usize) < p.len());
             }
         }
-        assert!(p.len() < 100);
+        assert!(p.len() < 256, "jumps are one byte");
+    }
+
+    /// What the filter answers for `nr` with `arg0`, by a classic BPF interpreter of the
+    /// instructions it uses.
+    fn run(p: &[sock_filter], arch: u32, nr: u32, arg0: u64) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&nr.to_ne_bytes());
+        data[4..8].copy_from_slice(&arch.to_ne_bytes());
+        data[16..24].copy_from_slice(&arg0.to_ne_bytes());
+        let (mut pc, mut a) = (0usize, 0u32);
+        loop {
+            let ins = p[pc];
+            let code = u32::from(ins.code);
+            pc += 1;
+            let jump = |taken: bool| usize::from(if taken { ins.jt } else { ins.jf });
+            match code {
+                LD_W_ABS => {
+                    let k = ins.k as usize;
+                    a = u32::from_ne_bytes(data[k..k + 4].try_into().unwrap());
+                }
+                JEQ_K => pc += jump(a == ins.k),
+                JGT_K => pc += jump(a > ins.k),
+                JGE_K => pc += jump(a >= ins.k),
+                JSET_K => pc += jump(a & ins.k != 0),
+                RET_K => return ins.k,
+                other => panic!("opcode {other:#x} not interpreted"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_filter_answers_every_system_call_as_its_rules_say() {
+        let p = program();
+        let eperm = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+        let enosys = SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
+        for nr in 0..=LAST_KNOWN_NR + 10 {
+            let want = if nr > LAST_KNOWN_NR || nr == SYS_CLONE3 {
+                enosys
+            } else if BLOCKED.contains(&nr) {
+                eperm
+            } else {
+                SECCOMP_RET_ALLOW
+            };
+            let arg0 = match nr {
+                SYS_PERSONALITY => 0x8, // PER_LINUX32: allowed
+                _ => 0,
+            };
+            assert_eq!(run(&p, AUDIT_ARCH_X86_64, nr, arg0), want, "syscall {nr}");
+        }
+        assert_eq!(run(&p, AUDIT_ARCH_X86_64, X32_SYSCALL_BIT | 1, 0), eperm, "x32");
+        assert_eq!(run(&p, 0x4000_0003, 1, 0), SECCOMP_RET_KILL_PROCESS, "i386");
+        let ns = u64::from(CLONE_NS_FLAGS & CLONE_NS_FLAGS.wrapping_neg()); // one namespace flag
+        assert_eq!(
+            run(&p, AUDIT_ARCH_X86_64, SYS_CLONE, ns | 0x11),
+            eperm,
+            "clone into a namespace"
+        );
+        assert_eq!(run(&p, AUDIT_ARCH_X86_64, SYS_CLONE, 0x11), SECCOMP_RET_ALLOW, "plain clone");
+        for (family, want) in [(1, SECCOMP_RET_ALLOW), (AF_ALG, eperm), (AF_VSOCK, eperm)] {
+            assert_eq!(run(&p, AUDIT_ARCH_X86_64, SYS_SOCKET, family.into()), want, "{family}");
+        }
+        assert_eq!(run(&p, AUDIT_ARCH_X86_64, SYS_PERSONALITY, 0x0040_0000), eperm);
     }
 }
