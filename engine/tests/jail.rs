@@ -189,6 +189,31 @@ fn run_on(conn: std::os::unix::net::UnixStream, script: &str) -> String {
     }
 }
 
+/// Jails never share a network namespace, whether the launcher made theirs on the start or
+/// ahead of it (the launcher server keeps a few made between starts): started in pairs after a
+/// pause (the namespaces made ahead) and back to back (more than were made ahead).
+#[test]
+fn every_jail_has_a_network_namespace_of_its_own() {
+    let h = Harness::new();
+    let g = h.golden(&[]);
+    let mut jails = vec![];
+    for i in 0..10 {
+        if i % 2 == 0 && i < 6 {
+            std::thread::sleep(std::time::Duration::from_millis(150));
+        }
+        jails.push(h.engine.clone_golden(&g, &id(&format!("n-{i}")), &small()).unwrap());
+    }
+    let net = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    let nets: std::collections::HashSet<_> = jails.iter().map(|j| net(j.pid.unwrap())).collect();
+    assert_eq!(nets.len(), jails.len(), "two jails share a network namespace");
+    assert!(!nets.contains(&net(std::process::id())), "a jail in the host's");
+    for j in &jails {
+        // Only its own loopback, up: its silkd answered on it through the engine.
+        assert_eq!(ok(j, "sed -n '3,$s/:.*//p' /proc/net/dev | tr -d ' '"), "lo");
+        h.engine.destroy(&j.id).unwrap();
+    }
+}
+
 #[test]
 fn destroy_leaves_nothing_behind() {
     let h = Harness::new();

@@ -43,7 +43,7 @@ fn main() {
         eprintln!("usage: silk-jail SPEC.json");
         std::process::exit(2);
     };
-    match silk_engine::jail::launch::run(&read_spec(path)) {
+    match silk_engine::jail::launch::run(&read_spec(path), None) {
         Ok(pid) => println!("{pid}"),
         Err(e) => {
             eprintln!("silk-jail: {e}");

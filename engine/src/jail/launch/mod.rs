@@ -37,7 +37,7 @@ mod namespaces;
 pub mod restore;
 pub mod serve;
 mod sys;
-use namespaces::{enter_new_namespaces, listen_inside};
+use namespaces::{enter_new_namespaces, listen_inside, make_network_namespace};
 use sys::*;
 
 /// The fd number silkd's listening socket has in the jail.
@@ -293,13 +293,14 @@ pub(super) fn join_cgroups(dirs: &[PathBuf]) -> Result<(), String> {
     Ok(())
 }
 
-/// Runs the launcher. Returns the jail's host pid, or why it could not start.
-pub fn run(spec: &LaunchSpec) -> Result<u32, String> {
+/// Runs the launcher. Returns the jail's host pid, or why it could not start. `net`: a network
+/// namespace made ahead for this jail (see `serve`), else one is made here.
+pub fn run(spec: &LaunchSpec, net: Option<i32>) -> Result<u32, String> {
     let plan = plan(spec);
     join_cgroups(&spec.cgroups)?;
     // SAFETY: plain syscalls on a single-threaded process.
     unsafe {
-        enter_new_namespaces()?;
+        enter_new_namespaces(net)?;
         listen_inside()?;
         let mut pipe = [0; 2];
         if libc::pipe2(pipe.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
