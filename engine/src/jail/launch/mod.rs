@@ -7,7 +7,7 @@
 //!
 //! | step | stops |
 //! |---|---|
-//! | join the sandbox's cgroups, new mount, pid, uts, ipc, net, cgroup namespaces (owned by the sandboxes' user namespace, which CRIU needs; the launcher stays host root) | seeing or signalling host processes, host network, host hostname; cpu/memory/pid exhaustion |
+//! | join the sandbox's cgroups, new mount, pid, uts, ipc, net, cgroup namespaces (owned by the sandboxes' user namespace, which CRIU needs; the launcher stays host root; the net namespace may have been made ahead by the server, for this jail only) | seeing or signalling host processes, host network, host hostname; cpu/memory/pid exhaustion |
 //! | `fork`: the child is PID 1 of the new pid namespace and the rest runs in it | |
 //! | id-mapped, read-only, `nosuid,nodev` views of the template and of host binds | template files looking unowned; writes to templates |
 //! | overlay root `nosuid,nodev` (golden + template below, the sandbox's upper directory on top) | setuid and device files of the sandbox acting on the host |
