@@ -31,6 +31,21 @@ impl Client {
         self.stream.write_all(&out).map_err(|e| EngineError::NotReady(format!("send: {e}")))
     }
 
+    fn info(&mut self) -> Result<AgentInfo> {
+        self.send(&Frame::Info)?;
+        let mut info = None;
+        loop {
+            match self.recv()? {
+                Frame::InfoReply(i) => info = Some(i),
+                Frame::Done => {
+                    return info.ok_or_else(|| EngineError::NotReady("no InfoReply".into()));
+                }
+                Frame::Error(e) => return Err(EngineError::NotReady(e.to_string())),
+                _ => {}
+            }
+        }
+    }
+
     fn recv(&mut self) -> Result<Frame> {
         loop {
             if let Some(frame) =
@@ -68,23 +83,6 @@ pub fn ready(agent: &AgentAddr, timeout: Duration) -> Result<Option<UnixStream>>
         && c.stream.set_read_timeout(None).is_ok()
         && c.stream.set_nonblocking(true).is_ok();
     Ok(idle.then_some(c.stream))
-}
-
-impl Client {
-    fn info(&mut self) -> Result<AgentInfo> {
-        self.send(&Frame::Info)?;
-        let mut info = None;
-        loop {
-            match self.recv()? {
-                Frame::InfoReply(i) => info = Some(i),
-                Frame::Done => {
-                    return info.ok_or_else(|| EngineError::NotReady("no InfoReply".into()));
-                }
-                Frame::Error(e) => return Err(EngineError::NotReady(e.to_string())),
-                _ => {}
-            }
-        }
-    }
 }
 
 /// The connections on which starts were found ready ([`ready`]), each kept a few seconds for

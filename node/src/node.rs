@@ -289,8 +289,8 @@ pub(crate) async fn connect_agent(agent: &AgentAddr) -> std::io::Result<UnixStre
 }
 
 impl Node {
-    /// The connection the engine's start of `info` found its silkd ready on (see
-    /// `Engine::take_answered`), for the sandbox's first relay.
+    /// The connection on which the engine found the sandbox of `info` ready when it started it
+    /// (`Engine::take_answered`), for the sandbox's first relay.
     fn answered(&self, info: &BoxInfo) -> Option<UnixStream> {
         UnixStream::from_std(self.engine.take_answered(&info.id)?).ok()
     }
