@@ -37,7 +37,7 @@ mod namespaces;
 pub mod restore;
 pub mod serve;
 mod sys;
-use namespaces::{enter_new_namespaces, listen_inside, make_network_namespace};
+use namespaces::{enter_new_namespaces, join_cgroups, listen_inside, make_network_namespace};
 use sys::*;
 
 /// The fd number silkd's listening socket has in the jail.
@@ -270,27 +270,6 @@ fn plan(spec: &LaunchSpec) -> Plan {
         ],
         filter: seccomp::program(),
     }
-}
-
-/// Moves this (single-threaded) process into each of `dirs`, a sandbox's groups, so that
-/// everything it starts is born in them. On v1 it writes `0` to `tasks`: moving the writing
-/// thread alone skips the lock that holds every thread group of the host still
-/// (`cgroup_threadgroup_rwsem`), whose write side waits out an RCU grace period after any quiet
-/// spell: 7.5 ms per start on this project's hosts against 0.3 ms (docs/benchmarks.md). v2 has
-/// no `tasks`, so there the process goes through `cgroup.procs`.
-pub(super) fn join_cgroups(dirs: &[PathBuf]) -> Result<(), String> {
-    use std::io::Write;
-    for dir in dirs {
-        let joined = match std::fs::OpenOptions::new().write(true).open(dir.join("tasks")) {
-            Ok(mut tasks) => tasks.write_all(b"0"),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                std::fs::write(dir.join("cgroup.procs"), std::process::id().to_string())
-            }
-            Err(e) => Err(e),
-        };
-        joined.map_err(|e| format!("join cgroup {}: {e}", dir.display()))?;
-    }
-    Ok(())
 }
 
 /// Runs the launcher. Returns the jail's host pid, or why it could not start. `net`: a network
