@@ -71,29 +71,45 @@ async fn claim_ready(
     template: &str,
     size: Size,
 ) -> anyhow::Result<(Duration, Tier, silkmesh::Sandbox)> {
-    let (parts, tier, sb) = claim_parts(client, template, size).await?;
+    let (parts, tier, sb) = claim_parts(client, template, size, Ask::InClaim).await?;
     Ok((parts.total, tier, sb))
 }
 
-/// Where a claim → first answer went: the claim's answer in the SDK, the node's own work on
-/// it (`claim_micros`), and the first `info` after it.
+/// Where silkd's first answer after a claim comes from.
+#[derive(Clone, Copy, PartialEq)]
+enum Ask {
+    /// The claim asks for it (`answered(true)`): the node asks silkd before its `101`.
+    InClaim,
+    /// The claim returns at its `101`; then the handle's first call is an `info`.
+    Afterwards,
+}
+
+/// Where a claim → silkd's first answer went: the claim's answer in the SDK, the node's own
+/// work on it (`claim_micros`), and the first `info` after it (its own call: `Afterwards`;
+/// the next call on the claim's connection: `InClaim`, not part of `total`).
 struct ClaimParts {
     total: Duration,
     answered: Duration,
     node: Duration,
+    first_info: Duration,
 }
 
 async fn claim_parts(
     client: &Client,
     template: &str,
     size: Size,
+    ask: Ask,
 ) -> anyhow::Result<(ClaimParts, Tier, silkmesh::Sandbox)> {
     let t = Instant::now();
-    let sb = client.claim(template).size(size).send().await?;
+    let sb = client.claim(template).size(size).answered(ask == Ask::InClaim).send().await?;
     let answered = t.elapsed();
+    anyhow::ensure!((ask == Ask::InClaim) == sb.answered().is_some(), "silkd's answer");
+    let info = Instant::now();
     sb.agent_info().await?;
+    let first_info = info.elapsed();
+    let total = if ask == Ask::InClaim { answered } else { t.elapsed() };
     let node = sb.claim_took().unwrap_or_default();
-    Ok((ClaimParts { total: t.elapsed(), answered, node }, sb.tier(), sb))
+    Ok((ClaimParts { total, answered, node, first_info }, sb.tier(), sb))
 }
 
 /// One loopback HTTP round trip on a kept connection: the floor for a warm claim.
@@ -125,28 +141,41 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
     // Tiers, A B B A with the HTTP floor.
     let (mut floor, mut warm, mut clone, mut cold) =
         (Samples::default(), Samples::default(), Samples::default(), Samples::default());
-    let (mut answered, mut node_work, mut first_info) =
+    let (mut node_work, mut next_info) = (Samples::default(), Samples::default());
+    let (mut warm_after, mut answered, mut first_info) =
         (Samples::default(), Samples::default(), Samples::default());
     let (mut clone_node, mut clone_around, mut clone_info) =
         (Samples::default(), Samples::default(), Samples::default());
     let mut keep = vec![];
-    for _ in 0..args.claims {
-        wait_warm(&client, args.warm).await?;
-        floor.push(http_floor(&mut http)?);
-        let (parts, tier, sb) = claim_parts(&client, "host", Size::Small).await?;
-        anyhow::ensure!(tier == Tier::Warm, "expected a warm hit");
-        warm.push(parts.total);
-        answered.push(parts.answered);
-        node_work.push(parts.node);
-        first_info.push(parts.total - parts.answered);
-        keep.push(sb);
+    for round in 0..args.claims {
+        // A warm claim of each kind, on a full pool, in alternating order.
+        for ask in if round % 2 == 0 {
+            [Ask::InClaim, Ask::Afterwards]
+        } else {
+            [Ask::Afterwards, Ask::InClaim]
+        } {
+            wait_warm(&client, args.warm).await?;
+            floor.push(http_floor(&mut http)?);
+            let (parts, tier, sb) = claim_parts(&client, "host", Size::Small, ask).await?;
+            anyhow::ensure!(tier == Tier::Warm, "expected a warm hit");
+            if ask == Ask::InClaim {
+                warm.push(parts.total);
+                node_work.push(parts.node);
+                next_info.push(parts.first_info);
+            } else {
+                warm_after.push(parts.total);
+                answered.push(parts.answered);
+                first_info.push(parts.first_info);
+            }
+            keep.push(sb);
+        }
         // Medium has no pool: the host golden serves it, the clone tier.
-        let (parts, tier, sb) = claim_parts(&client, "host", Size::Medium).await?;
+        let (parts, tier, sb) = claim_parts(&client, "host", Size::Medium, Ask::InClaim).await?;
         anyhow::ensure!(tier == Tier::Clone, "expected a clone");
         clone.push(parts.total);
         clone_node.push(parts.node);
         clone_around.push(parts.answered.saturating_sub(parts.node));
-        clone_info.push(parts.total - parts.answered);
+        clone_info.push(parts.first_info);
         keep.push(sb);
         floor.push(http_floor(&mut http)?);
         for sb in keep.drain(..) {
@@ -200,7 +229,8 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
         &["arm", "p50", "p90", "max", "n", "p50 ratio to its floor"],
         &[
             row("loopback HTTP round trip (floor for warm)", &floor, &floor),
-            row("warm hit", &warm, &floor),
+            row("warm hit (the claim asks silkd: `answered(true)`)", &warm, &floor),
+            row("warm hit, then a first `info` call", &warm_after, &floor),
             row("unshare 6 ns + overlay + /bin/true (floor for clone, cold)", &unshare, &unshare),
             row("clone from golden, right after a warm claim", &clone, &unshare),
             row("clone from golden, 0.2 s after the node went quiet", &quiet_clone, &unshare),
@@ -215,9 +245,10 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
         "warm hit through the SDK, in parts",
         &["part", "p50", "p90", "p50 ratio to the HTTP round trip"],
         &[
-            part("claim answered (connect, `POST /v1/sandboxes`, its `101`)", &answered),
-            part("of which the node's claim (`claim_micros`)", &node_work),
-            part("first `info` on the claim's connection", &first_info),
+            part("asking in the claim: the node's claim (`claim_micros`)", &node_work),
+            part("… the next `info` on the claim's connection (not in the claim)", &next_info),
+            part("then a first `info` call: the claim's `101`", &answered),
+            part("… the first `info` on the claim's connection", &first_info),
         ],
     );
     table(
@@ -226,10 +257,10 @@ async fn sections(args: &FleetArgs, node: &NodeProc, work: &std::path::Path) -> 
         &[
             part("the node's claim (`claim_micros`: the engine's clone, the journal)", &clone_node),
             part(
-                "the rest of the claim's answer (HTTP, the relay opened, its `101`)",
+                "the rest of the claim's answer (HTTP, the relay opened, silkd's `info`, the `101`)",
                 &clone_around,
             ),
-            part("first `info` on the claim's connection", &clone_info),
+            part("the next `info` on the claim's connection (not in the claim)", &clone_info),
         ],
     );
 

@@ -106,10 +106,14 @@ fn a_warm_sandbox_whose_silkd_died_in_its_pool_is_claimed_with_a_working_relay()
     assert_eq!(waiting.len(), 1, "one warm sandbox and nothing else: {waiting:?}");
     node.kill_sandbox_processes(waiting[0].id.as_str());
 
-    let (status, row, stream) = claim_upgraded(node.addr, ROOT, "{}");
+    // The claim asks for silkd's answer before its 101: it comes from the restarted silkd.
+    let (status, row, answered, stream) = claim_asking(node.addr, ROOT, "{}");
     assert!(status.contains(" 101 "), "{status} {row}");
     let id = row["id"].as_str().unwrap().to_string();
     assert_eq!((id.as_str(), row["tier"].as_str()), (waiting[0].id.as_str(), Some("warm")));
+    let answered = answered.expect("silkd's answer in the 101");
+    assert_eq!(answered["agent_version"], env!("CARGO_PKG_VERSION"), "{answered}");
+    assert!(answered["uptime_ms"].as_u64().unwrap() < 60_000, "a new silkd: {answered}");
     let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     rt.block_on(async move {
         let mut conn = relay_connection(stream);
@@ -161,6 +165,24 @@ fn a_claim_that_asks_for_the_relay_runs_calls_on_its_own_connection() {
     assert!(status.contains(" 201 "), "{status}");
     assert!(row["token"].as_str().is_some_and(|t| !t.is_empty()), "{row}");
     assert_eq!(row["metadata"]["k15"].as_str().map(str::len), Some(512));
+
+    // A claim that asks for silkd's answer gets it in its 101, from that sandbox's silkd, on
+    // the connection it goes on to use (silkd counts it), and the relay runs calls after it.
+    node.wait_warm(1);
+    let (status, row, answered, stream) = claim_asking(node.addr, ROOT, "{}");
+    assert!(status.contains(" 101 "), "{status} {row}");
+    let answered = answered.expect("silkd's answer in the 101");
+    assert_eq!(answered["connections"], 1, "{answered}");
+    let id = row["id"].as_str().unwrap().to_string();
+    rt.block_on(async move {
+        let mut conn = relay_connection(stream);
+        let (out, code) = relay_exec(&mut conn, &["hostname"]).await;
+        assert_eq!((out, code), (format!("{id}\n").into_bytes(), 0), "this sandbox's silkd");
+    });
+    // Without the ask, no answer is put in the 101.
+    node.wait_warm(1);
+    let (status, _, answered, _) = claim_asking_if(node.addr, ROOT, "{}", false);
+    assert_eq!((status.contains(" 101 "), answered), (true, None));
 
     // A refused claim is the usual JSON error, and the connection never switches.
     let (status, error, _) = claim_upgraded(node.addr, ROOT, r#"{"template": "nope"}"#);

@@ -207,12 +207,14 @@ fn forward_mode_serves_claims_calls_and_the_relay_through_one_node() {
     let (status, _) = owner.req("GET", &format!("/v1/sandboxes/{id}"), Some(token), None);
     assert_eq!(status, 404, "released on the owner");
 
-    // A claim that asks for the relay, placed on the owner through front: the owner's `101`
-    // and row come back through front, and the connection reaches the new sandbox's silkd.
+    // A claim that asks for the relay and for silkd's answer, placed on the owner through
+    // front: the owner's `101`, row and answer come back through front, and the connection
+    // reaches the new sandbox's silkd.
     owner.wait_warm(1);
     eventually("front sees owner's capacity", || peer_warm(&front, "owner") == Some(1));
-    let (status, row, stream) = claim_upgraded(front.addr, ROOT, "{}");
+    let (status, row, answered, stream) = claim_asking(front.addr, ROOT, "{}");
     assert!(status.contains(" 101 "), "{status} {row}");
+    assert!(answered.is_some_and(|a| a["connections"] == 1), "the owner asked its silkd");
     assert!(row["owner"].as_str().unwrap().starts_with("127.0.0.5:"), "{row}");
     let id = row["id"].as_str().unwrap().to_string();
     rt.block_on(async move {

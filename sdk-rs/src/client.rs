@@ -159,6 +159,7 @@ impl Client {
             ttl: None,
             metadata: BTreeMap::new(),
             auto_release: false,
+            answered: false,
         }
     }
 
@@ -259,6 +260,7 @@ pub struct ClaimBuilder {
     ttl: Option<Duration>,
     metadata: BTreeMap<String, String>,
     auto_release: bool,
+    answered: bool,
 }
 
 impl ClaimBuilder {
@@ -299,6 +301,16 @@ impl ClaimBuilder {
         self
     }
 
+    /// Return only once the new sandbox's silkd answered `info`, after the claim, on the
+    /// connection the handle goes on to use ([`Sandbox::answered`] has that answer). The node
+    /// asks on the relay the claim opens and puts silkd's answer in its `101`, so this costs
+    /// one round trip between the node and silkd, not one from here; where the node did not
+    /// check (an older node, a relay that did not open), the handle asks itself.
+    pub fn answered(mut self, yes: bool) -> Self {
+        self.answered = yes;
+        self
+    }
+
     pub async fn send(self) -> Result<Sandbox> {
         let mut body = json!({ "template": self.template, "metadata": self.metadata });
         if let Some(size) = self.size {
@@ -318,28 +330,41 @@ impl ClaimBuilder {
             // Nowhere to keep a connection: the claim alone.
             let claimed: Claimed =
                 c.call(Method::POST, "/v1/sandboxes", c.root_token(), Some(&body)).await?;
-            return Ok(claimed.into_sandbox(c, self.auto_release));
+            let sandbox = claimed.into_sandbox(c, self.auto_release);
+            if self.answered {
+                sandbox.ask_answered(None).await?;
+            }
+            return Ok(sandbox);
         }
         // The claim asks for the relay too: its connection becomes the sandbox's first, so the
         // first call needs no new connection and upgrade of its own.
         let body = serde_json::to_vec(&body).map_err(|e| Error::Invalid(e.to_string()))?;
         let token = c.root_token().unwrap_or_default();
-        let opening =
-            Opening { method: Method::POST, path: "/v1/sandboxes", token, body: body.into() };
-        let (claimed, relay) = match c.http().open(opening, c.http().request_timeout).await? {
-            Opened::Relay(stream, row) => {
-                let row = row.ok_or_else(|| {
-                    Error::Protocol(format!("claim: a 101 without its {SANDBOX_HEADER} header"))
-                })?;
-                (parse_claimed(row.as_bytes())?, stream)
-            }
-            // A node that did not switch answers the claim as JSON.
-            Opened::Answer(_, body) => (parse_claimed(&body)?, None),
+        let opening = Opening {
+            method: Method::POST,
+            path: "/v1/sandboxes",
+            token,
+            body: body.into(),
+            ask_info: self.answered,
         };
+        let (claimed, relay, agent_info) =
+            match c.http().open(opening, c.http().request_timeout).await? {
+                Opened::Relay(stream, said) => {
+                    let row = said.row.ok_or_else(|| {
+                        Error::Protocol(format!("claim: a 101 without its {SANDBOX_HEADER} header"))
+                    })?;
+                    (parse_claimed(row.as_bytes())?, stream, said.agent_info)
+                }
+                // A node that did not switch answers the claim as JSON.
+                Opened::Answer(_, body) => (parse_claimed(&body)?, None, None),
+            };
         let sandbox = claimed.into_sandbox(c, self.auto_release);
         // A 101 whose socket could not be taken over still claimed: the first call dials.
         if let Some(stream) = relay {
             sandbox.adopt(stream);
+        }
+        if self.answered {
+            sandbox.ask_answered(agent_info).await?;
         }
         Ok(sandbox)
     }

@@ -186,7 +186,7 @@ impl Http {
 
     /// `GET path` with `Upgrade: silkd` on a new connection; after the `101`, the bare socket.
     pub(crate) async fn upgrade(&self, path: &str, token: &str) -> Result<NodeStream> {
-        let get = Opening { method: Method::GET, path, token, body: Bytes::new() };
+        let get = Opening { method: Method::GET, path, token, body: Bytes::new(), ask_info: false };
         match self.open(get, self.connect_timeout).await? {
             Opened::Relay(Some(stream), _) => Ok(stream),
             Opened::Relay(None, _) => {
@@ -223,7 +223,7 @@ impl Http {
                     uri = no_redirect(&origin)?;
                 }
                 Upgraded::Unreachable(e) => return Err(e),
-                Upgraded::Stream(s, header) => return Ok(Opened::Relay(s, header)),
+                Upgraded::Stream(s, said) => return Ok(Opened::Relay(s, said)),
                 Upgraded::Redirect(location) => {
                     uri = redirect(&uri, location.as_ref(), &mut hopped)?;
                 }
@@ -238,6 +238,10 @@ impl Http {
 
 /// The header of a claim's `101` that carries the new sandbox's row.
 pub(crate) const SANDBOX_HEADER: &str = "silk-sandbox";
+/// The request header (value `info`) by which a claim asks the node for silkd's `info` answer
+/// on the relay before the `101`, and the `101`'s header that carries it.
+const ASK_HEADER: &str = "silk-ask";
+const AGENT_INFO_HEADER: &str = "silk-agent-info";
 
 /// A request that asks for the relay.
 pub(crate) struct Opening<'a> {
@@ -246,14 +250,24 @@ pub(crate) struct Opening<'a> {
     pub(crate) token: &'a str,
     /// JSON, or empty for none.
     pub(crate) body: Bytes,
+    /// Ask for silkd's `info` answer on the relay before the `101` (a claim).
+    pub(crate) ask_info: bool,
+}
+
+/// What a `101` said besides switching: the new sandbox's row ([`SANDBOX_HEADER`]) and silkd's
+/// `info` answer, if the request asked for it and the node checked.
+#[derive(Debug, Default)]
+pub(crate) struct Switched {
+    pub(crate) row: Option<hyper::header::HeaderValue>,
+    pub(crate) agent_info: Option<hyper::header::HeaderValue>,
 }
 
 /// How the node answered an [`Opening`].
 pub(crate) enum Opened {
-    /// `101`: the relay, and the answer's [`SANDBOX_HEADER`]. A `101` that carried the header
-    /// is returned even if the socket could not be taken over (`None`): the node acted on the
-    /// request (a claim), and its answer must reach the caller.
-    Relay(Option<NodeStream>, Option<hyper::header::HeaderValue>),
+    /// `101`: the relay, and what the answer said. A `101` that carried a row is returned even
+    /// if the socket could not be taken over (`None`): the node acted on the request (a
+    /// claim), and its answer must reach the caller.
+    Relay(Option<NodeStream>, Switched),
     /// A success without the switch, and its body.
     Answer(StatusCode, Bytes),
 }
@@ -261,7 +275,7 @@ pub(crate) enum Opened {
 enum Upgraded {
     /// The connect or TLS handshake failed: nothing was sent.
     Unreachable(Error),
-    Stream(Option<NodeStream>, Option<hyper::header::HeaderValue>),
+    Stream(Option<NodeStream>, Switched),
     Redirect(Option<hyper::header::HeaderValue>),
     Refused(StatusCode, Bytes),
 }
@@ -305,8 +319,8 @@ async fn upgrade_once(
     }
     Ok(match tls {
         None => match open_on(TokioIo::new(tcp), uri, opening).await? {
-            Answer::Switched(io, row) => {
-                Upgraded::Stream(io.map(|io| NodeStream::Tcp(io.into_inner())), row)
+            Answer::Switched(io, said) => {
+                Upgraded::Stream(io.map(|io| NodeStream::Tcp(io.into_inner())), said)
             }
             Answer::Other(other) => other,
         },
@@ -318,8 +332,8 @@ async fn upgrade_once(
                 Err(_) => return Ok(Upgraded::Unreachable(Error::timeout("TLS handshake"))),
             };
             match open_on(TokioIo::new(tls), uri, opening).await? {
-                Answer::Switched(io, row) => {
-                    Upgraded::Stream(io.map(|io| NodeStream::Tls(Box::new(io.into_inner()))), row)
+                Answer::Switched(io, said) => {
+                    Upgraded::Stream(io.map(|io| NodeStream::Tls(Box::new(io.into_inner()))), said)
                 }
                 Answer::Other(other) => other,
             }
@@ -327,10 +341,10 @@ async fn upgrade_once(
     })
 }
 
-/// What [`open_on`] got: the switched connection (see [`Opened::Relay`]) and the `101`'s
-/// [`SANDBOX_HEADER`], or any other answer.
+/// What [`open_on`] got: the switched connection (see [`Opened::Relay`]) and what the `101`
+/// said, or any other answer.
 enum Answer<I> {
-    Switched(Option<I>, Option<hyper::header::HeaderValue>),
+    Switched(Option<I>, Switched),
     Other(Upgraded),
 }
 
@@ -357,6 +371,9 @@ where
     if !opening.body.is_empty() {
         req = req.header(CONTENT_TYPE, "application/json");
     }
+    if opening.ask_info {
+        req = req.header(ASK_HEADER, "info");
+    }
     let req = req
         .header(CONNECTION, "upgrade")
         .header(UPGRADE, "silkd")
@@ -377,7 +394,10 @@ where
         }
     };
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {
-        let row = res.headers().get(SANDBOX_HEADER).cloned();
+        let said = Switched {
+            row: res.headers().get(SANDBOX_HEADER).cloned(),
+            agent_info: res.headers().get(AGENT_INFO_HEADER).cloned(),
+        };
         let upgrade = hyper::upgrade::on(res);
         let switched = async {
             if !conn_ended {
@@ -394,11 +414,11 @@ where
             }
             Ok(parts.io)
         };
-        return match (switched.await, row) {
-            (Ok(io), row) => Ok(Answer::Switched(Some(io), row)),
+        return match switched.await {
+            Ok(io) => Ok(Answer::Switched(Some(io), said)),
             // The node acted (claimed) and said so: that answer is kept, without the relay.
-            (Err(_), Some(row)) => Ok(Answer::Switched(None, Some(row))),
-            (Err(e), None) => Err(e),
+            Err(_) if said.row.is_some() => Ok(Answer::Switched(None, said)),
+            Err(e) => Err(e),
         };
     }
     if !conn_ended {

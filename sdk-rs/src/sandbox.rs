@@ -35,6 +35,8 @@ pub(crate) struct Inner {
     auto_release: AtomicBool,
     released: AtomicBool,
     pool: Pool,
+    /// silkd's `info` answer right after the claim (`ClaimBuilder::answered`).
+    answered: std::sync::OnceLock<AgentInfo>,
 }
 
 impl Sandbox {
@@ -55,6 +57,7 @@ impl Sandbox {
                 auto_release: AtomicBool::new(auto_release),
                 released: AtomicBool::new(false),
                 pool,
+                answered: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -76,6 +79,28 @@ impl Sandbox {
     /// The claim as the node reported it when this handle was made.
     pub fn info(&self) -> &SandboxInfo {
         &self.inner.info
+    }
+
+    /// silkd's `info` answer, made after the claim on the handle's first connection, for a
+    /// claim sent with [`answered`](crate::ClaimBuilder::answered).
+    pub fn answered(&self) -> Option<&AgentInfo> {
+        self.inner.answered.get()
+    }
+
+    /// Keeps silkd's answer from the claim's `101` (JSON), or asks for one when the node did
+    /// not check.
+    pub(crate) async fn ask_answered(
+        &self,
+        from_node: Option<hyper::header::HeaderValue>,
+    ) -> Result<()> {
+        let info = match from_node {
+            Some(json) => serde_json::from_slice(json.as_bytes()).map_err(|e| {
+                Error::Protocol(format!("claim: silkd's answer in the 101 is not `info`: {e}"))
+            })?,
+            None => self.agent_info().await?,
+        };
+        let _ = self.inner.answered.set(info);
+        Ok(())
     }
 
     /// How long the node took to serve the claim (claims made by this handle only).

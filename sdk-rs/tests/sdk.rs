@@ -441,11 +441,27 @@ async fn connections_are_reused_and_redirects_reach_the_relay() {
     assert_eq!((stats.dialled, stats.reused, stats.idle), (1, 3, 1));
     // A client that keeps no connections claims without one.
     let bare = Client::builder(node.url()).token(ROOT).max_idle_connections(0);
-    let t = bare.build().unwrap().claim("host").send().await.unwrap();
+    let t = bare.clone().build().unwrap().claim("host").send().await.unwrap();
     assert_eq!(t.connection_stats(), ConnStats::default());
     t.run(["true"]).await.unwrap();
     assert_eq!(t.connection_stats(), ConnStats { dialled: 1, reused: 0, idle: 0 });
     t.release().await.unwrap();
+    // A claim that asks for silkd's answer has it when it returns: the node asked on the
+    // claim's connection (no call of ours ran on it yet), or, for a client that keeps no
+    // connections, the handle asked itself.
+    for (client, stats) in [
+        (c.clone(), ConnStats { dialled: 1, reused: 0, idle: 1 }),
+        (bare.build().unwrap(), ConnStats { dialled: 1, reused: 0, idle: 0 }),
+    ] {
+        let asked = client.claim("host").answered(true).send().await.unwrap();
+        assert_eq!(asked.connection_stats(), stats);
+        let answered = asked.answered().expect("silkd's answer").clone();
+        let now = asked.agent_info().await.unwrap();
+        assert_eq!(answered.agent_version, now.agent_version);
+        assert!(answered.uptime_ms <= now.uptime_ms, "{answered:?} then {now:?}");
+        asked.release().await.unwrap();
+    }
+    assert!(s.answered().is_none(), "a claim that did not ask has no answer");
     // silkd agrees: one live connection (the node's readiness probe may still be closing).
     eventually("silkd counts one connection", || async {
         s.agent_info().await.unwrap().connections == 1

@@ -79,6 +79,10 @@ pub async fn place_claim(
         req.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         let protocol = HeaderValue::from_static(super::relay::PROTOCOL);
         req.headers_mut().insert(header::UPGRADE, protocol);
+        // The peer asks its silkd, if the client asked (its answer comes back in the `101`).
+        if let Some(ask) = headers.get(super::relay::ASK_HEADER) {
+            req.headers_mut().insert(super::relay::ASK_HEADER, ask.clone());
+        }
     }
     forward(peers, &api.node, &peer, req, &mut upgrade).await
 }

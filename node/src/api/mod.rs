@@ -242,11 +242,26 @@ async fn claim(
     // The claim stands whatever happens here: a row too large for a header, or a relay that
     // does not open, is the plain `201`, and the client dials one as it would have.
     if let (Some(upgrade), Some(in_header)) = (upgrade, header_json(&row)) {
-        match node.open_agent(&row.id).await {
-            Ok((live, agent)) => {
+        let opened = match node.open_agent(&row.id).await {
+            Ok((live, mut agent)) if relay::asks_info(&headers) => {
+                match relay::ask_info(&mut agent).await {
+                    Ok(info) => header_json(&info)
+                        .ok_or_else(|| "its answer does not fit a header".into())
+                        .map(|answer| (live, agent, Some(answer))),
+                    Err(e) => Err(e),
+                }
+            }
+            Ok((live, agent)) => Ok((live, agent, None)),
+            Err(e) => Err(e.to_string()),
+        };
+        match opened {
+            Ok((live, agent, answer)) => {
                 let who = audited::principal(&node, bearer(&headers), None);
                 let mut res = relay::serve(node.clone(), live, agent, upgrade, who);
                 res.headers_mut().insert(relay::SANDBOX_HEADER, in_header);
+                if let Some(answer) = answer {
+                    res.headers_mut().insert(relay::AGENT_INFO_HEADER, answer);
+                }
                 res.extensions_mut().insert(noted);
                 return Ok(res);
             }

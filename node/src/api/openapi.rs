@@ -39,8 +39,16 @@ fn claim_op() -> Value {
     );
     o["responses"]["101"] = json!({
         "description": "claimed (asked with `Upgrade: silkd`); the connection is now the sandbox's relay",
-        "headers": { "silk-sandbox": { "description": "the new sandbox's row, with its token, as JSON", "schema": { "type": "string" } } },
+        "headers": {
+            "silk-sandbox": { "description": "the new sandbox's row, with its token, as JSON", "schema": { "type": "string" } },
+            "silk-agent-info": { "description": "asked with `silk-ask: info`: silkd's `info` answer on this connection, as JSON", "schema": { "type": "string" } },
+        },
     });
+    let ask = json!({ "name": "silk-ask", "in": "header", "required": false, "schema": { "type": "string", "enum": ["info"] }, "description": "with the upgrade: answer 101 only once the sandbox's silkd answered `info` on the relay (its answer in `silk-agent-info`)" });
+    match o["parameters"].as_array_mut() {
+        Some(params) => params.push(ask),
+        None => o["parameters"] = json!([ask]),
+    }
     o
 }
 

@@ -177,10 +177,32 @@ pub fn upgrade(addr: SocketAddr, id: &str, token: &str) -> TcpStream {
 /// `POST /v1/sandboxes` with `body`, asking for the relay: the status line, the `101`'s
 /// `silk-sandbox` row (JSON) or the refusal's body, and the connection (silkd's after a `101`).
 pub fn claim_upgraded(addr: SocketAddr, token: &str, body: &str) -> (String, Value, TcpStream) {
+    let (status, row, _, stream) = claim_asking_if(addr, token, body, false);
+    (status, row, stream)
+}
+
+/// [`claim_upgraded`] that also asks for silkd's `info` answer (`silk-ask: info`), and the
+/// `101`'s `silk-agent-info` (JSON).
+pub fn claim_asking(
+    addr: SocketAddr,
+    token: &str,
+    body: &str,
+) -> (String, Value, Option<Value>, TcpStream) {
+    claim_asking_if(addr, token, body, true)
+}
+
+pub fn claim_asking_if(
+    addr: SocketAddr,
+    token: &str,
+    body: &str,
+    ask: bool,
+) -> (String, Value, Option<Value>, TcpStream) {
     let mut stream = TcpStream::connect(addr).unwrap();
-    write!(stream, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let ask = if ask { "silk-ask: info\r\n" } else { "" };
+    write!(stream, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n{ask}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let (mut status, mut line, mut row, mut length) = (String::new(), vec![], None, 0);
+    let mut answered = None;
     reader.read_line(&mut status).unwrap();
     loop {
         line.clear();
@@ -192,6 +214,7 @@ pub fn claim_upgraded(addr: SocketAddr, token: &str, body: &str) -> (String, Val
         let (name, value) = text.split_once(':').unwrap();
         match name.to_ascii_lowercase().as_str() {
             "silk-sandbox" => row = Some(serde_json::from_str(value.trim()).unwrap()),
+            "silk-agent-info" => answered = Some(serde_json::from_str(value.trim()).unwrap()),
             "content-length" => length = value.trim().parse().unwrap(),
             _ => {}
         }
@@ -199,10 +222,10 @@ pub fn claim_upgraded(addr: SocketAddr, token: &str, body: &str) -> (String, Val
     if !status.contains(" 101 ") {
         let mut body = vec![0; length];
         reader.read_exact(&mut body).unwrap();
-        return (status, serde_json::from_slice(&body).unwrap_or(Value::Null), stream);
+        return (status, serde_json::from_slice(&body).unwrap_or(Value::Null), answered, stream);
     }
     assert!(reader.buffer().is_empty(), "silkd bytes read with the headers");
-    (status, row.expect("a 101 carries the sandbox's row"), stream)
+    (status, row.expect("a 101 carries the sandbox's row"), answered, stream)
 }
 
 /// An upgraded stream as a silk-proto connection.
