@@ -7,7 +7,8 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::Router;
@@ -19,6 +20,37 @@ use tokio::net::TcpListener;
 /// The address a request's connection came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClientAddr(pub SocketAddr);
+
+/// Work a request leaves for its connection's own task, to run once hyper has handed the
+/// connection over to an upgrade (the relay's splice). Run there rather than spawned: a task
+/// spawned in the handler woke the other worker to steal it (an idle vCPU roused, and the
+/// splice then ran across the two), on the path of a claim's `101` and its first call.
+#[derive(Clone, Default)]
+pub struct AfterUpgrade(Arc<Mutex<Option<Work>>>);
+
+type Work = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+impl AfterUpgrade {
+    /// Runs `work` on the connection's task when the connection has upgraded (or ended).
+    pub fn run(&self, work: impl Future<Output = ()> + Send + 'static) {
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match slot.as_ref() {
+            // One upgrade per connection: a second is never expected, but runs all the same.
+            Some(_) => drop(tokio::spawn(work)),
+            None => *slot = Some(Box::pin(work)),
+        }
+    }
+
+    fn take(&self) -> Option<Work> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
+impl std::fmt::Debug for AfterUpgrade {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("AfterUpgrade")
+    }
+}
 
 /// A TLS handshake must finish within this, or the connection is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -82,8 +114,11 @@ async fn accept_loop(
         let watcher = graceful.watcher();
         // A request with a body wakes its own connection's task (see `in_place`).
         tokio::spawn(crate::in_place::in_place(async move {
+            let after = AfterUpgrade::default();
+            let slot = after.clone();
             let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
                 req.extensions_mut().insert(ClientAddr(addr));
+                req.extensions_mut().insert(slot.clone());
                 tower::ServiceExt::oneshot(router.clone(), req)
             });
             let served = match acceptor {
@@ -105,6 +140,9 @@ async fn accept_loop(
             };
             if let Err(e) = served {
                 tracing::debug!(%addr, "connection: {e}");
+            }
+            if let Some(work) = after.take() {
+                work.await;
             }
         }));
     }

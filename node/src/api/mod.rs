@@ -234,6 +234,7 @@ async fn claim(
         Some(claimed) => claimed,
         None => {
             let (peer, request) = (peer.expect("offered"), forwardable.expect("offered"));
+            let upgrade = upgrade.map(|u| u.on);
             return edge::place_claim(&api, peer, &headers, &request, upgrade).await;
         }
     };

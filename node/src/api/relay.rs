@@ -20,6 +20,7 @@ use tokio::net::UnixStream;
 
 use super::bearer;
 use crate::error::{Code, NodeError};
+use crate::listen::AfterUpgrade;
 use crate::node::{Live, Node};
 
 pub const PROTOCOL: &str = "silkd";
@@ -82,14 +83,28 @@ pub fn wanted(headers: &HeaderMap) -> bool {
 /// The client's side of an upgrade, taken from a request that asks for the relay (`None`
 /// otherwise, and on a connection that cannot upgrade, such as HTTP/2).
 #[derive(Debug)]
-pub struct ClientUpgrade(pub Option<OnUpgrade>);
+pub struct ClientUpgrade(pub Option<Upgrade>);
+
+/// A request's upgrade, and where its connection runs the work after it (absent where the
+/// request did not come through the listener: then the work is a task of its own).
+#[derive(Debug)]
+pub struct Upgrade {
+    pub on: OnUpgrade,
+    after: Option<AfterUpgrade>,
+}
+
+impl Upgrade {
+    fn of(on: OnUpgrade, extensions: &axum::http::Extensions) -> Upgrade {
+        Upgrade { on, after: extensions.get::<AfterUpgrade>().cloned() }
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for ClientUpgrade {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Infallible> {
         let on = wanted(&parts.headers).then(|| parts.extensions.remove::<OnUpgrade>()).flatten();
-        Ok(ClientUpgrade(on))
+        Ok(ClientUpgrade(on.map(|on| Upgrade::of(on, &parts.extensions))))
     }
 }
 
@@ -109,7 +124,7 @@ pub async fn agent(
     // sees a slower call. Dialled before answering 101, so a failure is a clear error rather than
     // a dropped stream.
     let (live, agent) = node.open_agent(&id).await?;
-    let upgrade = hyper::upgrade::on(&mut req);
+    let upgrade = Upgrade::of(hyper::upgrade::on(&mut req), req.extensions());
     let principal = super::audited::principal(&node, bearer(req.headers()), Some(&id));
     Ok(serve(node, live, agent, upgrade, principal))
 }
@@ -121,7 +136,7 @@ pub fn serve(
     node: Arc<Node>,
     live: Live,
     mut agent: UnixStream,
-    upgrade: OnUpgrade,
+    upgrade: Upgrade,
     (who, tenant): (String, Option<String>),
 ) -> Response {
     // In use from the 101 on: the reaper must not find it idle while the upgrade completes.
@@ -143,9 +158,10 @@ pub fn serve(
             detail: Some(detail),
         });
     };
-    tokio::spawn(async move {
+    let Upgrade { on, after } = upgrade;
+    let splice = async move {
         let _active = active;
-        let upgraded = match upgrade.await {
+        let upgraded = match on.await {
             Ok(u) => u,
             Err(e) => {
                 tracing::debug!(sandbox = id, "upgrade failed: {e}");
@@ -153,7 +169,11 @@ pub fn serve(
             }
         };
         node.splice(&live, &mut TokioIo::new(upgraded), &mut agent, seen).await;
-    });
+    };
+    match after {
+        Some(after) => after.run(splice),
+        None => drop(tokio::spawn(splice)),
+    }
     switching_protocols()
 }
 
