@@ -35,6 +35,8 @@ pub(crate) struct ClientInner {
     pub(crate) http: Http,
     token: Option<String>,
     pub(crate) max_idle: usize,
+    /// Closes its sandboxes' idle relay connections as they expire.
+    reaper: crate::conn::Reaper,
 }
 
 /// Options for a [`Client`].
@@ -95,7 +97,12 @@ impl ClientBuilder {
 
     pub fn build(self) -> Result<Client> {
         let http = Http::new(&self.url, self.connect_timeout, self.request_timeout, &self.tls)?;
-        let inner = ClientInner { http, token: self.token, max_idle: self.max_idle };
+        let inner = ClientInner {
+            http,
+            token: self.token,
+            max_idle: self.max_idle,
+            reaper: Default::default(),
+        };
         Ok(Client { inner: Arc::new(inner) })
     }
 }
@@ -125,6 +132,10 @@ impl Client {
 
     pub(crate) fn http(&self) -> &Http {
         &self.inner.http
+    }
+
+    pub(crate) fn reaper(&self) -> &crate::conn::Reaper {
+        &self.inner.reaper
     }
 
     pub(crate) fn max_idle(&self) -> usize {

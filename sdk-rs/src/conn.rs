@@ -10,12 +10,12 @@
 //! call), each kept at most [`IDLE_TTL`]; the most
 //! recently used is reused first (it is the least likely to have been closed). Before reuse a
 //! connection is checked without blocking: if the node or silkd closed it, it is dropped and the
-//! next one (or a new dial) is used, so a stale connection never fails a call. A small reaper
-//! task, running only while connections sit idle, closes the expired ones. A connection whose
+//! next one (or a new dial) is used, so a stale connection never fails a call. One reaper task
+//! per client ([`Reaper`]), running only while connections sit idle, closes the expired ones. A connection whose
 //! call did not end cleanly (dropped mid-stream, a framing error) is never returned.
 
 use std::pin::Pin;
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Waker};
 use std::time::Duration;
 
@@ -205,22 +205,68 @@ impl Pool {
     }
 }
 
-/// Closes expired idle connections while any are idle. Holds the pool weakly, so it never keeps
-/// a dropped sandbox handle alive.
-pub(crate) fn spawn_reaper<T: Send + Sync + 'static>(owner: Weak<T>, pool: fn(&T) -> &Pool) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    rt.spawn(async move {
-        loop {
-            let wait = match owner.upgrade() {
-                Some(o) => pool(&o).reap(),
-                None => None,
-            };
-            let Some(wait) = wait else { return };
-            tokio::time::sleep(wait + Duration::from_millis(10)).await;
+/// What holds a [`Pool`] (a sandbox handle), as the [`Reaper`] sees it.
+pub(crate) trait HasPool: Send + Sync {
+    fn pool(&self) -> &Pool;
+}
+
+/// One task per client that closes expired idle connections of every pool it watches, running
+/// only while some are idle. It holds the pools weakly, so it never keeps a dropped sandbox
+/// handle alive. One per client rather than per handle: a spawn rouses another worker, and a
+/// claim, whose relay connection goes idle in the new handle's pool, paid that on its path.
+#[derive(Clone, Default)]
+pub(crate) struct Reaper(Arc<Mutex<Watched>>);
+
+#[derive(Default)]
+struct Watched {
+    pools: Vec<Weak<dyn HasPool>>,
+    running: bool,
+}
+
+impl std::fmt::Debug for Reaper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reaper")
+    }
+}
+
+impl Reaper {
+    /// Watches `owner`'s pool until nothing in it is idle (`Pool::put` says when to start).
+    pub(crate) fn watch(&self, owner: Weak<dyn HasPool>) {
+        let mut watched = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if watched.running {
+            watched.pools.push(owner);
+            return;
         }
-    });
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        watched.pools.push(owner);
+        watched.running = true;
+        let shared = self.0.clone();
+        rt.spawn(async move {
+            loop {
+                let wait = {
+                    let mut watched = shared.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut next: Option<Duration> = None;
+                    watched.pools.retain(|owner| {
+                        let wait = owner.upgrade().and_then(|o| o.pool().reap());
+                        if let Some(wait) = wait {
+                            next = Some(next.map_or(wait, |n| n.min(wait)));
+                        }
+                        wait.is_some()
+                    });
+                    match next {
+                        Some(wait) => wait,
+                        None => {
+                            watched.running = false;
+                            return;
+                        }
+                    }
+                };
+                tokio::time::sleep(wait + Duration::from_millis(10)).await;
+            }
+        });
+    }
 }
 
 #[cfg(test)]
@@ -275,6 +321,46 @@ mod tests {
         let (c, _peer) = pair().await;
         assert!(!off.put(c));
         assert_eq!(off.stats().idle, 0);
+    }
+
+    struct Holder(Pool);
+
+    impl HasPool for Holder {
+        fn pool(&self) -> &Pool {
+            &self.0
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn one_reaper_closes_every_pools_expired_connections_then_stops() {
+        let reaper = Reaper::default();
+        let (a, b) = (Arc::new(Holder(Pool::default())), Arc::new(Holder(Pool::default())));
+        let mut peers = vec![];
+        for owner in [&a, &b] {
+            let (c, peer) = pair().await;
+            peers.push(peer);
+            assert!(owner.0.put(c), "the first idle connection asks to be watched");
+            reaper.watch(Arc::downgrade(owner) as Weak<dyn HasPool>);
+        }
+        // A dropped handle's pool is simply forgotten.
+        let (dropped, (c, _peer)) = (Arc::new(Holder(Pool::default())), pair().await);
+        dropped.0.put(c);
+        reaper.watch(Arc::downgrade(&dropped) as Weak<dyn HasPool>);
+        drop(dropped);
+        assert!(reaper.0.lock().unwrap().running);
+        tokio::time::sleep(IDLE_TTL / 2).await;
+        assert_eq!((a.0.stats().idle, b.0.stats().idle), (1, 1), "not expired yet");
+        tokio::time::sleep(IDLE_TTL).await;
+        assert_eq!((a.0.stats().idle, b.0.stats().idle), (0, 0), "both closed by the one task");
+        let watched = reaper.0.lock().unwrap();
+        assert!(!watched.running && watched.pools.is_empty(), "stopped once nothing is idle");
+        drop(watched);
+        // The next idle connection starts it again.
+        let (c, _peer) = pair().await;
+        assert!(a.0.put(c));
+        reaper.watch(Arc::downgrade(&a) as Weak<dyn HasPool>);
+        tokio::time::sleep(IDLE_TTL + Duration::from_secs(1)).await;
+        assert_eq!(a.0.stats().idle, 0);
     }
 
     #[tokio::test(start_paused = true)]

@@ -314,11 +314,15 @@ async fn upgrade_once(
         },
     };
 
-    if let Some(spare) = spare {
-        spare.refill(addr.clone(), connect_timeout);
-    }
+    // The next spare is dialled in the background once this request is on its way: spawning
+    // that rouses another worker, which is better spent while the node works on the request.
+    let refill = || {
+        if let Some(spare) = spare {
+            spare.refill(addr.clone(), connect_timeout);
+        }
+    };
     Ok(match tls {
-        None => match open_on(TokioIo::new(tcp), uri, opening).await? {
+        None => match open_on(TokioIo::new(tcp), uri, opening, refill).await? {
             Answer::Switched(io, said) => {
                 Upgraded::Stream(io.map(|io| NodeStream::Tcp(io.into_inner())), said)
             }
@@ -331,7 +335,7 @@ async fn upgrade_once(
                 Ok(Err(e)) => return Ok(Upgraded::Unreachable(e)),
                 Err(_) => return Ok(Upgraded::Unreachable(Error::timeout("TLS handshake"))),
             };
-            match open_on(TokioIo::new(tls), uri, opening).await? {
+            match open_on(TokioIo::new(tls), uri, opening, refill).await? {
                 Answer::Switched(io, said) => {
                     Upgraded::Stream(io.map(|io| NodeStream::Tls(Box::new(io.into_inner()))), said)
                 }
@@ -348,10 +352,16 @@ enum Answer<I> {
     Other(Upgraded),
 }
 
-/// `opening` with `Upgrade: silkd` on a fresh connection `io`. hyper's connection future is
-/// driven here rather than spawned, so the answer and the socket come back without a hop
-/// between tasks; it is spawned only to read the body of an answer that did not switch.
-async fn open_on<I>(io: I, uri: &Uri, opening: &Opening<'_>) -> Result<Answer<I>>
+/// `opening` with `Upgrade: silkd` on a fresh connection `io`; `sent` runs once the request is
+/// written. hyper's connection future is driven here rather than spawned, so the answer and
+/// the socket come back without a hop between tasks; it is spawned only to read the body of an
+/// answer that did not switch.
+async fn open_on<I>(
+    io: I,
+    uri: &Uri,
+    opening: &Opening<'_>,
+    sent: impl FnOnce(),
+) -> Result<Answer<I>>
 where
     I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -383,14 +393,18 @@ where
     let send = sender.send_request(req);
     tokio::pin!(send);
     let mut conn_ended = false;
+    let mut sent = Some(sent);
     let res = loop {
         tokio::select! {
+            biased;
             res = &mut send => break res.map_err(|e| failed(method, e))?,
             // Ended before the answer: `send` says how.
             ended = &mut conn, if !conn_ended => {
                 conn_ended = true;
                 ended.map_err(|e| failed(method, e))?;
             }
+            // The connection's first poll above wrote the request.
+            () = std::future::ready(()), if sent.is_some() => (sent.take().expect("guarded"))(),
         }
     };
     if res.status() == StatusCode::SWITCHING_PROTOCOLS {

@@ -15,7 +15,7 @@ use serde_json::json;
 use silk_proto::{AgentInfo, Frame, Hello, PROTOCOL_VERSION, Welcome};
 
 use crate::client::{Client, SandboxInfo, Tier, path_segment};
-use crate::conn::{ConnStats, Pool, RelayConn, spawn_reaper};
+use crate::conn::{ConnStats, HasPool, Pool, RelayConn};
 use crate::error::{Error, Result};
 
 /// One claimed sandbox. Cheap to clone; clones share the connection pool, and with
@@ -37,6 +37,12 @@ pub(crate) struct Inner {
     pool: Pool,
     /// silkd's `info` answer right after the claim (`ClaimBuilder::answered`).
     answered: std::sync::OnceLock<AgentInfo>,
+}
+
+impl HasPool for Inner {
+    fn pool(&self) -> &Pool {
+        &self.pool
+    }
 }
 
 impl Sandbox {
@@ -235,7 +241,8 @@ impl Sandbox {
     /// Gives back a connection whose call ended with its terminal frame.
     pub(crate) fn put_back(&self, conn: RelayConn) {
         if self.inner.pool.put(conn) {
-            spawn_reaper(Arc::downgrade(&self.inner), |i: &Inner| &i.pool);
+            let owner: std::sync::Weak<Inner> = Arc::downgrade(&self.inner);
+            self.inner.client.reaper().watch(owner as std::sync::Weak<dyn HasPool>);
         }
     }
 
