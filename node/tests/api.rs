@@ -181,8 +181,13 @@ fn a_claim_that_asks_for_the_relay_runs_calls_on_its_own_connection() {
     });
     // Without the ask, no answer is put in the 101.
     node.wait_warm(1);
-    let (status, _, answered, _) = claim_asking_if(node.addr, ROOT, "{}", false);
+    let (status, _, answered, _) = claim_asking_if(node.addr, ROOT, "{}", None);
     assert_eq!((status.contains(" 101 "), answered), (true, None));
+
+    // An ask for anything but `info` is refused before anything is claimed.
+    let (status, error, _, _) = claim_asking_if(node.addr, ROOT, "{}", Some("everything"));
+    assert!(status.contains(" 400 "), "{status}");
+    assert_eq!(error["error"]["code"], "bad_request", "{error}");
 
     // A refused claim is the usual JSON error, and the connection never switches.
     let (status, error, _) = claim_upgraded(node.addr, ROOT, r#"{"template": "nope"}"#);

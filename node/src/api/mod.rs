@@ -217,6 +217,7 @@ async fn claim(
 ) -> Result<Response, NodeError> {
     let node = api.node.clone();
     let tenant = node.principal(bearer(&headers)).scope()?;
+    let ask_info = relay::asks_info(&headers)?;
     let forwardable = api.peers.is_some().then(|| req.clone());
     let mut spec =
         ClaimSpec::validate(req, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
@@ -244,14 +245,12 @@ async fn claim(
     // does not open, is the plain `201`, and the client dials one as it would have.
     if let (Some(upgrade), Some(in_header)) = (upgrade, header_json(&row)) {
         let opened = match node.open_agent(&row.id).await {
-            Ok((live, mut agent)) if relay::asks_info(&headers) => {
-                match relay::ask_info(&mut agent).await {
-                    Ok(info) => header_json(&info)
-                        .ok_or_else(|| "its answer does not fit a header".into())
-                        .map(|answer| (live, agent, Some(answer))),
-                    Err(e) => Err(e),
-                }
-            }
+            Ok((live, mut agent)) if ask_info => match relay::ask_info(&mut agent).await {
+                Ok(info) => header_json(&info)
+                    .ok_or_else(|| "its answer does not fit a header".into())
+                    .map(|answer| (live, agent, Some(answer))),
+                Err(e) => Err(e),
+            },
             Ok((live, agent)) => Ok((live, agent, None)),
             Err(e) => Err(e.to_string()),
         };

@@ -40,9 +40,14 @@ pub const AGENT_INFO_HEADER: &str = "silk-agent-info";
 /// How long a claim waits for silkd's `info` answer before it answers without the relay.
 const ANSWER_WITHIN: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Whether a claim asks for silkd's answer before its `101` ([`ASK_HEADER`]: `info`).
-pub fn asks_info(headers: &HeaderMap) -> bool {
-    headers.get(ASK_HEADER).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"info"))
+/// Whether a claim asks for silkd's answer before its `101` ([`ASK_HEADER`]: `info`); any
+/// other value is refused before anything is claimed.
+pub fn asks_info(headers: &HeaderMap) -> Result<bool, NodeError> {
+    match headers.get(ASK_HEADER) {
+        None => Ok(false),
+        Some(v) if v.as_bytes().eq_ignore_ascii_case(b"info") => Ok(true),
+        Some(v) => Err(NodeError::bad_request(format!("{ASK_HEADER}: {v:?}: only `info`"))),
+    }
 }
 
 /// silkd's answer to `info` on `agent`, within [`ANSWER_WITHIN`]. Whatever the sandbox sends

@@ -177,7 +177,7 @@ pub fn upgrade(addr: SocketAddr, id: &str, token: &str) -> TcpStream {
 /// `POST /v1/sandboxes` with `body`, asking for the relay: the status line, the `101`'s
 /// `silk-sandbox` row (JSON) or the refusal's body, and the connection (silkd's after a `101`).
 pub fn claim_upgraded(addr: SocketAddr, token: &str, body: &str) -> (String, Value, TcpStream) {
-    let (status, row, _, stream) = claim_asking_if(addr, token, body, false);
+    let (status, row, _, stream) = claim_asking_if(addr, token, body, None);
     (status, row, stream)
 }
 
@@ -188,17 +188,17 @@ pub fn claim_asking(
     token: &str,
     body: &str,
 ) -> (String, Value, Option<Value>, TcpStream) {
-    claim_asking_if(addr, token, body, true)
+    claim_asking_if(addr, token, body, Some("info"))
 }
 
 pub fn claim_asking_if(
     addr: SocketAddr,
     token: &str,
     body: &str,
-    ask: bool,
+    ask: Option<&str>,
 ) -> (String, Value, Option<Value>, TcpStream) {
     let mut stream = TcpStream::connect(addr).unwrap();
-    let ask = if ask { "silk-ask: info\r\n" } else { "" };
+    let ask = ask.map(|v| format!("silk-ask: {v}\r\n")).unwrap_or_default();
     write!(stream, "POST /v1/sandboxes HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nConnection: upgrade\r\nUpgrade: silkd\r\n{ask}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let (mut status, mut line, mut row, mut length) = (String::new(), vec![], None, 0);
