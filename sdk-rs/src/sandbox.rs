@@ -94,7 +94,8 @@ impl Sandbox {
     }
 
     /// Keeps silkd's answer from the claim's `101` (JSON), or asks for one when the node did
-    /// not check.
+    /// not check. A sandbox whose silkd cannot answer is released (best effort) before the
+    /// error is returned: the caller gets no handle to it.
     pub(crate) async fn ask_answered(
         &self,
         from_node: Option<hyper::header::HeaderValue>,
@@ -102,8 +103,15 @@ impl Sandbox {
         let info = match from_node {
             Some(json) => serde_json::from_slice(json.as_bytes()).map_err(|e| {
                 Error::Protocol(format!("claim: silkd's answer in the 101 is not `info`: {e}"))
-            })?,
-            None => self.agent_info().await?,
+            }),
+            None => self.agent_info().await,
+        };
+        let info = match info {
+            Ok(info) => info,
+            Err(e) => {
+                let _ = self.release().await;
+                return Err(e);
+            }
         };
         let _ = self.inner.answered.set(info);
         Ok(())

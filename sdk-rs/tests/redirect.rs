@@ -192,3 +192,30 @@ async fn a_claim_a_redirect_target_took_is_not_sent_again() {
     assert!(matches!(err, Error::Transport { .. }), "{err:?}");
     assert_eq!((origin.seen().len(), target.seen().len()), (1, 1), "one hop, no fallback");
 }
+
+/// A claim that asked for silkd's answer and cannot get one (the node put none in its `101`,
+/// and the sandbox's relay answers no frame) is an error, and the sandbox it claimed is
+/// released: the caller gets no handle to it.
+#[tokio::test]
+async fn a_claim_whose_silkd_cannot_answer_is_released_and_an_error() {
+    let row = CLAIMED.replace('\n', " ");
+    let node = FakeHttp::start(move |req| {
+        if req.line.starts_with("DELETE ") {
+            return "HTTP/1.1 204 No Content\r\n\r\n".to_string();
+        }
+        format!(
+            "HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: silkd\r\nsilk-sandbox: {row}\r\n\r\nnot silk-proto"
+        )
+    })
+    .await;
+    let client = Client::builder(node.url()).token("root").build().unwrap();
+    let err = client.claim("host").answered(true).send().await.unwrap_err();
+    assert!(!matches!(err, Error::Api { .. }), "{err:?}");
+    let lines: Vec<String> = node.seen().iter().map(|r| r.line.clone()).collect();
+    assert_eq!(lines[0], "POST /v1/sandboxes HTTP/1.1");
+    assert_eq!(node.seen()[0].header("silk-ask"), Some("info"), "the node was asked to check");
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("DELETE /v1/sandboxes/sb-elsewhere HTTP/1.1")
+    );
+}
