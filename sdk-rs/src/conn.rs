@@ -352,9 +352,10 @@ mod tests {
         assert_eq!((a.0.stats().idle, b.0.stats().idle), (1, 1), "not expired yet");
         tokio::time::sleep(IDLE_TTL).await;
         assert_eq!((a.0.stats().idle, b.0.stats().idle), (0, 0), "both closed by the one task");
-        let watched = reaper.0.lock().unwrap();
-        assert!(!watched.running && watched.pools.is_empty(), "stopped once nothing is idle");
-        drop(watched);
+        {
+            let watched = reaper.0.lock().unwrap();
+            assert!(!watched.running && watched.pools.is_empty(), "stopped once nothing is idle");
+        }
         // The next idle connection starts it again.
         let (c, _peer) = pair().await;
         assert!(a.0.put(c));
