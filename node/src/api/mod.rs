@@ -29,6 +29,7 @@ pub use body::{JsonBody, OptionalJsonBody};
 
 pub(crate) mod audited;
 mod body;
+mod claim;
 pub mod edge;
 mod fleetwide;
 mod lifecycle;
@@ -90,7 +91,7 @@ pub fn router(node: Arc<Node>, peers: Option<Arc<Peers>>) -> Router {
         .route("/v1/peers", get(mesh_peers))
         .route("/v1/pools", get(get_pools).put(put_pools))
         .route("/v1/drain", post(drain_on).delete(drain_off))
-        .route("/v1/sandboxes", post(claim).get(fleetwide::list))
+        .route("/v1/sandboxes", post(claim::claim).get(fleetwide::list))
         .merge(sandbox)
         .route("/v1/checkpoints", get(lifecycle::all_checkpoints))
         .route(
@@ -206,80 +207,6 @@ fn claimed_row(node: &Node, c: &Claimed) -> silk_api::Sandbox {
         claim_micros: Some(c.took.as_micros() as u64),
         ..row(node, &c.record)
     }
-}
-
-async fn claim(
-    State(api): State<Api>,
-    headers: HeaderMap,
-    RawQuery(query): RawQuery,
-    relay::ClientUpgrade(upgrade): relay::ClientUpgrade,
-    OptionalJsonBody(req): OptionalJsonBody<ClaimRequest>,
-) -> Result<Response, NodeError> {
-    let node = api.node.clone();
-    let tenant = node.principal(bearer(&headers)).scope()?;
-    let ask_info = relay::asks_info(&headers)?;
-    let forwardable = api.peers.is_some().then(|| req.clone());
-    let mut spec =
-        ClaimSpec::validate(req, node.cfg.default_ttl_seconds, node.cfg.max_ttl_seconds)?;
-    if !templates::visible(&spec.template, tenant.as_deref()) {
-        let unknown = format!("no template {:?}", spec.template);
-        return Err(NodeError::new(Code::TemplateNotFound, unknown));
-    }
-    spec.tenant = tenant;
-    let key =
-        crate::pool::PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
-    let peer = forwardable.as_ref().and_then(|_| edge::warm_peer(&api, &key, query.as_deref()));
-    let n = node.clone();
-    let offered = peer.is_some();
-    let claimed = match detached(async move { n.claim_or_place(spec, offered).await }).await? {
-        Some(claimed) => claimed,
-        None => {
-            let (peer, request) = (peer.expect("offered"), forwardable.expect("offered"));
-            let upgrade = upgrade.map(|u| u.on);
-            return edge::place_claim(&api, peer, &headers, &request, upgrade).await;
-        }
-    };
-    let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
-    let row = claimed_row(&node, &claimed);
-    // The claim stands whatever happens here: a row too large for a header, or a relay that
-    // does not open, is the plain `201`, and the client dials one as it would have.
-    if let (Some(upgrade), Some(in_header)) = (upgrade, header_json(&row)) {
-        let opened = match node.open_agent(&row.id).await {
-            Ok((live, mut agent)) if ask_info => match relay::ask_info(&mut agent).await {
-                Ok(info) => header_json(&info)
-                    .ok_or_else(|| "its answer does not fit a header".into())
-                    .map(|answer| (live, agent, Some(answer))),
-                Err(e) => Err(e),
-            },
-            Ok((live, agent)) => Ok((live, agent, None)),
-            Err(e) => Err(e.to_string()),
-        };
-        match opened {
-            Ok((live, agent, answer)) => {
-                let who = audited::principal(&node, bearer(&headers), None);
-                let mut res = relay::serve(node.clone(), live, agent, upgrade, who);
-                res.headers_mut().insert(relay::SANDBOX_HEADER, in_header);
-                if let Some(answer) = answer {
-                    res.headers_mut().insert(relay::AGENT_INFO_HEADER, answer);
-                }
-                res.extensions_mut().insert(noted);
-                return Ok(res);
-            }
-            Err(e) => tracing::debug!(sandbox = row.id, "claimed; its relay did not open: {e}"),
-        }
-    }
-    Ok((StatusCode::CREATED, axum::Extension(noted), axum::Json(row)).into_response())
-}
-
-/// The most a row may take in a header: proxies in front of a node commonly hold 4–8 KiB of
-/// response headers in all, and one that refused the answer would lose the claim's token.
-const HEADER_ROW_MAX: usize = 4096;
-
-/// `value` as JSON in a header, if it fits [`HEADER_ROW_MAX`]: serde_json escapes every control
-/// character but DEL, which a header may not hold either (UTF-8 beyond ASCII it may).
-fn header_json(value: &impl serde::Serialize) -> Option<header::HeaderValue> {
-    let json = serde_json::to_string(value).ok()?.replace('\u{7f}', "\\u007f");
-    (json.len() <= HEADER_ROW_MAX).then(|| header::HeaderValue::from_bytes(json.as_bytes()).ok())?
 }
 
 /// A route's one boolean query parameter `name` (absent: false). Read by hand, not by axum's
