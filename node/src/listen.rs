@@ -118,7 +118,10 @@ async fn accept_loop(
             let slot = after.clone();
             let service = hyper::service::service_fn(move |mut req: hyper::Request<_>| {
                 req.extensions_mut().insert(ClientAddr(addr));
-                req.extensions_mut().insert(slot.clone());
+                // Only a request that asks to upgrade can leave work for after it.
+                if req.headers().contains_key(hyper::header::UPGRADE) {
+                    req.extensions_mut().insert(slot.clone());
+                }
                 tower::ServiceExt::oneshot(router.clone(), req)
             });
             let served = match acceptor {
