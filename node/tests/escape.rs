@@ -10,7 +10,6 @@ use std::path::Path;
 use common::*;
 use serde_json::Value;
 
-const ONE_WARM: &str = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
 const OFF: &str = r#"{"memory": "off"}"#;
 
 struct Box {

@@ -16,6 +16,9 @@ pub mod schema;
 
 pub const ROOT: &str = "root-token-for-tests";
 
+/// A pool of one warm sandbox of the host template.
+pub const ONE_WARM: &str = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
+
 /// A well-formed sandbox token no sandbox has: it gets past the shape check (a malformed one is a
 /// 401 on every node) and is refused where ownership is decided, with the 404 of an unknown id.
 pub const WRONG_TOKEN: &str =

@@ -6,8 +6,6 @@ use serde_json::Value;
 
 use super::common::*;
 
-pub const ONE_WARM: &str = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
-
 /// A tree with nested directories, modes, a symlink, an empty file, 4 MiB of noise and a
 /// deleted template file.
 pub const WRITE_TREE: &str = "mkdir -p /srv/t/a/b && echo one > /srv/t/a/one && printf '' > /srv/t/empty \
