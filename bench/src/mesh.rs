@@ -7,6 +7,7 @@
 //! | buffered exec through a forward-mode node | the same exec on the owner |
 //! | failure detection: `kill -9` of a node → gone from a peer's `/v1/peers` | the configured bound (suspicion + probe period) |
 //! | gossip bytes per node per second, real 3-node mesh and simulated 3/20 nodes | — |
+//! | 100 MiB between two mesh endpoints on the bulk lane (TLS over TCP): wall and CPU | the same on a QUIC stream |
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -15,7 +16,7 @@ use anyhow::{Context, bail, ensure};
 use silk_mesh::sim::{Sim, SimConfig};
 
 use crate::node::{Http, NodeProc};
-use crate::report::{Samples, host_stamp, table, us};
+use crate::report::{Samples, host_stamp, ms, table, us};
 
 #[derive(Debug, clap::Args)]
 pub struct MeshArgs {
@@ -311,5 +312,95 @@ fn measure(args: &MeshArgs, work: &Path, certs: &Path) -> anyhow::Result<()> {
         &rows,
     );
     drop((a, b, f));
-    Ok(())
+    bulk_bytes(certs)
+}
+
+/// Process CPU time (user + system) so far.
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage fills the struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// A move's transport: 100 MiB from one mesh endpoint to another (both in this process, so
+/// the CPU is both ends'), on a QUIC stream and on the bulk lane, rounds alternating.
+fn bulk_bytes(certs: &Path) -> anyhow::Result<()> {
+    use silk_mesh::{Mesh, MeshConfig, NodeState, TlsFiles, tls, wire};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MIB: usize = 100;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(async {
+        let mut nodes = vec![];
+        for name in ["p", "q"] {
+            let (cert, key) = tls::issue(certs, name, 1)?;
+            let files = TlsFiles { ca: certs.join("ca.pem"), cert, key };
+            let mut cfg = MeshConfig::new(name, "127.0.0.1:0".parse()?, files);
+            cfg.join = nodes.first().map(|(m, _): &(Mesh, _)| vec![m.id().addr]).unwrap_or_default();
+            nodes.push(Mesh::start(cfg, NodeState::default()).await?);
+        }
+        let (q, mut calls) = nodes.pop().context("q")?;
+        let (p, _) = nodes.pop().context("p")?;
+        // q reads each call to its end and answers how many bytes came.
+        tokio::spawn(async move {
+            while let Some(mut call) = calls.recv().await {
+                tokio::spawn(async move {
+                    let mut buf = vec![0u8; 1 << 20];
+                    let mut n = 0u64;
+                    while let Ok(k @ 1..) = call.recv.read(&mut buf).await {
+                        n += k as u64;
+                    }
+                    let _ = wire::write_frame(&mut call.send, &n).await;
+                    let _ = call.send.shutdown().await;
+                });
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while p.peer("q").is_none() {
+            ensure!(Instant::now() < deadline, "p and q did not mesh");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let chunk = vec![7u8; 1 << 20];
+        let (mut quic, mut bulk) = ([Samples::default(), Samples::default()], [Samples::default(), Samples::default()]);
+        for round in 0..10 {
+            let (cpu, t) = (cpu_time(), Instant::now());
+            let n: Option<u64> = if round % 2 == 0 {
+                let (mut send, mut recv) = p.open("q").await?;
+                for _ in 0..MIB {
+                    send.write_all(&chunk).await?;
+                }
+                send.finish()?;
+                wire::read_frame(&mut recv).await?
+            } else {
+                let mut call = p.open_bulk("q").await?;
+                for _ in 0..MIB {
+                    call.write_all(&chunk).await?;
+                }
+                call.shutdown().await?;
+                wire::read_frame(&mut call).await?
+            };
+            ensure!(n == Some((MIB as u64) << 20), "q read {n:?} bytes");
+            let arm = if round % 2 == 0 { &mut quic } else { &mut bulk };
+            arm[0].push(t.elapsed());
+            arm[1].push(cpu_time() - cpu);
+        }
+        let row = |name: &str, s: &[Samples; 2]| {
+            vec![
+                name.to_string(),
+                ms(s[0].pct(0.5)),
+                format!("{:.0}", MIB as f64 / s[0].pct(0.5).as_secs_f64()),
+                ms(s[1].pct(0.5)),
+                format!("{:.2}", s[0].pct(0.5).as_secs_f64() / quic[0].pct(0.5).as_secs_f64()),
+            ]
+        };
+        table(
+            &format!("{MIB} MiB between two mesh endpoints in one process (n = 5 each, alternating; CPU: both ends)"),
+            &["transport", "wall p50", "MiB/s", "CPU p50", "wall / QUIC"],
+            &[row("QUIC stream", &quic), row("bulk lane (TLS over TCP)", &bulk)],
+        );
+        p.leave().await;
+        q.leave().await;
+        Ok(())
+    })
 }

@@ -2,16 +2,19 @@
 //! task that owns the membership core. Membership packets travel as QUIC datagrams; node state
 //! goes to a peer on a unidirectional stream when the core says so (on change, and to a peer
 //! that heard nothing for `state_refresh`: see `core`); node-to-node calls are bidirectional
-//! streams handed to the caller as [`Incoming`].
+//! streams handed to the caller as [`Incoming`]. Beside the endpoint, a TCP listener at the same
+//! address and port number serves the bulk lane ([`crate::bulk`]): calls that carry bulk bytes.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
 use foca::Timer;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::MeshError;
@@ -25,7 +28,8 @@ use crate::wire::{read_frame, write_frame};
 #[derive(Debug, Clone)]
 pub struct MeshConfig {
     pub name: String,
-    /// The QUIC (UDP) address.
+    /// The QUIC (UDP) address; the bulk lane takes the same TCP port (port 0: any port free
+    /// for both).
     pub listen: SocketAddr,
     /// Seeds to join through (any live member will do).
     pub join: Vec<SocketAddr>,
@@ -40,6 +44,9 @@ pub struct MeshConfig {
     pub state_refresh: Duration,
     /// The revocation list (`trust`), re-read when it changes; none: nothing is revoked.
     pub revoked: Option<std::path::PathBuf>,
+    /// Serve and dial the bulk lane ([`crate::bulk`]); off where only UDP passes between
+    /// nodes (bulk calls then go on QUIC).
+    pub bulk_lane: bool,
 }
 
 impl MeshConfig {
@@ -56,6 +63,7 @@ impl MeshConfig {
             suspect_to_down: Duration::from_millis(1500),
             state_refresh: STATE_REFRESH,
             revoked: None,
+            bulk_lane: true,
         }
     }
 }
@@ -63,12 +71,28 @@ impl MeshConfig {
 /// See [`MeshConfig::state_refresh`].
 pub const STATE_REFRESH: Duration = Duration::from_secs(30);
 
-/// A node-to-node call opened by a peer: read its request from `recv`, answer on `send`.
-#[derive(Debug)]
+/// A node-to-node call opened by a peer: read its request from `recv`, answer on `send`, end
+/// it with `send`'s shutdown.
 pub struct Incoming {
     pub remote: SocketAddr,
-    pub send: quinn::SendStream,
-    pub recv: quinn::RecvStream,
+    pub lane: Lane,
+    pub send: Pin<Box<dyn AsyncWrite + Send>>,
+    pub recv: Pin<Box<dyn AsyncRead + Send>>,
+}
+
+impl std::fmt::Debug for Incoming {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Incoming").field("remote", &self.remote).field("lane", &self.lane).finish()
+    }
+}
+
+/// The transport a call came on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Lane {
+    /// A stream of the QUIC connection between the two nodes.
+    Quic,
+    /// A TLS connection of its own ([`crate::bulk`]).
+    Bulk,
 }
 
 enum Cmd {
@@ -117,6 +141,11 @@ struct Inner {
     open_connections: AtomicU64,
     /// How this node dials (replaced when its certificate or the revocation list changes).
     client: Mutex<quinn::ClientConfig>,
+    /// The bulk lane's TLS configs, replaced with `client`'s.
+    bulk: Mutex<(Arc<rustls::ServerConfig>, Arc<rustls::ClientConfig>)>,
+    /// The bulk lane's accept loop, stopped when the node leaves.
+    bulk_accept: Mutex<Option<tokio::task::AbortHandle>>,
+    bulk_lane: bool,
     /// How long a peer declared down has to answer this node's own probe.
     verify_within: Duration,
     /// Membership and state bytes sent (datagrams and state streams' payloads).
@@ -132,9 +161,8 @@ impl Mesh {
     ) -> Result<(Mesh, mpsc::Receiver<Incoming>), MeshError> {
         let revoked =
             crate::trust::RevocationList::open(cfg.revoked.as_deref()).map_err(MeshError::Tls)?;
-        let (server, client) = crate::tls::configs(&cfg.tls, &revoked)?;
-        let endpoint = quinn::Endpoint::server(server, cfg.listen)
-            .map_err(|e| MeshError::Io(format!("bind {}: {e}", cfg.listen)))?;
+        let configs = crate::tls::configs(&cfg.tls, &revoked)?;
+        let (endpoint, listener) = bind(cfg.listen, &configs.quic_server, cfg.bulk_lane)?;
         let addr = endpoint.local_addr().map_err(|e| MeshError::Io(e.to_string()))?;
         let me = NodeId { name: cfg.name.clone(), addr, epoch: cfg.epoch, renewal: 0 };
         let local = NodeState { name: cfg.name.clone(), epoch: cfg.epoch, seq: 1, ..local };
@@ -152,11 +180,18 @@ impl Mesh {
             conns: Mutex::new(HashMap::new()),
             dials: Mutex::new(HashMap::new()),
             open_connections: AtomicU64::new(0),
-            client: Mutex::new(client),
+            client: Mutex::new(configs.quic_client),
+            bulk: Mutex::new((configs.bulk_server, configs.bulk_client)),
+            bulk_accept: Mutex::new(None),
+            bulk_lane: cfg.bulk_lane,
             verify_within: (cfg.probe_rtt * 4).max(Duration::from_secs(1)),
             gossip_bytes: AtomicU64::new(0),
         });
         tokio::spawn(accept_loop(inner.clone()));
+        if let Some(listener) = listener {
+            let bulk = tokio::spawn(bulk_accept_loop(Arc::downgrade(&inner), listener));
+            *lock(&inner.bulk_accept) = Some(bulk.abort_handle());
+        }
         tokio::spawn(watch_trust(Arc::downgrade(&inner), cfg.tls.clone(), revoked));
         tokio::spawn(membership_task(inner.clone(), core, rx, cfg.join));
         Ok((Mesh { inner }, incoming_rx))
@@ -206,6 +241,22 @@ impl Mesh {
         conn.open_bi().await.map_err(|e| MeshError::Io(format!("open a stream to {name}: {e}")))
     }
 
+    /// Whether this node serves and dials the bulk lane ([`MeshConfig::bulk_lane`]).
+    pub fn bulk_lane(&self) -> bool {
+        self.inner.bulk_lane
+    }
+
+    /// Opens a call to a live peer on the bulk lane (a TLS connection of its own, for a call
+    /// that carries bulk bytes): end what it sends with `shutdown`, or [`crate::bulk::Abort`].
+    pub async fn open_bulk(&self, name: &str) -> Result<crate::bulk::BulkStream, MeshError> {
+        if !self.inner.bulk_lane {
+            return Err(MeshError::Io("this node's bulk lane is off".into()));
+        }
+        let peer = self.peer(name).ok_or_else(|| MeshError::NoPeer(name.to_string()))?;
+        let config = lock(&self.inner.bulk).1.clone();
+        crate::bulk::dial(peer.id.addr, &peer.id.name, config).await
+    }
+
     /// Says goodbye (peers drop this node at once) and closes the endpoint.
     pub async fn leave(&self) {
         let (tx, rx) = oneshot::channel();
@@ -213,6 +264,9 @@ impl Mesh {
             let _ = tokio::time::timeout(Duration::from_secs(1), rx).await;
         }
         self.inner.endpoint.close(0u32.into(), b"leaving");
+        if let Some(bulk) = lock(&self.inner.bulk_accept).take() {
+            bulk.abort();
+        }
         let _ = tokio::time::timeout(Duration::from_secs(1), self.inner.endpoint.wait_idle()).await;
     }
 }
@@ -343,6 +397,73 @@ async fn accept_loop(inner: Arc<Inner>) {
     }
 }
 
+/// Binds the QUIC endpoint at `listen` and (with `bulk`) the bulk lane's TCP listener at the
+/// same address and port number. For port 0 that is a port free for both: TCP's is taken
+/// first, and a UDP port already in use is tried again with another.
+fn bind(
+    listen: SocketAddr,
+    server: &quinn::ServerConfig,
+    bulk: bool,
+) -> Result<(quinn::Endpoint, Option<std::net::TcpListener>), MeshError> {
+    if !bulk {
+        let endpoint = quinn::Endpoint::server(server.clone(), listen)
+            .map_err(|e| MeshError::Io(format!("bind {listen}: {e}")))?;
+        return Ok((endpoint, None));
+    }
+    let mut tries = if listen.port() == 0 { 16 } else { 1 };
+    loop {
+        let tcp = std::net::TcpListener::bind(listen)
+            .map_err(|e| MeshError::Io(format!("bind {listen} (TCP, the bulk lane): {e}")))?;
+        let at = tcp.local_addr().map_err(|e| MeshError::Io(e.to_string()))?;
+        match quinn::Endpoint::server(server.clone(), at) {
+            Ok(endpoint) => {
+                tcp.set_nonblocking(true).map_err(|e| MeshError::Io(e.to_string()))?;
+                return Ok((endpoint, Some(tcp)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse && tries > 1 => tries -= 1,
+            Err(e) => return Err(MeshError::Io(format!("bind {at} (UDP): {e}"))),
+        }
+    }
+}
+
+/// Accepts bulk-lane connections until the node leaves (or is dropped): each handshake on a
+/// task of its own, at most [`crate::bulk::MAX_HANDSHAKES`] at once.
+async fn bulk_accept_loop(inner: std::sync::Weak<Inner>, listener: std::net::TcpListener) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => return tracing::warn!("bulk lane: {e}"),
+    };
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(crate::bulk::MAX_HANDSHAKES));
+    let rejected = Throttled::default();
+    loop {
+        let (tcp, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, most likely: give what holds them a moment.
+                rejected.log(format_args!("bulk lane: accept: {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some(inner) = inner.upgrade() else { return };
+        let Ok(slot) = handshakes.clone().try_acquire_owned() else {
+            rejected.log(format_args!("bulk lane: {remote} refused: too many handshakes"));
+            continue;
+        };
+        let (config, incoming) = (lock(&inner.bulk).0.clone(), inner.incoming.clone());
+        drop(inner);
+        let log = rejected.clone();
+        tokio::spawn(async move {
+            let call = crate::bulk::accept(tcp, remote, config).await;
+            drop(slot);
+            match call {
+                Ok(call) => drop(incoming.send(call).await),
+                Err(e) => log.log(format_args!("mesh connection rejected: {e}")),
+            }
+        });
+    }
+}
+
 /// Rejection logs at most once per 10 s, with how many were left out: a node refused over and
 /// over (a revoked one, a stranger) must not flood the log.
 #[derive(Debug, Clone, Default)]
@@ -386,9 +507,10 @@ async fn watch_trust(
         let now = stamp(&files);
         if list_changed || now != certs {
             match crate::tls::configs(&files, &revoked) {
-                Ok((server, client)) => {
-                    inner.endpoint.set_server_config(Some(server));
-                    *lock(&inner.client) = client;
+                Ok(c) => {
+                    inner.endpoint.set_server_config(Some(c.quic_server));
+                    *lock(&inner.client) = c.quic_client;
+                    *lock(&inner.bulk) = (c.bulk_server, c.bulk_client);
                     if now != certs {
                         tracing::info!("mesh certificate reloaded");
                     }
@@ -459,7 +581,9 @@ async fn serve(inner: Arc<Inner>, conn: quinn::Connection) {
         let inner = inner.clone();
         async move {
             while let Ok((send, recv)) = conn.accept_bi().await {
-                if inner.incoming.send(Incoming { remote, send, recv }).await.is_err() {
+                let (send, recv) = (Box::pin(send), Box::pin(recv));
+                let call = Incoming { remote, lane: Lane::Quic, send, recv };
+                if inner.incoming.send(call).await.is_err() {
                     break;
                 }
             }

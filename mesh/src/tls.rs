@@ -2,9 +2,9 @@
 //!
 //! One CA per cluster (`ca.pem`, `ca.key`); every node holds a certificate signed by it
 //! (`<name>.pem`, `<name>.key`) with the SAN `silkmesh` (the name every node dials) and its own
-//! name. Both sides of every QUIC connection present a certificate and verify the other's against
-//! the CA: a peer without one cannot complete a handshake, so it cannot send a single packet
-//! that reaches the membership layer. A certificate also binds its holder to its node name: a
+//! name. Both sides of every connection (QUIC, and the bulk lane's TLS over TCP) present a
+//! certificate and verify the other's against the CA: a peer without one cannot complete a
+//! handshake, so it cannot send a single packet that reaches the membership layer. A certificate also binds its holder to its node name: a
 //! node dials a peer by that peer's name, and a packet or state that says it comes from node N is
 //! accepted only on a connection whose certificate names N ([`names_node`]), so a cluster member
 //! cannot speak for another.
@@ -200,12 +200,23 @@ fn load(
     Ok((roots, chain, key))
 }
 
-/// The QUIC server and client configs of a node: TLS 1.3, both sides authenticated by the CA
-/// (its signature and the validity period) and checked against the revocation list.
+/// A node's mutual-TLS configs: QUIC's, and the bulk lane's (TLS over TCP, [`crate::bulk`]).
+/// Both are the same checks: TLS 1.3, both sides authenticated by the CA (its signature and
+/// the validity period) and checked against the revocation list; only the ALPN differs, so a
+/// connection made for one lane is refused by the other.
+#[derive(Debug, Clone)]
+pub struct Configs {
+    pub quic_server: quinn::ServerConfig,
+    pub quic_client: quinn::ClientConfig,
+    pub bulk_server: Arc<rustls::ServerConfig>,
+    pub bulk_client: Arc<rustls::ClientConfig>,
+}
+
+/// See [`Configs`].
 pub fn configs(
     files: &TlsFiles,
     revoked: &crate::trust::RevocationList,
-) -> Result<(quinn::ServerConfig, quinn::ClientConfig), MeshError> {
+) -> Result<Configs, MeshError> {
     let (roots, chain, key) = load(files)?;
     let roots = Arc::new(roots);
     let verifier =
@@ -219,21 +230,26 @@ pub fn configs(
             .map_err(bad)?;
     let server_check =
         Arc::new(crate::trust::ServerCheck { inner: server_check, list: revoked.clone() });
-    let mut server = rustls::ServerConfig::builder_with_provider(provider())
+    let server = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(bad)?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain.clone(), key.clone_key())
         .map_err(bad)?;
-    server.alpn_protocols = vec![ALPN.to_vec()];
-    let mut client = rustls::ClientConfig::builder_with_provider(provider())
+    let client = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(bad)?
         .dangerous()
         .with_custom_certificate_verifier(server_check)
         .with_client_auth_cert(chain, key)
         .map_err(bad)?;
-    client.alpn_protocols = vec![ALPN.to_vec()];
+    let alpn = |protocol: &[u8]| vec![protocol.to_vec()];
+    let (mut bulk_server, mut bulk_client) = (server.clone(), client.clone());
+    bulk_server.alpn_protocols = alpn(crate::bulk::ALPN);
+    bulk_client.alpn_protocols = alpn(crate::bulk::ALPN);
+    let (mut server, mut client) = (server, client);
+    server.alpn_protocols = alpn(ALPN);
+    client.alpn_protocols = alpn(ALPN);
 
     let server = quinn::crypto::rustls::QuicServerConfig::try_from(server).map_err(bad)?;
     let client = quinn::crypto::rustls::QuicClientConfig::try_from(client).map_err(bad)?;
@@ -243,11 +259,16 @@ pub fn configs(
         .max_idle_timeout(Some(std::time::Duration::from_secs(10).try_into().map_err(bad)?))
         .datagram_receive_buffer_size(Some(1 << 20));
     let transport = Arc::new(transport);
-    let mut server = quinn::ServerConfig::with_crypto(Arc::new(server));
-    server.transport_config(transport.clone());
-    let mut client = quinn::ClientConfig::new(Arc::new(client));
-    client.transport_config(transport);
-    Ok((server, client))
+    let mut quic_server = quinn::ServerConfig::with_crypto(Arc::new(server));
+    quic_server.transport_config(transport.clone());
+    let mut quic_client = quinn::ClientConfig::new(Arc::new(client));
+    quic_client.transport_config(transport);
+    Ok(Configs {
+        quic_server,
+        quic_client,
+        bulk_server: Arc::new(bulk_server),
+        bulk_client: Arc::new(bulk_client),
+    })
 }
 
 #[cfg(test)]

@@ -1,16 +1,22 @@
-//! Frames on QUIC streams: the silk-proto framing (a `u32` LE length, then a postcard body, at
-//! most 4 MiB) around the mesh's own message types.
+//! Frames on the mesh's call streams (QUIC streams, bulk-lane connections): the silk-proto
+//! framing (a `u32` LE length, then a postcard body, at most 4 MiB) around the mesh's own
+//! message types.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::MeshError;
 
 pub const MAX_FRAME: usize = 4 << 20;
 
+fn io(e: std::io::Error) -> MeshError {
+    MeshError::Io(e.to_string())
+}
+
 /// Writes one frame; returns its size on the wire.
 pub async fn write_frame<T: Serialize>(
-    send: &mut quinn::SendStream,
+    send: &mut (impl AsyncWrite + Unpin + ?Sized),
     msg: &T,
 ) -> Result<usize, MeshError> {
     let body = postcard::to_stdvec(msg).map_err(|e| MeshError::Codec(e.to_string()))?;
@@ -20,31 +26,36 @@ pub async fn write_frame<T: Serialize>(
     let mut frame = Vec::with_capacity(4 + body.len());
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
     frame.extend_from_slice(&body);
-    send.write_all(&frame).await.map_err(|e| MeshError::Io(e.to_string()))?;
+    send.write_all(&frame).await.map_err(io)?;
+    // A TLS stream holds what it was given until flushed (a QUIC stream sends it anyway).
+    send.flush().await.map_err(io)?;
     Ok(frame.len())
 }
 
 /// Reads one frame; `None` when the stream ended cleanly before one began.
 pub async fn read_frame<T: DeserializeOwned>(
-    recv: &mut quinn::RecvStream,
+    recv: &mut (impl AsyncRead + Unpin + ?Sized),
 ) -> Result<Option<T>, MeshError> {
     let mut len = [0u8; 4];
-    match recv.read_exact(&mut len).await {
-        Ok(()) => {}
-        Err(quinn::ReadExactError::FinishedEarly(0)) => return Ok(None),
-        Err(e) => return Err(MeshError::Io(e.to_string())),
+    let mut got = 0;
+    while got < len.len() {
+        match recv.read(&mut len[got..]).await.map_err(io)? {
+            0 if got == 0 => return Ok(None),
+            0 => return Err(MeshError::Io("the stream ended inside a frame".into())),
+            n => got += n,
+        }
     }
     let len = u32::from_le_bytes(len) as usize;
     if len > MAX_FRAME {
         return Err(MeshError::Codec(format!("a {len} byte frame exceeds {MAX_FRAME}")));
     }
     let mut body = vec![0; len];
-    recv.read_exact(&mut body).await.map_err(|e| MeshError::Io(e.to_string()))?;
+    recv.read_exact(&mut body).await.map_err(io)?;
     postcard::from_bytes(&body).map(Some).map_err(|e| MeshError::Codec(e.to_string()))
 }
 
 /// Frames under mutation: the property of the fuzz target `frame` (`mesh/fuzz`) and its seeded
-/// quick pass. `read_frame` reads a quinn stream; [`mutations::read`] takes the same steps on
+/// quick pass. `read_frame` reads a stream; [`mutations::read`] takes the same steps on
 /// bytes (the length, the cap checked before the body is allocated, postcard), and
 /// [`mutations::write`] those of `write_frame`.
 #[cfg(any(test, fuzzing))]

@@ -1,10 +1,12 @@
 //! Real QUIC endpoints on loopback, in one process: joining, state gossip, leave, failure of a
 //! dropped node, a certificate from another CA, a member that claims another's name, a call
-//! on a stream, and two nodes that dial each other at once.
+//! on a stream, two nodes that dial each other at once, and calls on the bulk lane (TLS over
+//! TCP) from members and from those it must refuse.
 
 use std::time::{Duration, Instant};
 
-use silk_mesh::{Mesh, MeshConfig, NodeState, TlsFiles, tls, wire};
+use silk_mesh::{Incoming, Lane, Mesh, MeshConfig, NodeState, TlsFiles, bulk, tls, wire};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn certs(dir: &std::path::Path, names: &[&str]) -> Vec<TlsFiles> {
     tls::init_ca(dir).unwrap();
@@ -37,7 +39,7 @@ async fn start_at(
             tokio::spawn(async move {
                 let n: u64 = wire::read_frame(&mut call.recv).await.unwrap().unwrap();
                 wire::write_frame(&mut call.send, &(n + 1)).await.unwrap();
-                call.send.finish().unwrap();
+                call.send.shutdown().await.unwrap();
             });
         }
     });
@@ -219,4 +221,127 @@ async fn two_nodes_that_dial_each_other_at_once_keep_one_connection() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!((a.open_connections(), b.open_connections()), (1, 1));
     assert_eq!((names(&a), names(&b)), (vec!["b".to_string()], vec!["a".to_string()]));
+}
+
+/// What a bulk call's receiver saw: the lane, the number in its frame, then the bytes after it
+/// up to a clean end (`Ok`) or an error.
+type Seen = (Lane, u64, Result<u64, String>);
+
+/// Answers each call with the number it sent plus one, after reading it to its end.
+async fn counting(mut incoming: tokio::sync::mpsc::Receiver<Incoming>) -> Vec<Seen> {
+    let mut seen = vec![];
+    while let Ok(Some(mut call)) =
+        tokio::time::timeout(Duration::from_secs(2), incoming.recv()).await
+    {
+        let n: u64 = wire::read_frame(&mut call.recv).await.unwrap().unwrap();
+        let mut rest = vec![];
+        let read = call.recv.read_to_end(&mut rest).await;
+        wire::write_frame(&mut call.send, &(n + 1)).await.unwrap();
+        call.send.shutdown().await.unwrap();
+        seen.push((call.lane, n, read.map(|n| n as u64).map_err(|e| e.to_string())));
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bulk_call_carries_its_bytes_and_says_whether_the_sender_finished() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = certs(dir.path(), &["a", "b"]);
+    let (a, incoming) =
+        Mesh::start(MeshConfig::new("a", "127.0.0.1:0".parse().unwrap(), files[0].clone()), {
+            NodeState::default()
+        })
+        .await
+        .unwrap();
+    let b = start("b", files[1].clone(), vec![a.id().addr]).await;
+    until("a mesh of two", Duration::from_secs(10), || names(&b) == ["a"]).await;
+    let answers = tokio::spawn(counting(incoming));
+
+    // Finished: every byte, then a clean end; the answer comes back on the same connection.
+    let mut call = b.open_bulk("a").await.unwrap();
+    wire::write_frame(&mut call, &41u64).await.unwrap();
+    call.write_all(&vec![7u8; 3 << 20]).await.unwrap();
+    call.shutdown().await.unwrap();
+    assert_eq!(wire::read_frame::<u64>(&mut call).await.unwrap(), Some(42));
+
+    // Aborted: the receiver's read fails after the bytes that came, as a reset QUIC stream's.
+    let mut call = b.open_bulk("a").await.unwrap();
+    let abort = bulk::Abort::of(&call).unwrap();
+    wire::write_frame(&mut call, &1u64).await.unwrap();
+    call.write_all(&[7u8; 1000]).await.unwrap();
+    call.flush().await.unwrap();
+    abort.abort();
+    assert_eq!(wire::read_frame::<u64>(&mut call).await.unwrap(), Some(2));
+
+    let seen = answers.await.unwrap();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    assert_eq!(seen[0], (Lane::Bulk, 41, Ok(3 << 20)));
+    assert_eq!((seen[1].0, seen[1].1), (Lane::Bulk, 1));
+    assert!(seen[1].2.is_err(), "an aborted call read as finished: {seen:?}");
+}
+
+/// A TLS client for `a`'s bulk lane as `config` makes it: what `a` answers to a call on it.
+async fn call_bulk_as(
+    a: std::net::SocketAddr,
+    config: std::sync::Arc<rustls::ClientConfig>,
+) -> Option<u64> {
+    let tcp = tokio::net::TcpStream::connect(a).await.unwrap();
+    let connector = tokio_rustls::TlsConnector::from(config);
+    let server = rustls::pki_types::ServerName::try_from("a").unwrap();
+    // TLS 1.3: a client finishes its side of the handshake before the server has judged its
+    // certificate, so a refusal may show only when it reads.
+    let mut s = connector.connect(server, tcp).await.ok()?;
+    wire::write_frame(&mut s, &5u64).await.ok()?;
+    s.shutdown().await.ok()?;
+    wire::read_frame::<u64>(&mut s).await.ok()?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulk_lane_answers_members_only() {
+    let (good, evil) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let files = certs(good.path(), &["a", "b", "r"]);
+    let outsider = certs(evil.path(), &["b"]);
+    let list = good.path().join("revoked");
+    std::fs::write(&list, "r\n").unwrap();
+    let mut cfg = MeshConfig::new("a", "127.0.0.1:0".parse().unwrap(), files[0].clone());
+    cfg.revoked = Some(list);
+    let (a, incoming) = Mesh::start(cfg, NodeState::default()).await.unwrap();
+    let answers = tokio::spawn(counting(incoming));
+    let at = a.id().addr;
+    let nothing_revoked = silk_mesh::trust::RevocationList::open(None).unwrap();
+    let client = |f: &TlsFiles| tls::configs(f, &nothing_revoked).unwrap().bulk_client;
+
+    // A member of the cluster gets its answer: the lane is open, and this is how to use it.
+    assert_eq!(call_bulk_as(at, client(&files[1])).await, Some(6));
+    // Another CA's certificate (for a name the cluster has), a revoked member's, none at all,
+    // and a member speaking QUIC's ALPN over TCP: no answer, and nothing reaches a's calls.
+    assert_eq!(call_bulk_as(at, client(&outsider[0])).await, None, "another CA");
+    assert_eq!(call_bulk_as(at, client(&files[2])).await, None, "revoked");
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = std::fs::read(good.path().join("ca.pem")).unwrap();
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&ca) {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let mut anonymous = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13])
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    anonymous.alpn_protocols = vec![bulk::ALPN.to_vec()];
+    assert_eq!(call_bulk_as(at, std::sync::Arc::new(anonymous)).await, None, "no certificate");
+    let mut quic_alpn = (*client(&files[1])).clone();
+    quic_alpn.alpn_protocols = vec![tls::ALPN.to_vec()];
+    assert_eq!(call_bulk_as(at, std::sync::Arc::new(quic_alpn)).await, None, "QUIC's ALPN");
+    // Bytes that are no TLS at all.
+    let mut raw = tokio::net::TcpStream::connect(at).await.unwrap();
+    raw.write_all(&[0, 0, 0, 1, 5]).await.unwrap();
+    let mut got = vec![];
+    let _ = tokio::time::timeout(Duration::from_secs(5), raw.read_to_end(&mut got)).await;
+    assert!(got.len() < 64, "plain bytes got an answer: {got:?}");
+
+    let seen = answers.await.unwrap();
+    assert_eq!(seen, vec![(Lane::Bulk, 5, Ok(0))], "only the member's call came through");
 }

@@ -147,6 +147,11 @@ pub fn follow(
 
 /// Two meshed nodes sharing one store directory.
 pub fn pair(dir: &Path, store: &Path, hosts: (u8, u8)) -> (Sandboxd, Sandboxd) {
+    pair_with(dir, store, hosts, "")
+}
+
+/// [`pair`], with `b_mesh` keys in b's `[mesh]`.
+pub fn pair_with(dir: &Path, store: &Path, hosts: (u8, u8), b_mesh: &str) -> (Sandboxd, Sandboxd) {
     certs(dir, &["a", "b"]);
     let extra = |pools: &str| format!("{pools}[store.fs]\nroot = \"{}\"\n", store.display());
     // Fixed mesh ports: restarted nodes come back at the same address, as in production.
@@ -154,7 +159,7 @@ pub fn pair(dir: &Path, store: &Path, hosts: (u8, u8)) -> (Sandboxd, Sandboxd) {
     let (sa, sb) = (format!("127.0.0.{}:{pa}", hosts.0), format!("127.0.0.{}:{pb}", hosts.1));
     let pool = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
     let a = node_on(dir, "a", hosts.0, pa, Some(&sb), &extra(pool));
-    let b = node_on(dir, "b", hosts.1, pb, Some(&sa), &extra("pools = []\n"));
+    let b = node_with(dir, "b", &sb, Some(&sa), &extra("pools = []\n"), b_mesh);
     eventually("a and b meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
     (a, b)
 }
