@@ -13,15 +13,21 @@
 //! the revocation list; the dialler checks that the certificate names the node it dials), under
 //! its own ALPN. A connection carries one call. How it ends says whether the sender finished:
 //! TLS's `close_notify` is a clean end, and an end without one ([`Abort`]) reads as an error on
-//! the other side, as a reset QUIC stream does.
+//! the other side, as a reset QUIC stream does. A connection on which no byte has moved
+//! either way for [`IDLE`] fails ([`Idle`]): a peer that died, froze or was cut off mid-call is
+//! noticed as QUIC's idle timeout notices it.
 
 use std::net::SocketAddr;
 use std::os::fd::AsFd;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use rustls::pki_types::ServerName;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::time::{Instant, Sleep};
 
 use crate::MeshError;
 use crate::driver::{Incoming, Lane};
@@ -36,8 +42,92 @@ pub(crate) const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 /// Handshakes under way at once; connections over it are closed unanswered.
 pub(crate) const MAX_HANDSHAKES: usize = 64;
 
+/// How long a bulk connection may move no byte either way before it fails. Longer than
+/// QUIC's idle timeout (10 s), whose keep-alives flow while the application is silent: here
+/// the bytes are the only sign of life, and a target busy writing what came may not read for
+/// a few seconds.
+pub const IDLE: Duration = Duration::from_secs(20);
+
 /// The dialler's end of a bulk call.
-pub type BulkStream = tokio_rustls::client::TlsStream<TcpStream>;
+pub type BulkStream = tokio_rustls::client::TlsStream<Idle<TcpStream>>;
+
+/// A stream that fails a read or write once no byte has moved either way for `limit`. Each
+/// direction waits on its own timer (the halves of a split stream are polled by different
+/// tasks); a byte moving only stamps the time, and a timer is set again from the stamp at the
+/// next poll that finds nothing to do.
+#[derive(Debug)]
+pub struct Idle<S> {
+    inner: S,
+    limit: Duration,
+    moved: Instant,
+    /// Reading's, writing's.
+    timers: [Pin<Box<Sleep>>; 2],
+}
+
+impl<S> Idle<S> {
+    pub fn new(inner: S, limit: Duration) -> Idle<S> {
+        let moved = Instant::now();
+        let timer = || Box::pin(tokio::time::sleep_until(moved + limit));
+        Idle { inner, limit, moved, timers: [timer(), timer()] }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// For a poll in `direction` that found nothing to do: an error once `limit` has passed
+    /// since a byte last moved, else pending until then.
+    fn idle(&mut self, direction: usize, cx: &mut Context<'_>) -> Poll<std::io::Error> {
+        let deadline = self.moved + self.limit;
+        let timer = &mut self.timers[direction];
+        if timer.deadline() != deadline {
+            timer.as_mut().reset(deadline);
+        }
+        ready!(timer.as_mut().poll(cx));
+        let idle = format!("no byte moved either way for {:?}", self.limit);
+        Poll::Ready(std::io::Error::new(std::io::ErrorKind::TimedOut, idle))
+    }
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Idle<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Ready(done) => {
+                self.moved = Instant::now();
+                Poll::Ready(done)
+            }
+            Poll::Pending => self.idle(0, cx).map(Err),
+        }
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Idle<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, buf) {
+            Poll::Ready(done) => {
+                self.moved = Instant::now();
+                Poll::Ready(done)
+            }
+            Poll::Pending => self.idle(1, cx).map(Err),
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
 
 /// Ends what a bulk call sends without TLS's `close_notify`: the peer's next read after the
 /// bytes already sent fails, so it knows the sender did not finish (the bulk lane's reset).
@@ -47,7 +137,7 @@ pub struct Abort(std::net::TcpStream);
 
 impl Abort {
     pub fn of(stream: &BulkStream) -> std::io::Result<Abort> {
-        let fd = stream.get_ref().0.as_fd().try_clone_to_owned()?;
+        let fd = stream.get_ref().0.get_ref().as_fd().try_clone_to_owned()?;
         Ok(Abort(std::net::TcpStream::from(fd)))
     }
 
@@ -73,6 +163,7 @@ pub(crate) async fn dial(
     // The call's request and answer are small writes each waiting on the other.
     tcp.set_nodelay(true).map_err(io)?;
     let connector = tokio_rustls::TlsConnector::from(config);
+    let tcp = Idle::new(tcp, IDLE);
     let stream = tokio::time::timeout(HANDSHAKE_WITHIN, connector.connect(server_name, tcp))
         .await
         .map_err(|_| io(std::io::ErrorKind::TimedOut.into()))?
@@ -92,7 +183,7 @@ pub(crate) async fn accept(
     let tls = |e: std::io::Error| MeshError::Tls(format!("bulk lane from {remote}: {e}"));
     tcp.set_nodelay(true).map_err(tls)?;
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    let stream = tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(tcp))
+    let stream = tokio::time::timeout(HANDSHAKE_WITHIN, acceptor.accept(Idle::new(tcp, IDLE)))
         .await
         .map_err(|_| tls(std::io::ErrorKind::TimedOut.into()))?
         .map_err(tls)?;
@@ -108,6 +199,52 @@ pub(crate) async fn accept(
 mod tests {
     use super::*;
     use crate::{Mesh, MeshConfig, NodeState, TlsFiles, tls};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const LIMIT: Duration = Duration::from_secs(20);
+
+    /// Whether `task` has ended after the clock moves on by `by`.
+    async fn ended_after<T>(task: &tokio::task::JoinHandle<T>, by: Duration) -> bool {
+        tokio::time::sleep(by).await;
+        tokio::task::yield_now().await;
+        task.is_finished()
+    }
+
+    /// A peer that sends nothing and reads nothing (dead, frozen, cut off): a read waiting on
+    /// it fails after the limit, and so does a write it does not take.
+    #[tokio::test(start_paused = true)]
+    async fn a_call_on_which_nothing_moves_fails_after_the_limit() {
+        let (near, _far) = tokio::io::duplex(1024);
+        let mut near = Idle::new(near, LIMIT);
+        let read = tokio::spawn(async move { near.read(&mut [0; 16]).await });
+        assert!(!ended_after(&read, LIMIT - Duration::from_secs(1)).await);
+        assert!(ended_after(&read, Duration::from_secs(2)).await);
+        let e = read.await.unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
+
+        let (near, _far) = tokio::io::duplex(1024);
+        let mut near = Idle::new(near, LIMIT);
+        let write = tokio::spawn(async move { near.write_all(&[7; 4096]).await });
+        assert!(!ended_after(&write, LIMIT - Duration::from_secs(1)).await);
+        assert!(ended_after(&write, Duration::from_secs(2)).await);
+        assert_eq!(write.await.unwrap().unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+    }
+
+    /// A sender's read of the answer waits as long as its writes move, however long that is;
+    /// once they stop it fails after the limit.
+    #[tokio::test(start_paused = true)]
+    async fn bytes_moving_either_way_keep_a_waiting_read_alive() {
+        let (near, mut far) = tokio::io::duplex(1024);
+        let (mut recv, mut send) = tokio::io::split(Idle::new(near, LIMIT));
+        let read = tokio::spawn(async move { recv.read(&mut [0; 16]).await });
+        for _ in 0..10 {
+            send.write_all(&[7; 100]).await.unwrap();
+            far.read_exact(&mut [0; 100]).await.unwrap();
+            assert!(!ended_after(&read, LIMIT / 2).await, "a read failed while writes moved");
+        }
+        assert!(ended_after(&read, LIMIT).await);
+        assert_eq!(read.await.unwrap().unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+    }
 
     /// A member of the cluster listening where a node dials `b`: its certificate says `evil`,
     /// so the dial fails before a byte of the call is sent.
