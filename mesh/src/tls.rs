@@ -4,10 +4,10 @@
 //! (`<name>.pem`, `<name>.key`) with the SAN `silkmesh` (the name every node dials) and its own
 //! name. Both sides of every connection (QUIC, and the bulk lane's TLS over TCP) present a
 //! certificate and verify the other's against the CA: a peer without one cannot complete a
-//! handshake, so it cannot send a single packet that reaches the membership layer. A certificate also binds its holder to its node name: a
-//! node dials a peer by that peer's name, and a packet or state that says it comes from node N is
-//! accepted only on a connection whose certificate names N ([`names_node`]), so a cluster member
-//! cannot speak for another.
+//! handshake, so it cannot send a single packet that reaches the membership layer. A
+//! certificate also binds its holder to its node name: a node dials a peer by that peer's name,
+//! and a packet or state that says it comes from node N is accepted only on a connection whose
+//! certificate names N ([`names_node`]), so a cluster member cannot speak for another.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -230,13 +230,13 @@ pub fn configs(
             .map_err(bad)?;
     let server_check =
         Arc::new(crate::trust::ServerCheck { inner: server_check, list: revoked.clone() });
-    let server = rustls::ServerConfig::builder_with_provider(provider())
+    let mut server = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(bad)?
         .with_client_cert_verifier(verifier)
         .with_single_cert(chain.clone(), key.clone_key())
         .map_err(bad)?;
-    let client = rustls::ClientConfig::builder_with_provider(provider())
+    let mut client = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(bad)?
         .dangerous()
@@ -247,7 +247,6 @@ pub fn configs(
     let (mut bulk_server, mut bulk_client) = (server.clone(), client.clone());
     bulk_server.alpn_protocols = alpn(crate::bulk::ALPN);
     bulk_client.alpn_protocols = alpn(crate::bulk::ALPN);
-    let (mut server, mut client) = (server, client);
     server.alpn_protocols = alpn(ALPN);
     client.alpn_protocols = alpn(ALPN);
 
