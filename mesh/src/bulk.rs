@@ -27,20 +27,21 @@ use std::time::Duration;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
+use tokio::sync::mpsc;
 use tokio::time::{Instant, Sleep};
 
 use crate::MeshError;
-use crate::driver::{Incoming, Lane};
+use crate::driver::{Incoming, Lane, Throttled};
 
 /// ALPN of the bulk lane.
 pub const ALPN: &[u8] = b"silkmesh-bulk/1";
 
 /// How long a dial may take to connect, and a handshake (either side) to finish.
-pub(crate) const CONNECT_WITHIN: Duration = Duration::from_secs(2);
-pub(crate) const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
+const CONNECT_WITHIN: Duration = Duration::from_secs(2);
+const HANDSHAKE_WITHIN: Duration = Duration::from_secs(10);
 
 /// Handshakes under way at once; connections over it are closed unanswered.
-pub(crate) const MAX_HANDSHAKES: usize = 64;
+const MAX_HANDSHAKES: usize = 64;
 
 /// How long a bulk connection may move no byte either way before it fails. Longer than
 /// QUIC's idle timeout (10 s), whose keep-alives flow while the application is silent: here
@@ -174,8 +175,48 @@ pub(crate) async fn dial(
     Ok(stream)
 }
 
+/// Accepts bulk-lane connections until `lane` has no node left to serve (it is dropped) or
+/// the task is aborted (the node left): each handshake on a task of its own, at most
+/// [`MAX_HANDSHAKES`] at once, its call sent to the node's queue.
+pub(crate) async fn serve(
+    listener: std::net::TcpListener,
+    lane: impl Fn() -> Option<(Arc<rustls::ServerConfig>, mpsc::Sender<Incoming>)>,
+) {
+    let listener = match tokio::net::TcpListener::from_std(listener) {
+        Ok(l) => l,
+        Err(e) => return tracing::warn!("bulk lane: {e}"),
+    };
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let rejected = Throttled::default();
+    loop {
+        let (tcp, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(e) => {
+                // Out of descriptors, most likely: give what holds them a moment.
+                rejected.log(format_args!("bulk lane: accept: {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Some((config, incoming)) = lane() else { return };
+        let Ok(slot) = handshakes.clone().try_acquire_owned() else {
+            rejected.log(format_args!("bulk lane: {remote} refused: too many handshakes"));
+            continue;
+        };
+        let log = rejected.clone();
+        tokio::spawn(async move {
+            let call = accept(tcp, remote, config).await;
+            drop(slot);
+            match call {
+                Ok(call) => drop(incoming.send(call).await),
+                Err(e) => log.log(format_args!("mesh connection rejected: {e}")),
+            }
+        });
+    }
+}
+
 /// The server's side of a bulk connection's handshake: the call it carries.
-pub(crate) async fn accept(
+async fn accept(
     tcp: TcpStream,
     remote: SocketAddr,
     config: Arc<rustls::ServerConfig>,

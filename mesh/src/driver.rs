@@ -189,7 +189,13 @@ impl Mesh {
         });
         tokio::spawn(accept_loop(inner.clone()));
         if let Some(listener) = listener {
-            let bulk = tokio::spawn(bulk_accept_loop(Arc::downgrade(&inner), listener));
+            let weak = Arc::downgrade(&inner);
+            // The node's current config and its calls' queue, until it is gone.
+            let lane = move || {
+                let inner = weak.upgrade()?;
+                Some((lock(&inner.bulk).0.clone(), inner.incoming.clone()))
+            };
+            let bulk = tokio::spawn(crate::bulk::serve(listener, lane));
             *lock(&inner.bulk_accept) = Some(bulk.abort_handle());
         }
         tokio::spawn(watch_trust(Arc::downgrade(&inner), cfg.tls.clone(), revoked));
@@ -426,51 +432,13 @@ fn bind(
     }
 }
 
-/// Accepts bulk-lane connections until the node leaves (or is dropped): each handshake on a
-/// task of its own, at most [`crate::bulk::MAX_HANDSHAKES`] at once.
-async fn bulk_accept_loop(inner: std::sync::Weak<Inner>, listener: std::net::TcpListener) {
-    let listener = match tokio::net::TcpListener::from_std(listener) {
-        Ok(l) => l,
-        Err(e) => return tracing::warn!("bulk lane: {e}"),
-    };
-    let handshakes = Arc::new(tokio::sync::Semaphore::new(crate::bulk::MAX_HANDSHAKES));
-    let rejected = Throttled::default();
-    loop {
-        let (tcp, remote) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(e) => {
-                // Out of descriptors, most likely: give what holds them a moment.
-                rejected.log(format_args!("bulk lane: accept: {e}"));
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let Some(inner) = inner.upgrade() else { return };
-        let Ok(slot) = handshakes.clone().try_acquire_owned() else {
-            rejected.log(format_args!("bulk lane: {remote} refused: too many handshakes"));
-            continue;
-        };
-        let (config, incoming) = (lock(&inner.bulk).0.clone(), inner.incoming.clone());
-        drop(inner);
-        let log = rejected.clone();
-        tokio::spawn(async move {
-            let call = crate::bulk::accept(tcp, remote, config).await;
-            drop(slot);
-            match call {
-                Ok(call) => drop(incoming.send(call).await),
-                Err(e) => log.log(format_args!("mesh connection rejected: {e}")),
-            }
-        });
-    }
-}
-
 /// Rejection logs at most once per 10 s, with how many were left out: a node refused over and
 /// over (a revoked one, a stranger) must not flood the log.
 #[derive(Debug, Clone, Default)]
-struct Throttled(Arc<Mutex<(Option<std::time::Instant>, u64)>>);
+pub(crate) struct Throttled(Arc<Mutex<(Option<std::time::Instant>, u64)>>);
 
 impl Throttled {
-    fn log(&self, what: std::fmt::Arguments<'_>) {
+    pub(crate) fn log(&self, what: std::fmt::Arguments<'_>) {
         let mut s = lock(&self.0);
         let now = std::time::Instant::now();
         if s.0.is_some_and(|at| now.duration_since(at) < Duration::from_secs(10)) {

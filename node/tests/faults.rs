@@ -1,6 +1,6 @@
 //! Faults a node meets in production, each under a minute: its S3 server stopped, reset and
 //! slowed (a fault proxy between the two); a peer stopped (SIGSTOP) while a sandbox moves to
-//! it; its disk nearly full. Only the calls that need the faulty part fail, with the documented
+//! it; a peer whose bulk lane cannot be reached; its disk nearly full. Only the calls that need the faulty part fail, with the documented
 //! code; nothing is lost; everything resumes once the fault is gone. (A cut network link is
 //! `local_cluster.rs`'s partition.)
 
@@ -186,6 +186,25 @@ fn a_peer_stopped_while_a_sandbox_moves_to_it_leaves_one_copy() {
     }
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(running_on(&[&a, &b], &s.id), 1, "a second copy started later");
+}
+
+#[test]
+fn a_move_to_a_node_without_the_bulk_lane_goes_on_quic() {
+    // b serves no bulk lane (as where only UDP passes between nodes): a's dial is refused and
+    // the files go on a QUIC stream; b itself sends on QUIC.
+    let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = pair_with(dir.path(), store.path(), (61, 62), "bulk_lane = false\n");
+    let c = a.claim("{}");
+    let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
+    exec_via(&a, id, token, WRITE_TREE);
+    let before = exec_via(&a, id, token, HASH_TREE);
+    for (from, to) in [(&a, "b"), (&b, "a")] {
+        let body = format!(r#"{{"to": "{to}", "memory": "off"}}"#);
+        let (status, v) =
+            from.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(&body));
+        assert_eq!((status, v["node"].as_str()), (200, Some(to)), "{v}");
+        assert_eq!(exec_via(&a, id, token, HASH_TREE), before);
+    }
 }
 
 /// An ext4 filesystem of `mib` MiB in a file, loop-mounted while the test runs.

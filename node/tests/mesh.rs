@@ -348,25 +348,6 @@ fn a_sandbox_moves_with_its_files_id_and_token_and_any_node_reaches_it() {
     assert_eq!(exec_via(&a, id, token, HASH), before);
 }
 
-#[test]
-fn a_move_to_a_node_without_the_bulk_lane_goes_on_quic() {
-    // b serves no bulk lane (as where only UDP passes between nodes): a's dial is refused and
-    // the files go on a QUIC stream; b itself sends on QUIC.
-    let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let (a, b) = pair_with(dir.path(), store.path(), (61, 62), "bulk_lane = false\n");
-    let c = a.claim("{}");
-    let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
-    exec_via(&a, id, token, TREE);
-    let before = exec_via(&a, id, token, HASH);
-    for (from, to) in [(&a, "b"), (&b, "a")] {
-        let body = format!(r#"{{"to": "{to}", "memory": "off"}}"#);
-        let (status, v) =
-            from.req("POST", &format!("/v1/sandboxes/{id}/move"), Some(token), Some(&body));
-        assert_eq!((status, v["node"].as_str()), (200, Some(to)), "{v}");
-        assert_eq!(exec_via(&a, id, token, HASH), before);
-    }
-}
-
 /// Moves `id` from `a` to `b` with `a` set to kill itself at `point`, then starts `a` again.
 fn move_crashing_at(a: &mut Sandboxd, b: &Sandboxd, id: &str, token: &str, point: &str) {
     a.crash_at = Some(point.into());

@@ -273,16 +273,14 @@ impl Fleet for Peers {
                 serde_json::to_vec(record).map_err(|e| NodeError::internal(e.to_string()))?;
             let req = PeerRequest::Receive { record, name: name.into(), snapshot: snapshot.into() };
             let bulk = match self.mesh.bulk_lane() {
-                true => Some(self.mesh.open_bulk(peer).await),
-                false => None,
+                true => self.mesh.open_bulk(peer).await.map_err(|e| {
+                    tracing::warn!(peer, "the bulk lane: {e}; the files go on a QUIC stream");
+                }),
+                false => Err(()),
             };
             let (reply, captured) = match bulk {
-                Some(Ok(stream)) => hand_over_bulk(stream, &req, files).await?,
-                Some(Err(e)) => {
-                    tracing::warn!(peer, "the bulk lane: {e}; the files go on a QUIC stream");
-                    hand_over_quic(&self.mesh, peer, &req, files).await?
-                }
-                None => hand_over_quic(&self.mesh, peer, &req, files).await?,
+                Ok(stream) => hand_over_bulk(stream, &req, files).await?,
+                Err(()) => hand_over_quic(&self.mesh, peer, &req, files).await?,
             };
             match (reply, captured) {
                 (PeerReply::Adopted { refused: None }, _) => Ok(()),
