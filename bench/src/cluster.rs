@@ -158,8 +158,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
             ),
         )
     };
-    let free =
-        || std::net::UdpSocket::bind("127.0.0.1:0").and_then(|s| s.local_addr()).map(|a| a.port());
+    let free = || silk_mesh::free_port(std::net::Ipv4Addr::LOCALHOST.into());
     let (pa, pb) = (free()?, free()?);
     let a = node("a", pa, pb)?;
     let b = node("b", pb, pa)?;

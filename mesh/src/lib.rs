@@ -28,6 +28,29 @@ pub use driver::{Incoming, Lane, Mesh, MeshConfig, STATE_REFRESH};
 pub use quinn;
 pub use tls::TlsFiles;
 
+/// A port on `ip` free for both of a node's lanes (QUIC on UDP, the bulk lane on TCP), for a
+/// test or bench that must know a node's mesh port before the node starts: two nodes that
+/// join each other, a node restarted at its address. A node given port 0 finds its own.
+///
+/// The port is drawn from 10000–32767, below the kernel's ephemeral range (32768 and up by
+/// default). A port the kernel hands out for UDP (`bind(0)`) is in that range, where any
+/// outgoing TCP connection may hold it by the time the node binds its bulk lane there.
+pub fn free_port(ip: std::net::IpAddr) -> std::io::Result<u16> {
+    use std::hash::{BuildHasher, Hasher};
+    const LOW: u64 = 10_000;
+    const SPAN: u64 = 32_768 - LOW;
+    // A random start per call, so parallel tests rarely try the same port.
+    let start = std::collections::hash_map::RandomState::new().build_hasher().finish();
+    for i in 0..SPAN {
+        let port = (LOW + (start.wrapping_add(i)) % SPAN) as u16;
+        let tcp = std::net::TcpListener::bind((ip, port));
+        if tcp.is_ok() && std::net::UdpSocket::bind((ip, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("no free port on {ip}")))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MeshError {
     #[error("tls: {0}")]

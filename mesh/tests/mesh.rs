@@ -189,7 +189,8 @@ async fn a_member_cannot_speak_for_another_name() {
 async fn two_nodes_that_dial_each_other_at_once_keep_one_connection() {
     let dir = tempfile::tempdir().unwrap();
     let files = certs(dir.path(), &["a", "b"]);
-    let free = || std::net::UdpSocket::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let ip = std::net::Ipv4Addr::LOCALHOST.into();
+    let free = || std::net::SocketAddr::new(ip, silk_mesh::free_port(ip).unwrap());
     let (at_a, at_b) = (free(), free());
     // Each joins through the other at the same moment: both dial, many packets at once.
     let (a, b) = tokio::join!(

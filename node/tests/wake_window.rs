@@ -19,7 +19,7 @@ fn a_node_back_after_another_woke_its_interrupted_wake_keeps_no_second_copy() {
     let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     certs(dir.path(), &["a", "b"]);
     let extra = |pools: &str| format!("{pools}[store.fs]\nroot = \"{}\"\n", store.path().display());
-    let (pa, pb) = (free_udp_port(41), free_udp_port(42));
+    let (pa, pb) = (free_mesh_port(41), free_mesh_port(42));
     let pool = "[[pools]]\ntemplate = \"host\"\nwarm = 1\n";
     let mut a = node_on(dir.path(), "a", 41, pa, Some(&format!("127.0.0.42:{pb}")), &extra(pool));
     let b =

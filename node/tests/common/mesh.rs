@@ -28,14 +28,10 @@ pub fn node(certs: &Path, name: &str, host: u8, join: Option<&str>, extra: &str)
     node_on(certs, name, host, 0, join, extra)
 }
 
-/// A free UDP port on 127.0.0.`host`, for a mesh endpoint that keeps its address across
-/// restarts (as in production).
-pub fn free_udp_port(host: u8) -> u16 {
-    std::net::UdpSocket::bind(("127.0.0.".to_string() + &host.to_string(), 0))
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A port on 127.0.0.`host` free for both mesh lanes, for a mesh endpoint that keeps its
+/// address across restarts (as in production).
+pub fn free_mesh_port(host: u8) -> u16 {
+    silk_mesh::free_port(std::net::Ipv4Addr::new(127, 0, 0, host).into()).unwrap()
 }
 
 pub fn node_on(
@@ -155,7 +151,7 @@ pub fn pair_with(dir: &Path, store: &Path, hosts: (u8, u8), b_mesh: &str) -> (Sa
     certs(dir, &["a", "b"]);
     let extra = |pools: &str| format!("{pools}[store.fs]\nroot = \"{}\"\n", store.display());
     // Fixed mesh ports: restarted nodes come back at the same address, as in production.
-    let (pa, pb) = (free_udp_port(hosts.0), free_udp_port(hosts.1));
+    let (pa, pb) = (free_mesh_port(hosts.0), free_mesh_port(hosts.1));
     let (sa, sb) = (format!("127.0.0.{}:{pa}", hosts.0), format!("127.0.0.{}:{pb}", hosts.1));
     let pool = "[[pools]]\ntemplate = \"host\"\nwarm = 1\nwarm_max = 1\n";
     let a = node_on(dir, "a", hosts.0, pa, Some(&sb), &extra(pool));
