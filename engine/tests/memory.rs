@@ -310,7 +310,7 @@ fn memory_images_from_elsewhere_are_never_given_to_criu() {
     let forged = Snapshot { layer_tar: tampered.clone(), ..snap.clone() };
     let copy = h.engine.restore(&forged, &id("m-t"), &small(), Memory::Auto).unwrap();
     assert!(!copy.memory.kept, "{:?}", copy.memory);
-    // And read as a stream, where the images are spooled before their MAC is known.
+    // And read as a stream, where the images are unpacked before their MAC is known.
     let mut input = std::fs::File::open(&tampered).unwrap();
     let streamed = Snapshot { layer_tar: h.data.path().join("t-stream.tar"), ..snap };
     let copy = h.engine.read_snapshot(&mut input, &streamed, &id("m-ts"), &small(), Memory::Auto);
@@ -326,6 +326,56 @@ fn memory_images_from_elsewhere_are_never_given_to_criu() {
         h.engine.read_snapshot(&mut input, &streamed, &id("m-tr"), &small(), Memory::Required);
     assert!(matches!(refused, Err(EngineError::MemoryFailed(_))));
     assert!(h.engine.list().unwrap().iter().all(|b| b.id.as_str() != "m-tr"));
+}
+
+/// A memory entry the store forged: its images are unpacked as they arrive, before their MAC is
+/// known, so a name in them must not reach outside the box's image directory, and nothing of
+/// them may stay once the MAC fails.
+#[test]
+fn a_forged_memory_entry_writes_nothing_outside_its_directory_and_leaves_nothing() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let mut images = tar::Builder::new(Vec::new());
+    for (name, body) in [("pages-1.img", &b"forged pages"[..]), ("../../../victim", b"escaped")] {
+        let mut header = tar::Header::new_old();
+        header.as_old_mut().name[..name.len()].copy_from_slice(name.as_bytes());
+        header.set_size(body.len() as u64);
+        header.set_mode(0o600);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_cksum();
+        images.append(&header, body).unwrap();
+    }
+    let mut inner = images.into_inner().unwrap();
+    inner.extend_from_slice(&[7u8; 32]); // a MAC no fleet made
+    let mut entry = tar::Header::new_old();
+    entry.as_old_mut().name[..18].copy_from_slice(b"../silkmesh-memory");
+    entry.set_size(inner.len() as u64);
+    entry.set_mode(0o600);
+    entry.set_entry_type(tar::EntryType::Regular);
+    entry.set_cksum();
+    let mut forged = entry.as_bytes().to_vec();
+    forged.extend_from_slice(&inner);
+    forged.resize(forged.len().div_ceil(512) * 512, 0);
+    forged.extend_from_slice(&[0u8; 1024]); // the layer: an empty tar
+
+    let snap = Snapshot {
+        base: Base { template: g.template.clone(), golden: Some(g) },
+        spec: small(),
+        layer_tar: h.data.path().join("forged-stream.tar"),
+        bytes: forged.len() as u64,
+        memory: true,
+        memory_why_not: None,
+        freeze_ms: None,
+    };
+    let b = h.engine.read_snapshot(&mut &forged[..], &snap, &id("m-f"), &small(), Memory::Auto);
+    let b = b.unwrap();
+    assert!(b.memory.why_not.as_deref().unwrap_or_default().contains("MAC"), "{:?}", b.memory);
+    let boxes = h.data.path().join("boxes");
+    for escaped in ["victim", "m-f/victim", "../victim"] {
+        assert!(!boxes.join(escaped).exists(), "{escaped} was written");
+    }
+    assert!(!boxes.join("m-f/memory").exists(), "the forged images stayed");
+    ok(&b, "true");
 }
 
 #[test]

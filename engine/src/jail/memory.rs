@@ -12,7 +12,7 @@
 //! Every failure to keep memory leaves the files as they are and says why; the caller decides
 //! (`Memory::Required`) whether that fails the operation.
 
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -172,7 +172,9 @@ impl JailEngine {
         header.set_cksum();
         out.write_all(header.as_bytes()).map_err(EngineError::io("write memory entry"))?;
         let mut mac = Mac { out, hasher: blake3::Hasher::new_keyed(&self.memory_key), written: 0 };
-        let mut images = tar::Builder::new(&mut mac);
+        // Through a 1 MiB buffer, which `io::copy` reads the images straight into (it moves
+        // 8 KiB at a time into other writers).
+        let mut images = tar::Builder::new(std::io::BufWriter::with_capacity(1 << 20, &mut mac));
         for (name, len) in &files {
             let file =
                 std::fs::File::open(dir.join(name)).map_err(EngineError::io("open image"))?;
@@ -184,7 +186,8 @@ impl JailEngine {
                 .append_data(&mut h, name, file.take(*len))
                 .map_err(EngineError::io("pack memory images"))?;
         }
-        images.into_inner().map_err(EngineError::io("pack memory images"))?;
+        let buffered = images.into_inner().map_err(EngineError::io("pack memory images"))?;
+        buffered.into_inner().map_err(|e| EngineError::io("pack memory images")(e.into_error()))?;
         let (written, tag) = (mac.written, mac.hasher.finalize());
         if written != inner {
             return Err(EngineError::Host("memory images changed while packed".into()));
@@ -195,127 +198,114 @@ impl JailEngine {
         Ok(512 + size + pad)
     }
 
-    /// Reads a snapshot's memory entry, if it starts with one, unpacking its images into
-    /// `into` (a new directory) once their MAC verified. Returns the layer tar that follows
-    /// (the whole file when there is no entry) and what became of the images: `Ok(true)`
-    /// unpacked, `Ok(false)` none in this snapshot, `Err` why they cannot be used.
+    /// [`JailEngine::open_snapshot_stream`] on a snapshot file.
     pub(super) fn open_snapshot(
         &self,
         tar: &Path,
         into: &Path,
     ) -> Result<(Box<dyn Read>, std::result::Result<bool, String>)> {
-        let mut file =
+        let file =
             std::fs::File::open(tar).map_err(EngineError::io(format!("open {}", tar.display())))?;
-        let mut head = [0u8; 512];
-        let n = read_full(&mut file, &mut head).map_err(EngineError::io("read snapshot"))?;
-        let Some(size) = memory_entry(&head, n)? else {
-            let layer = std::io::Cursor::new(head[..n].to_vec()).chain(file);
-            return Ok((Box::new(layer), Ok(false)));
-        };
-        let inner = size - MAC_LEN as u64;
-        // The MAC first, over the bytes as they are: nothing the store sent is unpacked (no
-        // name it chose used) before it is known to be this fleet's.
-        let mut mac = blake3::Hasher::new_keyed(&self.memory_key);
-        let mut tag = [0u8; MAC_LEN];
-        let read = std::io::copy(&mut (&mut file).take(inner), &mut mac)
-            .and_then(|_| read_full(&mut file, &mut tag));
-        if read.map_err(EngineError::io("read snapshot"))? != MAC_LEN {
-            return Err(EngineError::BadRequest("snapshot: truncated memory entry".into()));
-        }
-        let verdict = if mac.finalize() == blake3::Hash::from(tag) {
-            file.seek(SeekFrom::Start(512)).map_err(EngineError::io("read snapshot"))?;
-            self.unpack_images((&mut file).take(inner), into).map(|()| true)
-        } else {
-            Err("its memory image was not made by this fleet (MAC mismatch)".to_string())
-        };
-        if verdict.is_err() {
-            let _ = std::fs::remove_dir_all(into);
-        }
-        // Whatever became of the images, the layer starts after the entry and its padding.
-        let layer = 512 + size.div_ceil(512) * 512;
-        file.seek(SeekFrom::Start(layer)).map_err(EngineError::io("read snapshot"))?;
-        Ok((Box::new(file), verdict))
+        self.open_snapshot_stream(file, into)
     }
 
-    /// [`JailEngine::open_snapshot`] on a stream (a download), read once: the memory entry goes
-    /// into a spool beside `into` (in the box's own directory) with its MAC computed on the
-    /// way, and is unpacked from there only once the MAC verified. Returns the rest of the
-    /// stream, the layer tar.
+    /// Reads a snapshot's memory entry, if it starts with one, from `input` read once (a
+    /// download as it arrives, a file). The images are unpacked into `into` (a new directory)
+    /// as they pass, and the MAC over every byte of the entry is checked at its end: images it
+    /// does not verify are removed, never given to CRIU. Unpacking ahead of the MAC uses what
+    /// the store sent only as flat names of regular files, each created new with `O_NOFOLLOW`
+    /// in that directory, and saves a spool: each byte is read, hashed and written once.
+    /// Returns the layer tar that follows (the whole input when there is no entry) and what
+    /// became of the images: `Ok(true)` unpacked, `Ok(false)` none in this snapshot, `Err` why
+    /// they cannot be used.
     pub(super) fn open_snapshot_stream<'a>(
         &self,
-        input: &'a mut dyn Read,
+        mut input: impl Read + 'a,
         into: &Path,
     ) -> Result<(Box<dyn Read + 'a>, std::result::Result<bool, String>)> {
         let read = |e: std::io::Error| EngineError::io("read snapshot")(e);
         let mut head = [0u8; 512];
-        let n = read_full(&mut *input, &mut head).map_err(read)?;
+        let n = read_full(&mut input, &mut head).map_err(read)?;
         let Some(size) = memory_entry(&head, n)? else {
             let layer = std::io::Cursor::new(head[..n].to_vec()).chain(input);
             return Ok((Box::new(layer), Ok(false)));
         };
-        let inner = size - MAC_LEN as u64;
-        let spool_path = into.with_extension("spool");
-        let _ = std::fs::remove_file(&spool_path);
-        let mut spool = std::fs::OpenOptions::new()
-            .read(true)
+        let mut entry = Hashed {
+            input: (&mut input).take(size - MAC_LEN as u64),
+            hasher: blake3::Hasher::new_keyed(&self.memory_key),
+        };
+        let unpacked = unpack_images(&mut entry, into);
+        // To the entry's end whatever the unpack made of it: the MAC covers every byte.
+        let drained = std::io::copy(&mut entry, &mut std::io::sink());
+        let (short, hash) = (entry.input.limit() > 0, entry.hasher.finalize());
+        let mut tag = [0u8; MAC_LEN];
+        let padding = size.div_ceil(512) * 512 - size;
+        let tail = drained.and_then(|_| {
+            let tagged = read_full(&mut input, &mut tag)?;
+            let skipped = std::io::copy(&mut (&mut input).take(padding), &mut std::io::sink())?;
+            Ok(short || tagged != MAC_LEN || skipped != padding)
+        });
+        let verdict = match tail {
+            Err(e) => Err(read(e)),
+            Ok(true) => Err(EngineError::BadRequest("snapshot: truncated memory entry".into())),
+            Ok(false) if hash != blake3::Hash::from(tag) => {
+                Ok(Err("its memory image was not made by this fleet (MAC mismatch)".to_string()))
+            }
+            Ok(false) => Ok(unpacked.map(|()| true)),
+        };
+        if !matches!(verdict, Ok(Ok(true))) {
+            let _ = std::fs::remove_dir_all(into);
+        }
+        Ok((Box::new(input), verdict?))
+    }
+}
+
+/// Unpacks a tar of images into `into`, a new directory. Only flat names of regular files
+/// pass, each created new (a name given twice fails).
+fn unpack_images(input: impl Read, into: &Path) -> std::result::Result<(), String> {
+    let _ = std::fs::remove_dir_all(into);
+    std::fs::DirBuilder::new().mode(0o700).create(into).map_err(|e| e.to_string())?;
+    // Images are mostly a few large page files: 1 MiB at a time (`io::copy` moves 8 KiB).
+    let mut buf = vec![0u8; 1 << 20];
+    let mut archive = tar::Archive::new(input);
+    for entry in archive.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
+        let path = entry.path().map_err(|e| e.to_string())?.into_owned();
+        let name = path.to_str().unwrap_or_default().to_string();
+        let flat = !name.is_empty()
+            && !name.starts_with('.')
+            && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
+        if !flat || entry.header().entry_type() != tar::EntryType::Regular {
+            return Err(format!("bad memory image entry {name:?}"));
+        }
+        let mut file = std::fs::OpenOptions::new()
             .write(true)
             .create_new(true)
             .mode(0o600)
-            .open(&spool_path)
-            .map_err(EngineError::io("create the memory spool"))?;
-        let _ = std::fs::remove_file(&spool_path); // open: nothing to sweep after a crash
-        let mut mac = Mac {
-            out: &mut spool,
-            hasher: blake3::Hasher::new_keyed(&self.memory_key),
-            written: 0,
-        };
-        let copied = std::io::copy(&mut (&mut *input).take(inner), &mut mac).map_err(read)?;
-        let hash = mac.hasher.finalize();
-        let mut tag = [0u8; MAC_LEN];
-        let padding = size.div_ceil(512) * 512 - size;
-        let tagged = read_full(&mut *input, &mut tag).map_err(read)?;
-        let skipped = std::io::copy(&mut (&mut *input).take(padding), &mut std::io::sink());
-        if copied != inner || tagged != MAC_LEN || skipped.map_err(read)? != padding {
-            return Err(EngineError::BadRequest("snapshot: truncated memory entry".into()));
-        }
-        let verdict = if hash == blake3::Hash::from(tag) {
-            spool.seek(SeekFrom::Start(0)).map_err(read)?;
-            self.unpack_images((&mut spool).take(inner), into).map(|()| true)
-        } else {
-            Err("its memory image was not made by this fleet (MAC mismatch)".to_string())
-        };
-        if verdict.is_err() {
-            let _ = std::fs::remove_dir_all(into);
-        }
-        Ok((Box::new(input), verdict))
-    }
-
-    /// Unpacks a tar of images (already authenticated) into `into`, a new directory. Only flat
-    /// names of regular files pass.
-    fn unpack_images(&self, input: impl Read, into: &Path) -> std::result::Result<(), String> {
-        let _ = std::fs::remove_dir_all(into);
-        std::fs::DirBuilder::new().mode(0o700).create(into).map_err(|e| e.to_string())?;
-        let mut archive = tar::Archive::new(input);
-        for entry in archive.entries().map_err(|e| e.to_string())? {
-            let mut entry = entry.map_err(|e| e.to_string())?;
-            let path = entry.path().map_err(|e| e.to_string())?.into_owned();
-            let name = path.to_str().unwrap_or_default().to_string();
-            let flat = !name.is_empty()
-                && !name.starts_with('.')
-                && name.bytes().all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b));
-            if !flat || entry.header().entry_type() != tar::EntryType::Regular {
-                return Err(format!("bad memory image entry {name:?}"));
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(into.join(&name))
+            .map_err(|e| e.to_string())?;
+        loop {
+            match entry.read(&mut buf).map_err(|e| e.to_string())? {
+                0 => break,
+                n => file.write_all(&buf[..n]).map_err(|e| e.to_string())?,
             }
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(into.join(&name))
-                .map_err(|e| e.to_string())?;
-            std::io::copy(&mut entry, &mut file).map_err(|e| e.to_string())?;
         }
-        Ok(())
+    }
+    Ok(())
+}
+
+/// A reader that hashes what passes.
+struct Hashed<R: Read> {
+    input: R,
+    hasher: blake3::Hasher,
+}
+
+impl<R: Read> Read for Hashed<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.input.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
     }
 }
 
