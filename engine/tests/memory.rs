@@ -81,6 +81,64 @@ fn hibernated_processes_wake_where_they_were() {
     assert_ne!(sh(&restarted, "cat /tmp/count").0, 0, "a fresh /tmp");
 }
 
+/// An echo server and a client on one TCP connection inside the sandbox: the client counts
+/// the round trips it completed into /tmp/echoed, and dies if its connection breaks.
+const ECHO: &str = r#"cat > /tmp/echo.py <<'PY'
+import socket, sys, time
+if sys.argv[1] == "server":
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("127.0.0.1", 7070)); s.listen(1); open("/tmp/listening", "w")
+    c, _ = s.accept()
+    while True:
+        d = c.recv(64)
+        if not d: break
+        c.sendall(d)
+else:
+    c = socket.create_connection(("127.0.0.1", 7070)); n = 0
+    while True:
+        c.sendall(b"%d;" % n)
+        if c.recv(64) != b"%d;" % n: break
+        n += 1; open("/tmp/echoed.new", "w").write(str(n)); __import__("os").rename("/tmp/echoed.new", "/tmp/echoed")
+        time.sleep(0.02)
+PY
+python3 /tmp/echo.py server >/dev/null 2>&1 &
+until test -e /tmp/listening; do sleep 0.01; done
+python3 /tmp/echo.py client >/dev/null 2>&1 &
+until test -e /tmp/echoed; do sleep 0.01; done"#;
+
+/// The client's round trips go on from `before` (its connection is the one it had).
+fn echoes_on(b: &BoxInfo, before: u64) {
+    let after: u64 = ok(b, "cat /tmp/echoed").parse().unwrap();
+    assert!(after >= before, "the round trips went back from {before} to {after}");
+    std::thread::sleep(Duration::from_millis(300));
+    let later: u64 = ok(b, "cat /tmp/echoed").parse().unwrap();
+    assert!(later > after, "the connection inside no longer carries anything ({after})");
+}
+
+#[test]
+fn a_connection_inside_the_sandbox_survives_a_hibernate_and_goes_on_in_a_copy() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let a = h.engine.clone_golden(&g, &id("m-e"), &small()).unwrap();
+    ok(&a, ECHO);
+    let before: u64 = ok(&a, "cat /tmp/echoed").parse().unwrap();
+
+    assert!(h.engine.stop(&a.id, Memory::Required).unwrap().kept);
+    let woken = h.engine.resume(&a.id).unwrap();
+    assert!(woken.memory.kept, "{:?}", woken.memory);
+    echoes_on(&woken, before);
+
+    // A checkpoint leaves it running, and a copy from it carries the connection on too.
+    let tar = h.data.path().join("e.tar");
+    let snap = h.engine.snapshot(&a.id, SnapshotMode::KeepRunning, Memory::Required, &tar);
+    let snap = snap.unwrap();
+    let before: u64 = ok(&woken, "cat /tmp/echoed").parse().unwrap();
+    echoes_on(&woken, before);
+    let copy = h.engine.restore(&snap, &id("m-e2"), &small(), Memory::Required).unwrap();
+    assert!(copy.memory.kept, "{:?}", copy.memory);
+    echoes_on(&copy, 1);
+}
+
 #[test]
 fn images_a_killed_node_left_beside_a_woken_box_are_neither_in_the_way_nor_restored() {
     let h = memory_engine();

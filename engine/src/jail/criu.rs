@@ -123,6 +123,11 @@ impl Criu {
             .arg("--freeze-cgroup")
             .arg(d.freezer)
             .args(["--tcp-established", "--file-locks", "--manage-cgroups=ignore", "-v2"])
+            // Its lock on the jail's network is an nftables table made and dropped in CRIU
+            // itself (libnftables), and the restore unlocks the way the dump locked. The
+            // default, iptables, runs `iptables-restore` four to six times to unlock: 60 of a
+            // small jail's 147 ms of restore here.
+            .args(["--network-lock", "nftables"])
             .args(["--ghost-limit", "64M"])
             .args(["--external", "mnt[/run/silkd]:silkd", "--external", "mnt[/dev]:dev"])
             .arg("--external")
