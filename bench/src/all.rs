@@ -42,7 +42,7 @@ const SECTIONS: &[(&str, &[&str], &[&str])] = &[
     ("memory", &[], &["--iters", "1", "--mib", "16"]),
     ("mesh", &[], &["--claims", "3", "--execs", "10", "--kills", "1"]),
     ("gossip", &[], &["--nodes", "30", "--churn-seconds", "30", "--minutes", "1", "--kills", "1"]),
-    ("cluster", &[], &["--iters", "1", "--tree-mib", "4"]),
+    ("cluster", &[], &["--iters", "1", "--tree-mib", "4", "--memory-mib", "32"]),
     ("store", &[], &["--size-mib", "64"]),
     ("registry", &[], &["--size-mib", "8", "--runs", "1"]),
     ("egress", &[], &["--claims", "3", "--iters", "5"]),

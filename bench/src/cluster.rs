@@ -27,6 +27,12 @@ pub struct ClusterArgs {
     /// The written tree, in 1 MiB files.
     #[arg(long, default_value_t = 100)]
     tree_mib: usize,
+    /// What the process of the sandbox moved with its memory holds, in MiB.
+    #[arg(long, default_value_t = 256)]
+    memory_mib: usize,
+    /// The CRIU binary for that move's floor.
+    #[arg(long, default_value = "/usr/local/sbin/criu")]
+    criu: PathBuf,
     #[arg(long, default_value = "/var/tmp")]
     dir: PathBuf,
 }
@@ -194,6 +200,7 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
         let other = if dst == "b" { &mut hb } else { &mut ha };
         timed(other, "DELETE", &format!("/v1/sandboxes/{id}?no_redirect=1"), "", 204)?;
     }
+    let memory_moves = memory_moves(args, work, &mut ha, &mut hb)?;
     drop(a);
 
     // 3. Wake on b an archive whose node (a fresh `c` each round) died.
@@ -258,5 +265,78 @@ fn measure(args: &ClusterArgs, work: &Path) -> anyhow::Result<()> {
         ],
     );
     drop(b);
+    if let Some((floors, moves)) = memory_moves {
+        table(
+            &format!(
+                "a move keeping memory: a process holding {} MiB (n = {})",
+                args.memory_mib,
+                moves.len()
+            ),
+            &["operation", "p50", "max", "p50 / floor"],
+            &[
+                vec![
+                    "`criu dump` + `criu restore` of an equal tree on the host (floor)".into(),
+                    ms(floors.pct(0.5)),
+                    ms(floors.pct(1.0)),
+                    "1.00".into(),
+                ],
+                vec![
+                    "move to the other node, memory required".into(),
+                    ms(moves.pct(0.5)),
+                    ms(moves.pct(1.0)),
+                    format!("{:.2}", moves.pct(0.5).as_secs_f64() / floors.pct(0.5).as_secs_f64()),
+                ],
+            ],
+        );
+    }
     Ok(())
+}
+
+/// Moves of a sandbox whose process holds `args.memory_mib` MiB, its memory kept, both ways,
+/// beside CRIU dumping and restoring an equal tree on the host: the same processes carried
+/// with no jail, no network and no node around them. `None` without CRIU.
+fn memory_moves(
+    args: &ClusterArgs,
+    work: &Path,
+    ha: &mut Http,
+    hb: &mut Http,
+) -> anyhow::Result<Option<(Samples, Samples)>> {
+    if !args.criu.is_file() {
+        println!("(no move keeping memory: {} is not there)\n", args.criu.display());
+        return Ok(None);
+    }
+    let [_, (_, script, ready)] = crate::memory::kinds(args.memory_mib);
+    // Still running, wherever it is: not only the files it left.
+    let alive = "for p in /proc/[0-9]*; do grep -q bytearray $p/cmdline 2>/dev/null && exit 0; \
+                 done; exit 1";
+    let (mut floors, mut moves) = (Samples::default(), Samples::default());
+    for i in 0..args.iters {
+        let (dump, restore) = crate::memory::criu_floor(&args.criu, work, &script, ready)?;
+        floors.push(dump + restore);
+        let (src, dst, to) =
+            if i % 2 == 0 { (&mut *ha, &mut *hb, "b") } else { (&mut *hb, &mut *ha, "a") };
+        let medium = r#"{"size": "medium"}"#;
+        let (_, c) = timed(src, "POST", "/v1/sandboxes?no_redirect=1", medium, 201)?;
+        let id = c["id"].as_str().context("id")?.to_string();
+        exec(src, &id, &script)?;
+        exec(
+            src,
+            &id,
+            &format!(
+                "for i in $(seq 300); do {ready} 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
+            ),
+        )?;
+        let (d, v) = timed(
+            src,
+            "POST",
+            &format!("/v1/sandboxes/{id}/move"),
+            &format!(r#"{{"to": "{to}", "memory": "required"}}"#),
+            200,
+        )?;
+        ensure!(v["node"] == to && v["memory_snapshot"] == true, "{v}");
+        moves.push(d);
+        exec(dst, &id, alive).context("the moved process")?;
+        timed(dst, "DELETE", &format!("/v1/sandboxes/{id}?no_redirect=1"), "", 204)?;
+    }
+    Ok(Some((floors, moves)))
 }

@@ -6,8 +6,10 @@
 //!
 //! | measurement | floor beside it |
 //! |---|---|
-//! | hibernate (memory), checkpoint (its freeze window included) | `criu dump` of an equal tree |
-//! | wake (memory), branch, fork ×4 (per child) | `criu restore` of that dump |
+//! | hibernate (memory), checkpoint (its freeze window included), archive | `criu dump` of an equal tree |
+//! | wake (memory), branch, fork ×4 (per child), wake from the archive | `criu restore` of that dump |
+//!
+//! A move carries memory the same way between two nodes: `silkbench cluster`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -38,7 +40,7 @@ pub struct MemoryArgs {
 }
 
 /// The processes of each kind: (name, script started in the background, how to tell it ready).
-fn kinds(mib: usize) -> [(String, String, &'static str); 2] {
+pub(crate) fn kinds(mib: usize) -> [(String, String, &'static str); 2] {
     let counter = "sh -c 'i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done'";
     let server = "python3 -m http.server 8000 --bind 127.0.0.1";
     let big = format!(
@@ -86,22 +88,25 @@ const PYTHON: &str = "python3 -c \"import asyncio, json, email.parser, http.serv
                       time.sleep(86400)\" >/dev/null 2>&1 & \
                       until test -e /tmp/imported; do sleep 0.01; done";
 
-const NAMES: [&str; 8] = [
-    "hibernate, memory",
-    "wake, memory",
-    "checkpoint, memory (sandbox frozen for the dump and the file capture)",
-    "branch the checkpoint, memory",
-    "fork ×4, memory (per child)",
-    "hibernate, files only",
-    "wake, files only (processes restart)",
-    "checkpoint, files only",
+/// Each operation of a round, in order, and whether its floor is the dump (else the restore).
+const OPERATIONS: [(&str, bool); 10] = [
+    ("hibernate, memory", true),
+    ("wake, memory", false),
+    ("checkpoint, memory (sandbox frozen for the dump and the file capture)", true),
+    ("branch the checkpoint, memory", false),
+    ("fork ×4, memory (per child)", false),
+    ("archive, memory", true),
+    ("wake from the archive, memory", false),
+    ("hibernate, files only", true),
+    ("wake, files only (processes restart)", false),
+    ("checkpoint, files only", true),
 ];
 
 fn measure(args: &MemoryArgs, node: &NodeProc, work: &Path) -> anyhow::Result<()> {
     println!("## memory (CRIU on the jail engine)\n\n{}", host_stamp());
     let mut http = Http::connect(node.addr)?;
     for (kind, script, ready) in kinds(args.mib) {
-        let mut samples: Vec<Samples> = NAMES.iter().map(|_| Samples::default()).collect();
+        let mut samples: Vec<Samples> = OPERATIONS.iter().map(|_| Samples::default()).collect();
         let (mut dump_floor, mut restore_floor) = (Samples::default(), Samples::default());
         let mut shared = vec![];
         for _ in 0..args.iters {
@@ -120,8 +125,8 @@ fn measure(args: &MemoryArgs, node: &NodeProc, work: &Path) -> anyhow::Result<()
             ],
             vec!["`criu restore` of it (floor)".into(), ms(restore_floor.pct(0.5)), "1.00".into()],
         ];
-        for (i, (name, s)) in NAMES.iter().zip(&samples).enumerate() {
-            let floor = if matches!(i, 0 | 2 | 5 | 7) { &dump_floor } else { &restore_floor };
+        for ((name, dump), s) in OPERATIONS.iter().zip(&samples) {
+            let floor = if *dump { &dump_floor } else { &restore_floor };
             let ratio = s.pct(0.5).as_secs_f64() / floor.pct(0.5).as_secs_f64();
             rows.push(vec![name.to_string(), ms(s.pct(0.5)), format!("{ratio:.2}")]);
         }
@@ -196,7 +201,7 @@ fn memory_golden(http: &mut Http, iters: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// One sandbox through every operation; appends to `samples` in `NAMES` order.
+/// One sandbox through every operation; appends to `samples` in `OPERATIONS` order.
 fn one_round(
     http: &mut Http,
     script: &str,
@@ -248,13 +253,20 @@ fn one_round(
         let kid = k["id"].as_str().context("child id")?;
         timed(http, "DELETE", &format!("/v1/sandboxes/{kid}"), "", 204)?;
     }
+    let (d, v) = timed(http, "POST", &path("archive"), auto, 200)?;
+    ensure!(kept(&v), "archive kept no memory: {v}");
+    samples[5].push(d);
+    let (d, v) = timed(http, "POST", &path("wake"), "", 200)?;
+    ensure!(kept(&v), "the wake from the archive restored no memory: {v}");
+    samples[6].push(d);
+    exec(http, &id, ready).context("the processes woken from the archive")?;
     let off = r#"{"memory": "off"}"#;
     let (d, _) = timed(http, "POST", &path("hibernate"), off, 200)?;
-    samples[5].push(d);
-    let (d, _) = timed(http, "POST", &path("wake"), "", 200)?;
-    samples[6].push(d);
-    let (d, ck2) = timed(http, "POST", &path("checkpoint"), off, 201)?;
     samples[7].push(d);
+    let (d, _) = timed(http, "POST", &path("wake"), "", 200)?;
+    samples[8].push(d);
+    let (d, ck2) = timed(http, "POST", &path("checkpoint"), off, 201)?;
+    samples[9].push(d);
     for c in [ck, ck2["id"].as_str().unwrap_or_default().to_string()] {
         timed(http, "DELETE", &format!("/v1/checkpoints/{c}"), "", 204)?;
     }
@@ -264,7 +276,7 @@ fn one_round(
 
 /// `criu dump` and `criu restore` of the same processes started on the host (a session of
 /// their own, stdio on /dev/null, in a scratch directory), timed; the restored tree is killed.
-fn criu_floor(
+pub(crate) fn criu_floor(
     criu: &Path,
     work: &Path,
     script: &str,

@@ -47,7 +47,7 @@ impl Node {
         let (put, capture, cut_short): (_, Capture<'_>, _) = match pace {
             Pace::Store => {
                 let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
-                let (reader, writer) = std::io::pipe().map_err(pipe)?;
+                let (reader, writer) = wide_pipe().map_err(pipe)?;
                 let reader =
                     tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()).map_err(pipe)?;
                 let whole = Whole::new(reader);
