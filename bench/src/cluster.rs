@@ -306,9 +306,10 @@ fn memory_moves(
         return Ok(None);
     }
     let [_, (_, script, ready)] = crate::memory::kinds(args.memory_mib);
-    // Still running, wherever it is: not only the files it left.
-    let alive = "for p in /proc/[0-9]*; do grep -q bytearray $p/cmdline 2>/dev/null && exit 0; \
-                 done; exit 1";
+    // Still running, wherever it is: not only the files it left. (The pattern does not match
+    // this script's own command line.)
+    let alive = "for p in /proc/[0-9]*; do grep -q 'bytearra[y]' $p/cmdline 2>/dev/null && \
+                 exit 0; done; exit 1";
     let (mut floors, mut moves) = (Samples::default(), Samples::default());
     for i in 0..args.iters {
         let (dump, restore) = crate::memory::criu_floor(&args.criu, work, &script, ready)?;
