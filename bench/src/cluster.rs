@@ -320,13 +320,7 @@ fn memory_moves(
         let (_, c) = timed(src, "POST", "/v1/sandboxes?no_redirect=1", medium, 201)?;
         let id = c["id"].as_str().context("id")?.to_string();
         exec(src, &id, &script)?;
-        exec(
-            src,
-            &id,
-            &format!(
-                "for i in $(seq 300); do {ready} 2>/dev/null && exit 0; sleep 0.1; done; exit 1"
-            ),
-        )?;
+        exec(src, &id, &crate::memory::until_ready(ready))?;
         let (d, v) = timed(
             src,
             "POST",

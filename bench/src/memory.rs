@@ -201,6 +201,11 @@ fn memory_golden(http: &mut Http, iters: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A script that waits up to 30 s for `ready` to pass inside the sandbox.
+pub(crate) fn until_ready(ready: &str) -> String {
+    format!("for i in $(seq 300); do {ready} 2>/dev/null && exit 0; sleep 0.1; done; exit 1")
+}
+
 /// One sandbox through every operation; appends to `samples` in `OPERATIONS` order.
 fn one_round(
     http: &mut Http,
@@ -213,11 +218,7 @@ fn one_round(
     let id = s["id"].as_str().context("id")?.to_string();
     let path = |verb: &str| format!("/v1/sandboxes/{id}/{verb}");
     exec(http, &id, script)?;
-    exec(
-        http,
-        &id,
-        &format!("for i in $(seq 300); do {ready} 2>/dev/null && exit 0; sleep 0.1; done; exit 1"),
-    )?;
+    exec(http, &id, &until_ready(ready))?;
     let kept = |v: &serde_json::Value| v["memory_snapshot"].as_bool() == Some(true);
     let auto = r#"{"memory": "required"}"#;
 
