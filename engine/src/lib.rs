@@ -164,18 +164,26 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
     /// an `out` that keeps up (the node spools a running sandbox's stream through a scratch
     /// file, and pipes a stopped one's straight into the store). The default goes through a
     /// snapshot in the file `scratch` (removed after).
+    ///
+    /// With `keep`, an engine that can also keeps a copy of what it captured on this host,
+    /// named `keep` (letters, digits, `-`, `_`), for [`Engine::restore_kept`] to start new
+    /// sandboxes from without reading the stream back (a checkpoint's branches on the node
+    /// that took it); `Streamed::kept` says whether it did. The copy is the caller's to drop;
+    /// the engine drops every copy when it starts. The default keeps none.
     fn write_snapshot(
         &self,
         id: &SandboxId,
         memory: Memory,
         out: &mut dyn std::io::Write,
         scratch: &Path,
+        keep: Option<&str>,
     ) -> Result<Streamed> {
+        let _ = keep;
         let snapshot = self.snapshot(id, SnapshotMode::KeepRunning, memory, scratch)?;
         let copied = std::fs::File::open(scratch).and_then(|mut f| std::io::copy(&mut f, out));
         let _ = std::fs::remove_file(scratch);
         copied.map_err(EngineError::io("write the snapshot"))?;
-        Ok(Streamed { memory: snapshot.memory_kept(), freeze_ms: snapshot.freeze_ms })
+        Ok(Streamed { memory: snapshot.memory_kept(), freeze_ms: snapshot.freeze_ms, kept: None })
     }
 
     /// `ids.len()` copies of the sandbox `source` as it is now (it runs on, or stays stopped),
@@ -194,6 +202,25 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         let made = self.restore_many(&snapshot, ids, spec, memory);
         let _ = std::fs::remove_file(scratch);
         made
+    }
+
+    /// A new sandbox from the copy `write_snapshot` kept as `name`: what `restore` makes of
+    /// that snapshot, its processes from the copy's memory where it holds some and `memory`
+    /// allows. `Ok(None)` when no copy of that name is kept.
+    fn restore_kept(
+        &self,
+        name: &str,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        memory: Memory,
+    ) -> Result<Option<BoxInfo>> {
+        let _ = (name, id, spec, memory);
+        Ok(None)
+    }
+
+    /// Drops the copy kept as `name` (sandboxes started from it keep what they use of it).
+    fn drop_kept(&self, name: &str) {
+        let _ = name;
     }
 
     /// Why this engine keeps no process memory (`None` when it does).

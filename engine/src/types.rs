@@ -121,6 +121,8 @@ pub struct Streamed {
     pub memory: MemoryKept,
     /// How long a running sandbox was frozen for the capture.
     pub freeze_ms: Option<u64>,
+    /// The bytes of the copy kept on this host, when one was (`write_snapshot`'s `keep`).
+    pub kept: Option<u64>,
 }
 
 /// Whether an operation carried a sandbox's process memory, and if not, why.

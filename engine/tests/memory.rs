@@ -233,6 +233,74 @@ fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
     }
 }
 
+/// The forks directory's entries: kept copies and fork layers live there.
+fn forks(h: &Harness) -> Vec<String> {
+    let entries = std::fs::read_dir(h.data.path().join("forks")).unwrap();
+    entries.map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect()
+}
+
+#[test]
+fn a_copy_kept_beside_a_snapshot_starts_sandboxes_as_they_were_then_and_goes_when_dropped() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let src = h.engine.clone_golden(&g, &id("m-ksrc"), &small()).unwrap();
+    ok(&src, "echo on-disk > /root/file");
+    ok(&src, COUNTER);
+    let (pid, before) = (ok(&src, "cat /tmp/pid"), count(&src));
+    let (mut stream, scratch) = (vec![], h.data.path().join("k.tar"));
+    let streamed = h
+        .engine
+        .write_snapshot(&src.id, Memory::Auto, &mut stream, &scratch, Some("ck_1"))
+        .unwrap();
+    assert!(streamed.memory.kept, "{:?}", streamed.memory);
+    assert!(streamed.kept.is_some_and(|bytes| bytes > 0), "{streamed:?}");
+    // What the source does after the snapshot is not in the copy.
+    ok(&src, "echo later > /root/file");
+
+    let kept = h.engine.restore_kept("ck_1", &id("m-k1"), &small(), Memory::Required).unwrap();
+    let kept = kept.expect("the copy kept as ck_1");
+    assert!(kept.memory.kept, "{:?}", kept.memory);
+    continues(&kept, before, &pid);
+    assert_eq!(ok(&kept, "cat /root/file"), "on-disk");
+    assert_eq!(ok(&kept, "hostname"), "m-k1");
+    // The stream written beside the copy is whole: it restores too.
+    let snap = Snapshot {
+        base: src.base.clone(),
+        spec: small(),
+        layer_tar: h.data.path().join("k-in.tar"),
+        bytes: stream.len() as u64,
+        memory: true,
+        memory_why_not: None,
+        freeze_ms: None,
+    };
+    let read =
+        h.engine.read_snapshot(&mut &stream[..], &snap, &id("m-k2"), &small(), Memory::Required);
+    let read = read.unwrap();
+    continues(&read, before, &pid);
+    assert_eq!(ok(&read, "cat /root/file"), "on-disk");
+
+    for unknown in ["ck_2", "../ck_1", "", "kept/ck_1"] {
+        let none = h.engine.restore_kept(unknown, &id("m-kx"), &small(), Memory::Auto).unwrap();
+        assert!(none.is_none(), "{unknown:?} is no kept copy");
+    }
+    // Dropped: no new sandbox from it, and the one running on it keeps its files until it goes.
+    h.engine.drop_kept("ck_1");
+    let gone = h.engine.restore_kept("ck_1", &id("m-k3"), &small(), Memory::Auto).unwrap();
+    assert!(gone.is_none(), "a dropped copy started a sandbox");
+    assert_eq!(ok(&kept, "cat /root/file; ls /bin/sh"), "on-disk\n/bin/sh");
+    assert_eq!(forks(&h).len(), 1, "the copy's layer stays while a sandbox uses it");
+    h.engine.destroy(&kept.id).unwrap();
+    assert_eq!(forks(&h), Vec::<String>::new(), "the last user of a dropped copy removes it");
+
+    // A copy no one dropped goes when the engine starts again (the node keeps no record of it).
+    h.engine.write_snapshot(&src.id, Memory::Auto, &mut vec![], &scratch, Some("ck_3")).unwrap();
+    assert_eq!(forks(&h).len(), 1);
+    let reopened = h.reopen();
+    assert_eq!(forks(&h), Vec::<String>::new());
+    let none = reopened.restore_kept("ck_3", &id("m-k4"), &small(), Memory::Auto).unwrap();
+    assert!(none.is_none(), "a copy outlived the engine's start");
+}
+
 #[test]
 fn a_stop_snapshot_carries_memory_from_a_running_or_a_hibernated_sandbox() {
     let h = memory_engine();

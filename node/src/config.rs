@@ -69,6 +69,9 @@ pub struct Config {
     /// The most one image may be: its compressed layers, and what they unpack to (MiB).
     pub max_image_mib: u64,
     pub max_image_unpacked_mib: u64,
+    /// Copies of this node's checkpoints kept on its disk for their branches here (MiB; 0:
+    /// none): past it the least recently used go. Only checkpoints that kept memory leave one.
+    pub checkpoint_copies_mib: u64,
     /// Warm pools.
     pub pools: Vec<PoolConfig>,
     /// Where checkpoints and archives go (and, across nodes, goldens).
@@ -345,6 +348,7 @@ impl Default for Config {
             layer_cache_mib: 10 << 10,
             max_image_mib: 8 << 10,
             max_image_unpacked_mib: 24 << 10,
+            checkpoint_copies_mib: 4 << 10,
             pools: vec![PoolConfig {
                 template: "host".into(),
                 size: Size::Small,

@@ -67,6 +67,7 @@ pub struct Metrics {
     pub archived: AtomicU64,
     pub checkpoints: AtomicU64,
     pub branched: AtomicU64,
+    pub branched_from_copies: AtomicU64,
     pub forked: AtomicU64,
     pub promoted: AtomicU64,
     pub placed_on_peers: AtomicU64,
@@ -157,6 +158,11 @@ impl Metrics {
             ("silkmesh_archived_total", "Sandboxes archived to the store.", &self.archived),
             ("silkmesh_checkpoints_total", "Checkpoints taken.", &self.checkpoints),
             ("silkmesh_branched_total", "Sandboxes branched from checkpoints.", &self.branched),
+            (
+                "silkmesh_branched_from_copies_total",
+                "Of those, sandboxes started from a checkpoint's copy kept on this node.",
+                &self.branched_from_copies,
+            ),
             ("silkmesh_forked_total", "Sandboxes made by fork.", &self.forked),
             ("silkmesh_promoted_total", "Templates promoted.", &self.promoted),
             (

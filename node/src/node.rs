@@ -105,6 +105,8 @@ pub struct Node {
     /// manifest is written once and never changed, so what it said stays true until the
     /// checkpoint goes, and the store's list says which ones are still there.
     checkpoint_infos: Mutex<HashMap<String, lifecycle::CheckpointInfo>>,
+    /// Checkpoints the engine keeps a copy of on this node, for their branches here.
+    kept: Mutex<lifecycle::KeptCopies>,
     /// The crash point the in-process crash tests stop calls at.
     #[cfg(feature = "crash-points")]
     crash_at: Mutex<Option<(String, bool)>>,
@@ -325,6 +327,7 @@ impl Node {
         )?;
         let usage = crate::usage::Usage::open(&cfg.data_dir.join("usage"), now_ms())?;
         let name = cfg.mesh.as_ref().map_or_else(|| "local".to_string(), |m| m.name.clone());
+        let copies_bound = cfg.checkpoint_copies_mib.saturating_mul(1 << 20);
         let node = Arc::new(Node {
             background: Arc::new(Semaphore::new(cfg.background_concurrency.max(1))),
             cfg,
@@ -347,6 +350,7 @@ impl Node {
             audit,
             usage,
             checkpoint_infos: Mutex::default(),
+            kept: Mutex::new(lifecycle::KeptCopies::new(copies_bound)),
             #[cfg(feature = "crash-points")]
             crash_at: Mutex::new(None),
         });

@@ -68,3 +68,75 @@ warmup = ["sh", "-c", "sh -c '{COUNTER}' >/dev/null 2>&1 & busybox sleep 0.3"]
     let (code, _) = sh(&node, id, token, "cat /tmp/pid");
     assert_ne!(code, 0, "woken from its files: a fresh /tmp (was {pid})");
 }
+
+fn metric(n: &Sandboxd, name: &str) -> u64 {
+    let (_, v) = n.req("GET", "/metrics", Some(ROOT), None);
+    let text = v.as_str().unwrap_or_default().to_string();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
+/// Branches a checkpoint; its status, and the new sandbox's id and token.
+fn branch(n: &Sandboxd, ck: &str, token: &str) -> (u16, serde_json::Value) {
+    let path = format!("/v1/checkpoints/{ck}/claim");
+    n.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#))
+}
+
+#[test]
+fn a_branch_on_the_node_that_took_the_checkpoint_starts_from_its_copy_while_the_checkpoint_lasts() {
+    for copies in [true, false] {
+        let node = Sandboxd::start(&format!(
+            "checkpoint_copies_mib = {}\n{ONE_WARM}",
+            if copies { 4096 } else { 0 }
+        ));
+        let c = node.claim("{}");
+        let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
+        sh(&node, id, token, "echo on-disk > /root/file");
+        sh(&node, id, token, &format!("sh -c '{COUNTER}' >/dev/null 2>&1 & busybox sleep 0.3"));
+        let (_, pid) = sh(&node, id, token, "cat /tmp/pid");
+        let before = count(&node, id, token);
+        let path = format!("/v1/sandboxes/{id}/checkpoint");
+        let (status, ck) = node.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#));
+        assert_eq!(status, 201, "{ck}");
+        let ck = ck["id"].as_str().unwrap().to_string();
+        assert_eq!(metric(&node, "silkmesh_checkpoint_copies_bytes") > 0, copies);
+        // Not in the checkpoint: a branch has the files and processes of its moment.
+        sh(&node, id, token, "echo later > /root/file");
+
+        let (status, b) = branch(&node, &ck, token);
+        assert_eq!(status, 201, "{b}");
+        let (bid, btoken) = (b["id"].as_str().unwrap(), b["token"].as_str().unwrap());
+        assert_eq!(sh(&node, bid, btoken, "cat /root/file").1, "on-disk");
+        assert_eq!(sh(&node, bid, btoken, "cat /tmp/pid").1, pid, "the counter restarted");
+        assert!(count(&node, bid, btoken) >= before);
+        assert_eq!(sh(&node, bid, btoken, "hostname").1, bid);
+        let from_copies = metric(&node, "silkmesh_branched_from_copies_total");
+        assert_eq!(from_copies, u64::from(copies));
+
+        // Deleted by another node of the fleet (its manifest gone from the shared store behind
+        // this node's back): no branch, though a copy is here, and the copy goes.
+        let manifest = node.data().join(format!("store/checkpoints/{ck}"));
+        std::fs::remove_file(&manifest).expect("the checkpoint's manifest in the local store");
+        let (status, v) = branch(&node, &ck, token);
+        assert_eq!((status, v["error"]["code"].as_str()), (404, Some("not_found")), "{v}");
+        assert_eq!(metric(&node, "silkmesh_branched_from_copies_total"), from_copies);
+        assert_eq!(metric(&node, "silkmesh_checkpoint_copies_bytes"), 0);
+
+        // Deleted here: its copy goes with it, and once the branch that used it goes too,
+        // nothing of either is left on the disk.
+        let (status, ck2) = node.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#));
+        assert_eq!(status, 201, "{ck2}");
+        let ck2 = ck2["id"].as_str().unwrap();
+        assert_eq!(metric(&node, "silkmesh_checkpoint_copies_bytes") > 0, copies);
+        let (status, _) = node.req("DELETE", &format!("/v1/checkpoints/{ck2}"), Some(token), None);
+        assert_eq!(status, 204);
+        assert_eq!(metric(&node, "silkmesh_checkpoint_copies_bytes"), 0);
+        let (status, _) = node.req("DELETE", &format!("/v1/sandboxes/{bid}"), Some(btoken), None);
+        assert_eq!(status, 204);
+        let forks = node.data().join("engine/forks");
+        eventually("the copies' files are removed", || {
+            std::fs::read_dir(&forks).unwrap().next().is_none()
+        });
+    }
+}

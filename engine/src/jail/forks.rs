@@ -31,7 +31,7 @@ pub(super) struct Fork {
 }
 
 impl JailEngine {
-    fn forks_dir(&self) -> PathBuf {
+    pub(super) fn forks_dir(&self) -> PathBuf {
         self.cfg.data_dir.join("forks")
     }
 
@@ -173,7 +173,12 @@ impl JailEngine {
 
     /// The fork a box's files sit on, by name, if it is a fork's copy.
     pub(super) fn fork_of(&self, box_dir: &Path) -> Option<String> {
-        let name = std::fs::read_to_string(box_dir.join("fork")).ok()?;
+        self.fork_named(&box_dir.join("fork"))
+    }
+
+    /// The fork whose `ref` the file `link` is a link to, by name.
+    pub(super) fn fork_named(&self, link: &Path) -> Option<String> {
+        let name = std::fs::read_to_string(link).ok()?;
         // Written by this engine; checked anyway, as it becomes a path.
         let plain = !name.is_empty()
             && !name.starts_with('.')

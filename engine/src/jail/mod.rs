@@ -44,6 +44,7 @@ mod forks;
 mod goldens;
 mod host;
 mod ids;
+mod kept;
 pub mod launch;
 mod launcher;
 mod memory;
@@ -206,6 +207,7 @@ impl JailEngine {
         engine.thaw_all();
         engine.stop_unconfined();
         engine.shift_old_goldens()?;
+        engine.drop_copies();
         engine.sweep_forks()?;
         Ok(engine)
     }
@@ -407,8 +409,23 @@ impl Engine for JailEngine {
         memory: Memory,
         out: &mut dyn std::io::Write,
         _scratch: &Path,
+        keep: Option<&str>,
     ) -> Result<Streamed> {
-        self.stream_snapshot(id, memory, out)
+        self.stream_snapshot(id, memory, out, keep)
+    }
+
+    fn restore_kept(
+        &self,
+        name: &str,
+        id: &SandboxId,
+        spec: &BoxSpec,
+        memory: Memory,
+    ) -> Result<Option<BoxInfo>> {
+        self.restore_copy(name, id, spec, memory)
+    }
+
+    fn drop_kept(&self, name: &str) {
+        self.drop_copy(name)
     }
 
     fn fork(

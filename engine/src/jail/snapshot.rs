@@ -75,18 +75,34 @@ impl JailEngine {
         id: &SandboxId,
         memory: Memory,
         out: &mut dyn std::io::Write,
+        keep: Option<&str>,
     ) -> Result<Streamed> {
+        let mut copy = None;
         let captured =
             self.capture_box(id, SnapshotMode::KeepRunning, memory, |images, layers, ids| {
                 let mut out = std::io::BufWriter::with_capacity(256 << 10, out);
                 if let Some(images) = images {
                     self.write_memory_entry(images, &mut out)?;
                 }
-                layer::capture(layers, &mut out, ids)?;
+                match keep {
+                    Some(name) => {
+                        copy = self.capture_beside(name, images, layers, ids, &mut out)?
+                    }
+                    None => layer::capture(layers, &mut out, ids)?,
+                }
                 std::io::Write::flush(&mut out).map_err(EngineError::io("write snapshot"))?;
                 Ok(0)
-            })?;
-        Ok(Streamed { memory: captured.memory, freeze_ms: captured.freeze_ms })
+            });
+        let kept = match (captured.as_ref(), keep, copy) {
+            (Ok(captured), Some(name), Some(copy)) => self.keep_copy(name, copy, &captured.base),
+            (_, _, Some(copy)) => {
+                self.release_fork(&copy.fork);
+                None
+            }
+            _ => None,
+        };
+        let captured = captured?;
+        Ok(Streamed { memory: captured.memory, freeze_ms: captured.freeze_ms, kept })
     }
 
     /// Captures a box as it is: its memory dumped (as `memory` says) and its processes frozen

@@ -36,6 +36,7 @@ use crate::state::SandboxState;
 
 mod archive;
 mod copies;
+mod kept;
 mod recover;
 mod shared;
 mod spool;
@@ -43,6 +44,7 @@ mod stored;
 mod stream;
 
 use archive::Files;
+pub(super) use kept::KeptCopies;
 use stored::StoredSnapshot;
 use stream::{Arriving, Pace};
 

@@ -87,6 +87,11 @@ impl Node {
                 "Records in the claims journal.",
                 vec![(String::new(), self.journal.len() as u64)],
             ),
+            (
+                "silkmesh_checkpoint_copies_bytes",
+                "Bytes of the checkpoints' copies kept on this node for their branches here.",
+                vec![(String::new(), self.kept_bytes())],
+            ),
         ]);
         if let Some(egress) = self.egress() {
             crate::egress::render_metrics(egress, &mut out);

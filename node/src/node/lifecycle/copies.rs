@@ -2,6 +2,8 @@
 //! and promoted templates.
 
 use super::*;
+use kept::Kept;
+use silk_engine::{Lane, Size};
 
 /// Checkpoint manifests read at once when listing them.
 const CHECKPOINT_READS: usize = 32;
@@ -25,6 +27,7 @@ impl Node {
             self.checkpoint_room(t).await?;
         }
         let hex = random_hex(16);
+        let ck = format!("ck_{hex}");
         let store_name = SnapshotName::checkpoint(&hex).map_err(NodeError::from)?;
         let mut meta = BTreeMap::new();
         if let Some(n) = &name {
@@ -40,15 +43,34 @@ impl Node {
                 let meta = self.snapshot_meta(&stored, &live.record, meta)?;
                 let (engine, sid) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
                 let scratch = self.scratch_tar("checkpoint");
+                // A copy kept here for the branches on this node, of a checkpoint that keeps
+                // memory: a branch of one is otherwise mostly its images' download.
+                let keep = (memory != Memory::Off && self.lock_kept().on()).then(|| ck.clone());
                 let write = move |out: &mut dyn std::io::Write| {
-                    engine.write_snapshot(&sid, memory, out, &scratch)
+                    engine.write_snapshot(&sid, memory, out, &scratch, keep.as_deref())
                 };
                 let pace = Pace::Spool { captured: "checkpoint:captured" };
-                self.upload_stream(&store_name, meta, pace, write).await?
+                let uploaded = self.upload_stream(&store_name, meta, pace, write).await;
+                match uploaded {
+                    Ok((report, streamed)) => {
+                        if let Some(bytes) = streamed.kept {
+                            let (size, lane) = (live.record.size, live.record.lane);
+                            let kept = Kept { bytes, size, lane, snapshot_bytes: report.size };
+                            let dropped = self.lock_kept().insert(ck.clone(), kept);
+                            self.drop_copies(dropped);
+                        }
+                        (report, streamed)
+                    }
+                    Err(e) => {
+                        // Whatever the engine kept belongs to no checkpoint.
+                        self.drop_copies(vec![ck.clone()]);
+                        return Err(e);
+                    }
+                }
             }
             Phase::Captured(snap) => {
                 let report = self.upload(&store_name, snap, &live.record, meta).await?;
-                (report, Streamed { memory: snap.memory_kept(), freeze_ms: None })
+                (report, Streamed { memory: snap.memory_kept(), freeze_ms: None, kept: None })
             }
             Phase::Archived(_) => {
                 return Err(conflict("a sandbox that is Archived must be woken first".into()));
@@ -57,7 +79,7 @@ impl Node {
         self.crash_point("checkpoint:uploaded").await;
         self.metrics.checkpoints.fetch_add(1, Ordering::Relaxed);
         let checkpoint = silk_api::Checkpoint {
-            id: format!("ck_{hex}"),
+            id: ck,
             name,
             sandbox: id.to_string(),
             template: live.record.template.clone(),
@@ -180,7 +202,11 @@ impl Node {
         name: &SnapshotName,
     ) -> Result<CheckpointInfo, NodeError> {
         let m = self.store.manifest(name).await.map_err(|e| match e {
-            StoreError::NotFound { .. } => checkpoint_not_found(),
+            StoreError::NotFound { .. } => {
+                // Deleted elsewhere in the fleet: its copy here goes too.
+                self.forget_copy(&format!("ck_{hex}"));
+                checkpoint_not_found()
+            }
             other => other.into(),
         })?;
         let get = |k: &str| m.meta.get(k).cloned().unwrap_or_default();
@@ -220,7 +246,9 @@ impl Node {
     }
 
     pub async fn delete_checkpoint(&self, id: &str) -> Result<(), NodeError> {
-        Ok(self.store.delete(&checkpoint_name(id)?).await?)
+        let name = checkpoint_name(id)?;
+        self.forget_copy(id);
+        Ok(self.store.delete(&name).await?)
     }
 
     /// A new sandbox from a checkpoint (any checkpoint in the store).
@@ -237,17 +265,29 @@ impl Node {
             let mut st = self.lock();
             self.admit(&mut st, 1, spec.tenant.as_deref())?
         };
-        let manifest = self.store.manifest(&name).await?;
+        // Read even for a branch from the copy kept here: a checkpoint deleted anywhere in the
+        // fleet branches nowhere (and its copy here goes).
+        let manifest = match self.store.manifest(&name).await {
+            Err(StoreError::NotFound { .. }) => {
+                self.forget_copy(id);
+                return Err(checkpoint_not_found());
+            }
+            read => read?,
+        };
         let (engine, sid) = (self.engine.clone(), self.new_id()?);
-        let (info, size, lane) = self
-            .download_into(&name, manifest, move |input, snap| {
-                // Size and lane only: limits are this node's for them, whatever the snapshot
-                // says (it comes from the shared store).
-                let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
-                let info = engine.read_snapshot(input, snap, &sid, &spec, memory)?;
-                Ok((info, spec.size, spec.lane))
-            })
-            .await?;
+        let (info, size, lane) = match self.branch_from_copy(id, &manifest, &sid, memory).await {
+            Some(made) => made,
+            None => {
+                self.download_into(&name, manifest, move |input, snap| {
+                    // Size and lane only: limits are this node's for them, whatever the
+                    // snapshot says (it comes from the shared store).
+                    let spec = BoxSpec::new(snap.spec.size, snap.spec.lane);
+                    let info = engine.read_snapshot(input, snap, &sid, &spec, memory)?;
+                    Ok((info, spec.size, spec.lane))
+                })
+                .await?
+            }
+        };
         let spec = ClaimSpec { size, lane, ..spec };
         let token = new_token();
         let mut record = new_record(&info, &token, &spec, Tier::Clone);
@@ -255,6 +295,58 @@ impl Node {
         self.acknowledge(vec![(record.clone(), info)], admitted).await?;
         self.metrics.branched.fetch_add(1, Ordering::Relaxed);
         Ok(Claimed { record, token, took: t0.elapsed() })
+    }
+
+    /// A branch of checkpoint `id` started from the copy the engine kept here when it was
+    /// taken, if one is kept for this `manifest`. Any failure leaves the branch to the store
+    /// (and the copy dropped).
+    async fn branch_from_copy(
+        &self,
+        id: &str,
+        manifest: &silk_store::Manifest,
+        sid: &SandboxId,
+        memory: Memory,
+    ) -> Option<(BoxInfo, Size, Lane)> {
+        let kept = self.lock_kept().touch(id)?;
+        if kept.snapshot_bytes == manifest.size {
+            let (engine, name, sid) = (self.engine.clone(), id.to_string(), sid.clone());
+            let spec = BoxSpec::new(kept.size, kept.lane);
+            match blocking(move || engine.restore_kept(&name, &sid, &spec, memory)).await {
+                Ok(Some(info)) => {
+                    self.metrics.branched_from_copies.fetch_add(1, Ordering::Relaxed);
+                    return Some((info, kept.size, kept.lane));
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!(checkpoint = id, "branch from the copy kept here: {e}"),
+            }
+        }
+        self.forget_copy(id);
+        None
+    }
+
+    /// Drops the copy of checkpoint `id` kept here, if there is one.
+    fn forget_copy(&self, id: &str) {
+        if self.lock_kept().remove(id).is_some() {
+            self.drop_copies(vec![id.to_string()]);
+        }
+    }
+
+    /// Bytes of the checkpoints' copies kept here.
+    pub(in crate::node) fn kept_bytes(&self) -> u64 {
+        self.lock_kept().used()
+    }
+
+    fn lock_kept(&self) -> std::sync::MutexGuard<'_, KeptCopies> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Drops the engine's copies `names`, behind the call (a copy's files can take a while).
+    fn drop_copies(&self, names: Vec<String>) {
+        if names.is_empty() {
+            return;
+        }
+        let engine = self.engine.clone();
+        tokio::task::spawn_blocking(move || names.iter().for_each(|name| engine.drop_kept(name)));
     }
 
     // ---- fork ----

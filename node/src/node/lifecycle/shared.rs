@@ -261,8 +261,9 @@ impl Node {
         };
         let (engine, sid) = (self.engine.clone(), source.id.parse::<SandboxId>()?);
         let scratch = self.scratch_tar("move");
-        let write =
-            move |out: &mut dyn std::io::Write| engine.write_snapshot(&sid, memory, out, &scratch);
+        let write = move |out: &mut dyn std::io::Write| {
+            engine.write_snapshot(&sid, memory, out, &scratch, None)
+        };
         let bytes = self.capture_stream(write)?;
         #[cfg(feature = "crash-points")]
         let bytes = self.crash_point_within("move:streaming", bytes);
