@@ -7,7 +7,7 @@
 //! | measurement | floor beside it |
 //! |---|---|
 //! | hibernate (memory), checkpoint (its freeze window included), archive | `criu dump` of an equal tree |
-//! | wake (memory), branch, fork ×4 (per child), wake from the archive | `criu restore` of that dump |
+//! | wake (memory), branch (on the node that took the checkpoint, and on a second node through the store), fork ×4 (per child), wake from the archive | `criu restore` of that dump |
 //!
 //! A move carries memory the same way between two nodes: `silkbench cluster`.
 
@@ -67,14 +67,22 @@ pub fn run(args: MemoryArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&work)?;
     // The host template's warmup starts an interpreter with its imports loaded; the large
     // size's pool (no warm sandboxes: every claim clones) keeps it in a memory golden.
+    // A second node on the same store branches the checkpoints the first takes: a branch
+    // through the store, beside one from the copy the first node keeps.
     let config = format!(
         "[[pools]]\ntemplate = \"host\"\nwarm = 2\nwarm_max = 2\n\
          [[pools]]\ntemplate = \"host\"\nsize = \"large\"\nwarm = 0\nmemory_golden = true\n\
-         [templates.host]\nwarmup = [\"sh\", \"-c\", '''{PYTHON}''']\n"
+         [templates.host]\nwarmup = [\"sh\", \"-c\", '''{PYTHON}''']\n\
+         [store.fs]\nroot = \"{}\"\n",
+        work.join("store").display()
     );
     let config = config.as_str();
-    let result =
-        NodeProc::start(&args.silkd, &work, config).and_then(|node| measure(&args, &node, &work));
+    let result = (|| {
+        let node = NodeProc::start(&args.silkd, &work, config)?;
+        std::fs::create_dir_all(work.join("other"))?;
+        let other = NodeProc::start(&args.silkd, &work.join("other"), config)?;
+        measure(&args, &node, &other, &work)
+    })();
     silk_engine::jail::unmount_under(&work);
     let _ = std::fs::remove_dir_all(&work);
     result
@@ -89,11 +97,12 @@ const PYTHON: &str = "python3 -c \"import asyncio, json, email.parser, http.serv
                       until test -e /tmp/imported; do sleep 0.01; done";
 
 /// Each operation of a round, in order, and whether its floor is the dump (else the restore).
-const OPERATIONS: [(&str, bool); 10] = [
+const OPERATIONS: [(&str, bool); 11] = [
     ("hibernate, memory", true),
     ("wake, memory", false),
     ("checkpoint, memory (sandbox frozen for the dump and the file capture)", true),
-    ("branch the checkpoint, memory", false),
+    ("branch the checkpoint on its node (from the copy kept there), memory", false),
+    ("branch the checkpoint on another node (through the store), memory", false),
     ("fork ×4, memory (per child)", false),
     ("archive, memory", true),
     ("wake from the archive, memory", false),
@@ -102,9 +111,17 @@ const OPERATIONS: [(&str, bool); 10] = [
     ("checkpoint, files only", true),
 ];
 
-fn measure(args: &MemoryArgs, node: &NodeProc, work: &Path) -> anyhow::Result<()> {
+fn measure(
+    args: &MemoryArgs,
+    node: &NodeProc,
+    other: &NodeProc,
+    work: &Path,
+) -> anyhow::Result<()> {
     println!("## memory (CRIU on the jail engine)\n\n{}", host_stamp());
     let mut http = Http::connect(node.addr)?;
+    let mut elsewhere = Http::connect(other.addr)?;
+    // Its golden built before its first branch is timed.
+    crate::node::wait_warm_for(&mut elsewhere, 2, Duration::from_secs(120))?;
     for (kind, script, ready) in kinds(args.mib) {
         let mut samples: Vec<Samples> = OPERATIONS.iter().map(|_| Samples::default()).collect();
         let (mut dump_floor, mut restore_floor) = (Samples::default(), Samples::default());
@@ -113,7 +130,7 @@ fn measure(args: &MemoryArgs, node: &NodeProc, work: &Path) -> anyhow::Result<()
             let (d, r) = criu_floor(&args.criu, work, &script, ready)?;
             dump_floor.push(d);
             restore_floor.push(r);
-            one_round(&mut http, &script, ready, &mut samples, &mut shared)?;
+            one_round(&mut http, &mut elsewhere, &script, ready, &mut samples, &mut shared)?;
         }
         shared.sort_by(f64::total_cmp);
         let dedup = shared[shared.len() / 2];
@@ -209,6 +226,7 @@ pub(crate) fn until_ready(ready: &str) -> String {
 /// One sandbox through every operation; appends to `samples` in `OPERATIONS` order.
 fn one_round(
     http: &mut Http,
+    elsewhere: &mut Http,
     script: &str,
     ready: &str,
     samples: &mut [Samples],
@@ -247,27 +265,32 @@ fn one_round(
     let branch = b["id"].as_str().context("branch id")?.to_string();
     exec(http, &branch, ready).context("the branch's processes")?;
     timed(http, "DELETE", &format!("/v1/sandboxes/{branch}"), "", 204)?;
+    let (d, b) = timed(elsewhere, "POST", &format!("/v1/checkpoints/{ck}/claim"), auto, 201)?;
+    samples[4].push(d);
+    let branch = b["id"].as_str().context("branch id")?.to_string();
+    exec(elsewhere, &branch, ready).context("the other node's branch's processes")?;
+    timed(elsewhere, "DELETE", &format!("/v1/sandboxes/{branch}"), "", 204)?;
     let body = r#"{"count": 4, "memory": "required"}"#;
     let (d, kids) = timed(http, "POST", &path("fork"), body, 201)?;
-    samples[4].push(d / 4);
+    samples[5].push(d / 4);
     for k in kids["sandboxes"].as_array().context("fork answer")? {
         let kid = k["id"].as_str().context("child id")?;
         timed(http, "DELETE", &format!("/v1/sandboxes/{kid}"), "", 204)?;
     }
     let (d, v) = timed(http, "POST", &path("archive"), auto, 200)?;
     ensure!(kept(&v), "archive kept no memory: {v}");
-    samples[5].push(d);
+    samples[6].push(d);
     let (d, v) = timed(http, "POST", &path("wake"), "", 200)?;
     ensure!(kept(&v), "the wake from the archive restored no memory: {v}");
-    samples[6].push(d);
+    samples[7].push(d);
     exec(http, &id, ready).context("the processes woken from the archive")?;
     let off = r#"{"memory": "off"}"#;
     let (d, _) = timed(http, "POST", &path("hibernate"), off, 200)?;
-    samples[7].push(d);
-    let (d, _) = timed(http, "POST", &path("wake"), "", 200)?;
     samples[8].push(d);
-    let (d, ck2) = timed(http, "POST", &path("checkpoint"), off, 201)?;
+    let (d, _) = timed(http, "POST", &path("wake"), "", 200)?;
     samples[9].push(d);
+    let (d, ck2) = timed(http, "POST", &path("checkpoint"), off, 201)?;
+    samples[10].push(d);
     for c in [ck, ck2["id"].as_str().unwrap_or_default().to_string()] {
         timed(http, "DELETE", &format!("/v1/checkpoints/{c}"), "", 204)?;
     }

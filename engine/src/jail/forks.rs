@@ -245,10 +245,7 @@ pub(super) fn link_files(from: &Path, to: &Path) -> std::io::Result<()> {
 /// Copies `layers` (top first, merged as `layer::capture` merges them, ids in range `from`)
 /// into the directory `into` (ids in range `to`) through a tar stream between two threads.
 fn copy_layers(layers: &[&Path], from: Ids, into: &Path, to: Ids) -> Result<()> {
-    let (reader, writer) = std::io::pipe().map_err(EngineError::io("pipe"))?;
-    // A wider pipe than the 64 KiB default: fewer switches between the two threads.
-    // SAFETY: plain fcntl on a descriptor we own; failure leaves the default.
-    unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    let (reader, writer) = wide_pipe().map_err(EngineError::io("pipe"))?;
     std::thread::scope(|s| {
         let capture = s.spawn(move || {
             let out = std::io::BufWriter::with_capacity(256 << 10, writer);
@@ -263,4 +260,12 @@ fn copy_layers(layers: &[&Path], from: Ids, into: &Path, to: Ids) -> Result<()> 
         // The capture's error first: an unpack cut short by it says less.
         captured.and(applied)
     })
+}
+
+/// A pipe between two threads of a copy, wider than the 64 KiB default: fewer switches.
+pub(super) fn wide_pipe() -> std::io::Result<(std::io::PipeReader, std::io::PipeWriter)> {
+    let (reader, writer) = std::io::pipe()?;
+    // SAFETY: plain fcntl on a descriptor we own; failure leaves the default.
+    unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
+    Ok((reader, writer))
 }

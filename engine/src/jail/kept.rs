@@ -11,11 +11,10 @@
 //! The node keeps no record of copies across a restart, so the engine's start drops them all.
 
 use std::io::Write;
-use std::os::fd::AsRawFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
-use super::forks::{Fork, link_files};
+use super::forks::{Fork, link_files, wide_pipe};
 use super::host::now_ms;
 use super::ids::mark_ids;
 use super::{JailEngine, Seed};
@@ -201,14 +200,6 @@ fn plain(name: &str) -> bool {
 fn dir_bytes(dir: &Path) -> u64 {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     entries.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.len()).sum()
-}
-
-fn wide_pipe() -> std::io::Result<(std::io::PipeReader, std::io::PipeWriter)> {
-    let (reader, writer) = std::io::pipe()?;
-    // Fewer switches between the capture and the unpack than the 64 KiB default.
-    // SAFETY: plain fcntl on a descriptor we own; failure leaves the default.
-    unsafe { libc::fcntl(writer.as_raw_fd(), libc::F_SETPIPE_SZ, 1 << 20) };
-    Ok((reader, writer))
 }
 
 /// Writes to `out` and, while it takes them, the same bytes to `copy`. The copy is optional:
