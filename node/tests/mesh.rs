@@ -524,6 +524,48 @@ fn processes_continue_on_the_node_a_sandbox_moves_to_or_wakes_on() {
 }
 
 #[test]
+fn a_branch_goes_to_the_node_that_keeps_the_checkpoints_copy_unless_that_node_is_gone() {
+    let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut a, b) = pair(dir.path(), store.path(), (53, 54));
+    let c = a.claim(r#"{"ttl_seconds": 600}"#);
+    let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
+    exec_via(&a, id, token, COUNTER);
+    let pid = exec_via(&a, id, token, "cat /tmp/pid");
+    let before: u64 = exec_via(&a, id, token, READ_COUNT).parse().unwrap();
+    let required = r#"{"memory": "required"}"#;
+    let (status, ck) =
+        a.req("POST", &format!("/v1/sandboxes/{id}/checkpoint"), Some(token), Some(required));
+    assert_eq!(status, 201, "{ck}");
+    let branch = format!("/v1/checkpoints/{}/claim", ck["id"].as_str().unwrap());
+    let held_by = |n: &Sandboxd, v: &serde_json::Value| {
+        let path = format!("/v1/sandboxes/{}", v["id"].as_str().unwrap());
+        n.req("GET", &path, Some(ROOT), None).0 == 200
+    };
+
+    // Asked of b: sent to a, which keeps the copy, and starts the branch from it.
+    let (first, status, v) = follow(&b, "POST", &branch, token, Some(required));
+    assert_eq!((first, status), (307, 201), "{v}");
+    assert!(held_by(&a, &v), "the branch is not on a: {v}");
+    let (bid, btoken) = (v["id"].as_str().unwrap(), v["token"].as_str().unwrap());
+    counts_on(&a, bid, btoken, before, &pid);
+    let (_, metrics) = a.req("GET", "/metrics", Some(ROOT), None);
+    assert!(metrics.as_str().unwrap().contains("silkmesh_branched_from_copies_total 1"));
+
+    // Asked of b for b only: b branches it through the store.
+    let (status, _, v) = raw(b.addr, "POST", &format!("{branch}?no_redirect=1"), token, required);
+    assert_eq!(status, 201, "{v}");
+    assert!(held_by(&b, &v), "the branch is not on b: {v}");
+    counts_on(&b, v["id"].as_str().unwrap(), v["token"].as_str().unwrap(), before, &pid);
+
+    // a is gone: b serves the branch itself, from the store.
+    a.kill9();
+    eventually("b drops a", || peer_names(&b).is_empty());
+    let (first, status, v) = follow(&b, "POST", &branch, token, Some(required));
+    assert_eq!((first, status), (201, 201), "{v}");
+    counts_on(&b, v["id"].as_str().unwrap(), v["token"].as_str().unwrap(), before, &pid);
+}
+
+#[test]
 fn a_preview_opens_through_any_node_of_the_mesh() {
     let dir = tempfile::tempdir().unwrap();
     let store = dir.path().join("store");

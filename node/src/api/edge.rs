@@ -52,38 +52,86 @@ pub fn warm_peer(api: &Api, key: &PoolKey, query: Option<&str>) -> Option<silk_m
     peers.pick(&key.to_string())
 }
 
+/// The live peer that keeps the copy of checkpoint `id` (`copy_on`, the node that took it),
+/// when its branch should go there: it is not this node, this node keeps no copy of it, the
+/// peer is not draining and has room, and the client did not ask this node only.
+pub fn copy_peer(
+    api: &Api,
+    copy_on: Option<&str>,
+    id: &str,
+    query: Option<&str>,
+) -> Option<silk_mesh::Peer> {
+    let peers = api.peers.as_ref()?;
+    let on = copy_on.filter(|on| *on != api.node.name)?;
+    if no_redirect(query) || api.node.has_copy(id) {
+        return None;
+    }
+    let room = |s: &silk_mesh::NodeState| !s.draining && s.claims < s.capacity;
+    let live = peers.mesh.peers();
+    live.iter().find(|p| p.id.name == on && p.state.as_ref().is_some_and(room)).cloned()
+}
+
 /// Sends a claim to `peer`: a redirect to it, or the request forwarded and its answer.
 pub async fn place_claim(
     api: &Api,
     peer: silk_mesh::Peer,
     headers: &HeaderMap,
     request: &crate::claims::ClaimRequest,
+    upgrade: Option<hyper::upgrade::OnUpgrade>,
+) -> Result<Response, NodeError> {
+    let body = serde_json::to_vec(request).map_err(|e| NodeError::internal(e.to_string()))?;
+    let mut extra = HeaderMap::new();
+    if upgrade.is_some() {
+        // A claim that asks for the relay gets the peer's: its `101` is spliced through here.
+        extra.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        extra.insert(header::UPGRADE, HeaderValue::from_static(super::relay::PROTOCOL));
+        // The peer asks its silkd, if the client asked (its answer comes back in the `101`).
+        if let Some(ask) = headers.get(super::relay::ASK_HEADER) {
+            extra.insert(super::relay::ASK_HEADER, ask.clone());
+        }
+    }
+    let path = "/v1/sandboxes?no_redirect=1".to_string();
+    place(api, peer, headers, path, body.into(), extra, upgrade).await
+}
+
+/// Sends a branch of checkpoint `id` (its request `body`) to `peer`, as [`place_claim`] does.
+pub async fn place_branch(
+    api: &Api,
+    peer: silk_mesh::Peer,
+    headers: &HeaderMap,
+    id: &str,
+    body: axum::body::Bytes,
+) -> Result<Response, NodeError> {
+    // `id` passed `authorized_checkpoint`: `ck_` and hex digits.
+    let path = format!("/v1/checkpoints/{id}/claim?no_redirect=1");
+    place(api, peer, headers, path, body, HeaderMap::new(), None).await
+}
+
+/// A call made for `peer` to serve: a redirect to `path` on it, or in forward mode `POST path`
+/// with `body`, the client's bearer token and `extra` headers, and the peer's answer.
+async fn place(
+    api: &Api,
+    peer: silk_mesh::Peer,
+    headers: &HeaderMap,
+    path: String,
+    body: axum::body::Bytes,
+    extra: HeaderMap,
     mut upgrade: Option<hyper::upgrade::OnUpgrade>,
 ) -> Result<Response, NodeError> {
     let peers = api.peers.as_ref().expect("a peer was picked");
     let state = peer.state.as_ref().expect("picked peers have state");
     api.node.metrics.placed_on_peers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     if !peers.forward {
-        return Ok(redirect(format!("{}/v1/sandboxes?no_redirect=1", state.client_url())));
+        return Ok(redirect(format!("{}{path}", state.client_url())));
     }
-    let body = serde_json::to_vec(request).map_err(|e| NodeError::internal(e.to_string()))?;
     let mut req = Request::new(Body::from(body));
     *req.method_mut() = Method::POST;
-    *req.uri_mut() = Uri::from_static("/v1/sandboxes?no_redirect=1");
+    *req.uri_mut() = Uri::try_from(path).map_err(|e| NodeError::internal(e.to_string()))?;
     if let Some(auth) = headers.get(header::AUTHORIZATION) {
         req.headers_mut().insert(header::AUTHORIZATION, auth.clone());
     }
     req.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    if upgrade.is_some() {
-        // A claim that asks for the relay gets the peer's: its `101` is spliced through here.
-        req.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        let protocol = HeaderValue::from_static(super::relay::PROTOCOL);
-        req.headers_mut().insert(header::UPGRADE, protocol);
-        // The peer asks its silkd, if the client asked (its answer comes back in the `101`).
-        if let Some(ask) = headers.get(super::relay::ASK_HEADER) {
-            req.headers_mut().insert(super::relay::ASK_HEADER, ask.clone());
-        }
-    }
+    req.headers_mut().extend(extra);
     forward(peers, &api.node, &peer, req, &mut upgrade).await
 }
 

@@ -93,12 +93,22 @@ pub(super) async fn delete_checkpoint(
 }
 
 pub(super) async fn branch(
-    State(node): Shared,
+    State(api): State<Api>,
     headers: HeaderMap,
+    RawQuery(query): RawQuery,
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> Result<Response, NodeError> {
+    let node = api.node.clone();
     let ck = node.authorized_checkpoint(&id, bearer(&headers)).await?;
+    // Where the copy is, a branch starts from it rather than from the store. A peer that cannot
+    // be reached leaves it to this node.
+    if let Some(peer) = edge::copy_peer(&api, ck.copy_on.as_deref(), &id, query.as_deref()) {
+        match edge::place_branch(&api, peer, &headers, &id, body.clone()).await {
+            Ok(res) => return Ok(res),
+            Err(e) => tracing::debug!(checkpoint = id, "branch left here: {e}"),
+        }
+    }
     let tenant = ck.tenant.clone();
     let b = optional_json::<silk_api::BranchRequest>(&body)?;
     let memory = b.memory;

@@ -203,7 +203,8 @@ fn add_common_answers(doc: &mut Value) {
                 statuses.extend([400, 413, 415]);
             }
             let on_sandbox = path.starts_with("/v1/sandboxes/{id}");
-            if on_sandbox || (path == "/v1/sandboxes" && method == "post") {
+            let placed = path == "/v1/sandboxes" || path == "/v1/checkpoints/{id}/claim";
+            if on_sandbox || (placed && method == "post") {
                 statuses.extend([307, 502, 503]);
             }
             if on_sandbox {

@@ -74,6 +74,8 @@ pub struct CheckpointInfo {
     pub tenant: Option<String>,
     /// The egress policy of the sandbox it was taken from: its branches run under it.
     pub egress: Option<silk_api::EgressPolicy>,
+    /// The node that kept a copy of it when it was taken (its branches start fastest there).
+    pub copy_on: Option<String>,
 }
 
 impl std::ops::Deref for CheckpointInfo {

@@ -33,6 +33,7 @@ impl Node {
         if let Some(n) = &name {
             meta.insert("name".into(), n.clone());
         }
+        let mut copy_on = None;
         let (report, streamed) = match &live.record.phase {
             // Spooled: the sandbox is frozen while its capture goes to memory (or disk), and
             // the upload reads behind it, beside it rather than after it.
@@ -40,12 +41,17 @@ impl Node {
                 before_dump(&live, memory);
                 let base = live.base.as_ref().ok_or_else(|| NodeError::internal("unknown base"))?;
                 let stored = StoredSnapshot::over(base, &box_spec(&live.record));
-                let meta = self.snapshot_meta(&stored, &live.record, meta)?;
+                let mut meta = self.snapshot_meta(&stored, &live.record, meta)?;
                 let (engine, sid) = (self.engine.clone(), live.record.id.parse::<SandboxId>()?);
                 let scratch = self.scratch_tar("checkpoint");
                 // A copy kept here for the branches on this node, of a checkpoint that keeps
-                // memory: a branch of one is otherwise mostly its images' download.
+                // memory: a branch of one is otherwise mostly its images' download. The
+                // manifest names this node, so the fleet sends its branches here.
                 let keep = (memory != Memory::Off && self.lock_kept().on()).then(|| ck.clone());
+                if keep.is_some() {
+                    meta.insert("copy_on".into(), self.name.clone());
+                    copy_on = Some(self.name.clone());
+                }
                 let write = move |out: &mut dyn std::io::Write| {
                     engine.write_snapshot(&sid, memory, out, &scratch, keep.as_deref())
                 };
@@ -92,7 +98,7 @@ impl Node {
         };
         let token_hash = live.record.token_hash.clone();
         let (tenant, egress) = (live.record.tenant.clone(), live.record.egress.clone());
-        Ok(CheckpointInfo { checkpoint, token_hash, tenant, egress })
+        Ok(CheckpointInfo { checkpoint, token_hash, tenant, egress, copy_on })
     }
 
     /// Refuses a checkpoint of `tenant` past its `max_checkpoints` or `max_store_bytes` (what
@@ -224,7 +230,8 @@ impl Node {
         };
         let tenant = m.meta.get("tenant").cloned();
         let egress = m.meta.get("egress").and_then(|j| serde_json::from_str(j).ok());
-        Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant, egress })
+        let copy_on = m.meta.get("copy_on").cloned();
+        Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant, egress, copy_on })
     }
 
     /// The checkpoint, if `bearer` may use it: the root token, the token of the sandbox it was
@@ -329,6 +336,11 @@ impl Node {
         if self.lock_kept().remove(id).is_some() {
             self.drop_copies(vec![id.to_string()]);
         }
+    }
+
+    /// Whether a copy of checkpoint `id` is kept here.
+    pub fn has_copy(&self, id: &str) -> bool {
+        self.lock_kept().contains(id)
     }
 
     /// Bytes of the checkpoints' copies kept here.

@@ -66,6 +66,10 @@ impl KeptCopies {
         Some(*kept)
     }
 
+    pub fn contains(&self, name: &str) -> bool {
+        self.copies.contains_key(name)
+    }
+
     pub fn remove(&mut self, name: &str) -> Option<Kept> {
         let (kept, _) = self.copies.remove(name)?;
         self.used -= kept.bytes;
