@@ -233,6 +233,69 @@ fn copies_from_a_snapshot_continue_its_processes_and_then_diverge() {
     }
 }
 
+/// A snapshot's stream that, at its first byte, asks whether the sandbox answers an exec
+/// within 2 s (a frozen one cannot).
+struct Probe<'a> {
+    sandbox: &'a BoxInfo,
+    answered: Option<bool>,
+    bytes: Vec<u8>,
+}
+
+impl std::io::Write for Probe<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.answered.is_none() {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let sandbox = self.sandbox.clone();
+            std::thread::spawn(move || tx.send(sh(&sandbox, "echo up")));
+            self.answered = Some(rx.recv_timeout(Duration::from_secs(2)).is_ok());
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_running_sandbox_runs_again_before_its_memory_goes_into_the_stream() {
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let src = h.engine.clone_golden(&g, &id("m-thaw"), &small()).unwrap();
+    ok(&src, "echo on-disk > /root/file");
+    ok(&src, COUNTER);
+    let (pid, before) = (ok(&src, "cat /tmp/pid"), count(&src));
+    let mut probe = Probe { sandbox: &src, answered: None, bytes: vec![] };
+    let scratch = h.data.path().join("thaw.tar");
+    let streamed =
+        h.engine.write_snapshot(&src.id, Memory::Required, &mut probe, &scratch, None).unwrap();
+    assert!(streamed.memory.kept, "{:?}", streamed.memory);
+    assert_eq!(probe.answered, Some(true), "the sandbox was frozen while its memory was written");
+    assert!(!scratch.exists(), "the files' spool is left behind");
+    // The stream is whole: files and processes of the frozen moment.
+    ok(&src, "echo later > /root/file");
+    let snap = Snapshot {
+        base: src.base.clone(),
+        spec: small(),
+        layer_tar: h.data.path().join("thaw-in.tar"),
+        bytes: probe.bytes.len() as u64,
+        memory: true,
+        memory_why_not: None,
+        freeze_ms: None,
+    };
+    let copy = h.engine.read_snapshot(
+        &mut &probe.bytes[..],
+        &snap,
+        &id("m-thaw2"),
+        &small(),
+        Memory::Required,
+    );
+    let copy = copy.unwrap();
+    continues(&copy, before, &pid);
+    assert_eq!(ok(&copy, "cat /root/file"), "on-disk");
+}
+
 /// The forks directory's entries: kept copies and fork layers live there.
 fn forks(h: &Harness) -> Vec<String> {
     let entries = std::fs::read_dir(h.data.path().join("forks")).unwrap();

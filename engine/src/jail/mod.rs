@@ -408,10 +408,10 @@ impl Engine for JailEngine {
         id: &SandboxId,
         memory: Memory,
         out: &mut dyn std::io::Write,
-        _scratch: &Path,
+        scratch: &Path,
         keep: Option<&str>,
     ) -> Result<Streamed> {
-        self.stream_snapshot(id, memory, out, keep)
+        self.stream_snapshot(id, memory, out, scratch, keep)
     }
 
     fn restore_kept(

@@ -3,6 +3,9 @@
 
 use std::path::Path;
 
+use std::io::{Read, Write};
+
+use super::forks::link_files;
 use super::host::partial_path;
 use super::{JailEngine, disk, unmounting};
 use crate::layer::{self, Ids, Whiteouts};
@@ -70,29 +73,60 @@ impl JailEngine {
     }
 
     /// A box's snapshot written to `out` (see `Engine::write_snapshot`).
+    ///
+    /// A running box's memory entry is written after it thaws: while it is frozen its files go
+    /// to `scratch` and its dumped images are linked aside, and then the entry (read from those
+    /// links, its MAC computed) and the files (from `scratch`) go to `out` in the stream's
+    /// order. The freeze window is then the dump and the file capture, not the images' pass
+    /// too; the images hold the frozen moment either way.
     pub(super) fn stream_snapshot(
         &self,
         id: &SandboxId,
         memory: Memory,
         out: &mut dyn std::io::Write,
+        scratch: &Path,
         keep: Option<&str>,
     ) -> Result<Streamed> {
-        let mut copy = None;
+        let running = self.record(id).is_ok_and(|r| self.live_pid(&r).is_some());
+        let aside = self.box_dir(id).join("memory-aside");
+        let (mut copy, mut later) = (None, false);
         let captured =
             self.capture_box(id, SnapshotMode::KeepRunning, memory, |images, layers, ids| {
-                let mut out = std::io::BufWriter::with_capacity(256 << 10, out);
-                if let Some(images) = images {
-                    self.write_memory_entry(images, &mut out)?;
-                }
-                match keep {
-                    Some(name) => {
-                        copy = self.capture_beside(name, images, layers, ids, &mut out)?
+                let files = |out: &mut dyn std::io::Write| match keep {
+                    Some(name) => self.capture_beside(name, images, layers, ids, out),
+                    None => layer::capture(layers, out, ids).map(|()| None),
+                };
+                match images {
+                    Some(images) if running => {
+                        let _ = std::fs::remove_dir_all(&aside);
+                        link_files(images, &aside)
+                            .map_err(EngineError::io("link memory images"))?;
+                        let file = std::fs::File::create(scratch)
+                            .map_err(EngineError::io("create the files' spool"))?;
+                        let mut spool = std::io::BufWriter::with_capacity(256 << 10, file);
+                        copy = files(&mut spool)?;
+                        spool.flush().map_err(EngineError::io("write the files' spool"))?;
+                        later = true;
                     }
-                    None => layer::capture(layers, &mut out, ids)?,
+                    images => {
+                        let mut out = std::io::BufWriter::with_capacity(256 << 10, &mut *out);
+                        if let Some(images) = images {
+                            self.write_memory_entry(images, &mut out)?;
+                        }
+                        copy = files(&mut out)?;
+                        out.flush().map_err(EngineError::io("write snapshot"))?;
+                    }
                 }
-                std::io::Write::flush(&mut out).map_err(EngineError::io("write snapshot"))?;
                 Ok(0)
             });
+        let captured = captured.and_then(|captured| {
+            if later {
+                self.write_after_thaw(&aside, scratch, out)?;
+            }
+            Ok(captured)
+        });
+        let _ = std::fs::remove_dir_all(&aside);
+        let _ = std::fs::remove_file(scratch);
         let kept = match (captured.as_ref(), keep, copy) {
             (Ok(captured), Some(name), Some(copy)) => self.keep_copy(name, copy, &captured.base),
             (_, _, Some(copy)) => {
@@ -103,6 +137,29 @@ impl JailEngine {
         };
         let captured = captured?;
         Ok(Streamed { memory: captured.memory, freeze_ms: captured.freeze_ms, kept })
+    }
+
+    /// The rest of [`Self::stream_snapshot`] once a running box thawed: the memory entry of the
+    /// images in `images`, then the files' tar spooled in `files`.
+    fn write_after_thaw(
+        &self,
+        images: &Path,
+        files: &Path,
+        out: &mut dyn std::io::Write,
+    ) -> Result<()> {
+        let mut out = std::io::BufWriter::with_capacity(256 << 10, out);
+        self.write_memory_entry(images, &mut out)?;
+        let mut spool =
+            std::fs::File::open(files).map_err(EngineError::io("open the files' spool"))?;
+        // 1 MiB at a time (`io::copy` moves 8 KiB).
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            match spool.read(&mut buf).map_err(EngineError::io("read the files' spool"))? {
+                0 => break,
+                n => out.write_all(&buf[..n]).map_err(EngineError::io("write snapshot"))?,
+            }
+        }
+        out.flush().map_err(EngineError::io("write snapshot"))
     }
 
     /// Captures a box as it is: its memory dumped (as `memory` says) and its processes frozen
