@@ -6,7 +6,7 @@
 //!
 //! | measurement | floor beside it |
 //! |---|---|
-//! | hibernate (memory), checkpoint (its freeze window included), archive | `criu dump` of an equal tree |
+//! | hibernate (memory), checkpoint and its freeze window, archive | `criu dump` of an equal tree |
 //! | wake (memory), branch (on the node that took the checkpoint, and on a second node through the store), fork ×4 (per child), wake from the archive | `criu restore` of that dump |
 //!
 //! A move carries memory the same way between two nodes: `silkbench cluster`.
@@ -97,10 +97,11 @@ const PYTHON: &str = "python3 -c \"import asyncio, json, email.parser, http.serv
                       until test -e /tmp/imported; do sleep 0.01; done";
 
 /// Each operation of a round, in order, and whether its floor is the dump (else the restore).
-const OPERATIONS: [(&str, bool); 11] = [
+const OPERATIONS: [(&str, bool); 12] = [
     ("hibernate, memory", true),
     ("wake, memory", false),
-    ("checkpoint, memory (sandbox frozen for the dump and the file capture)", true),
+    ("checkpoint, memory", true),
+    ("the checkpoint's freeze window (its `freeze_ms`)", true),
     ("branch the checkpoint on its node (from the copy kept there), memory", false),
     ("branch the checkpoint on another node (through the store), memory", false),
     ("fork ×4, memory (per child)", false),
@@ -248,6 +249,7 @@ fn one_round(
     samples[1].push(d);
     let (d, ck) = timed(http, "POST", &path("checkpoint"), auto, 201)?;
     samples[2].push(d);
+    samples[3].push(Duration::from_millis(ck["freeze_ms"].as_u64().context("freeze_ms")?));
     let ck = ck["id"].as_str().context("checkpoint id")?.to_string();
     // A second image of the same processes a moment later: what the store already had of it.
     let (_, again) = timed(http, "POST", &path("checkpoint"), auto, 201)?;
@@ -261,36 +263,36 @@ fn one_round(
         204,
     )?;
     let (d, b) = timed(http, "POST", &format!("/v1/checkpoints/{ck}/claim"), auto, 201)?;
-    samples[3].push(d);
+    samples[4].push(d);
     let branch = b["id"].as_str().context("branch id")?.to_string();
     exec(http, &branch, ready).context("the branch's processes")?;
     timed(http, "DELETE", &format!("/v1/sandboxes/{branch}"), "", 204)?;
     let (d, b) = timed(elsewhere, "POST", &format!("/v1/checkpoints/{ck}/claim"), auto, 201)?;
-    samples[4].push(d);
+    samples[5].push(d);
     let branch = b["id"].as_str().context("branch id")?.to_string();
     exec(elsewhere, &branch, ready).context("the other node's branch's processes")?;
     timed(elsewhere, "DELETE", &format!("/v1/sandboxes/{branch}"), "", 204)?;
     let body = r#"{"count": 4, "memory": "required"}"#;
     let (d, kids) = timed(http, "POST", &path("fork"), body, 201)?;
-    samples[5].push(d / 4);
+    samples[6].push(d / 4);
     for k in kids["sandboxes"].as_array().context("fork answer")? {
         let kid = k["id"].as_str().context("child id")?;
         timed(http, "DELETE", &format!("/v1/sandboxes/{kid}"), "", 204)?;
     }
     let (d, v) = timed(http, "POST", &path("archive"), auto, 200)?;
     ensure!(kept(&v), "archive kept no memory: {v}");
-    samples[6].push(d);
+    samples[7].push(d);
     let (d, v) = timed(http, "POST", &path("wake"), "", 200)?;
     ensure!(kept(&v), "the wake from the archive restored no memory: {v}");
-    samples[7].push(d);
+    samples[8].push(d);
     exec(http, &id, ready).context("the processes woken from the archive")?;
     let off = r#"{"memory": "off"}"#;
     let (d, _) = timed(http, "POST", &path("hibernate"), off, 200)?;
-    samples[8].push(d);
-    let (d, _) = timed(http, "POST", &path("wake"), "", 200)?;
     samples[9].push(d);
-    let (d, ck2) = timed(http, "POST", &path("checkpoint"), off, 201)?;
+    let (d, _) = timed(http, "POST", &path("wake"), "", 200)?;
     samples[10].push(d);
+    let (d, ck2) = timed(http, "POST", &path("checkpoint"), off, 201)?;
+    samples[11].push(d);
     for c in [ck, ck2["id"].as_str().unwrap_or_default().to_string()] {
         timed(http, "DELETE", &format!("/v1/checkpoints/{c}"), "", 204)?;
     }
