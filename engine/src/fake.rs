@@ -305,6 +305,7 @@ impl Engine for FakeEngine {
             memory: false,
             memory_why_not: Some("the fake engine keeps no memory".into()),
             freeze_ms: None,
+            vouched: false,
         };
         if mode == SnapshotMode::Stop {
             st.boxes.remove(id);

@@ -283,6 +283,11 @@ pub struct Snapshot {
     /// How long a running sandbox was frozen for it (`KeepRunning` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub freeze_ms: Option<u64>,
+    /// For `read_snapshot`: the caller vouches that the stream is what a node of this fleet
+    /// wrote (the node: a manifest signed with the fleet's key, every chunk checked against
+    /// its id), so its memory images' own MAC is not checked again. Never kept.
+    #[serde(skip)]
+    pub vouched: bool,
 }
 
 impl Snapshot {

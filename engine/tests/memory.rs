@@ -283,6 +283,7 @@ fn a_running_sandbox_runs_again_before_its_memory_goes_into_the_stream() {
         memory: true,
         memory_why_not: None,
         freeze_ms: None,
+        vouched: false,
     };
     let copy = h.engine.read_snapshot(
         &mut &probe.bytes[..],
@@ -335,6 +336,7 @@ fn a_copy_kept_beside_a_snapshot_starts_sandboxes_as_they_were_then_and_goes_whe
         memory: true,
         memory_why_not: None,
         freeze_ms: None,
+        vouched: false,
     };
     let read =
         h.engine.read_snapshot(&mut &stream[..], &snap, &id("m-k2"), &small(), Memory::Required);
@@ -555,6 +557,7 @@ fn a_forged_memory_entry_writes_nothing_outside_its_directory_and_leaves_nothing
         memory: true,
         memory_why_not: None,
         freeze_ms: None,
+        vouched: false,
     };
     let b = h.engine.read_snapshot(&mut &forged[..], &snap, &id("m-f"), &small(), Memory::Auto);
     let b = b.unwrap();

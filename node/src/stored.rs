@@ -388,6 +388,7 @@ impl TryFrom<StoredSnapshot> for Snapshot {
             memory: s.memory,
             memory_why_not: None,
             freeze_ms: None,
+            vouched: false,
         })
     }
 }

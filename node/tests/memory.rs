@@ -140,3 +140,60 @@ fn a_branch_on_the_node_that_took_the_checkpoint_starts_from_its_copy_while_the_
         });
     }
 }
+
+/// `stream` with one byte of its first memory page image flipped: the image tar's entries
+/// start on 512-byte boundaries after the memory entry's own header.
+fn tamper_pages(stream: &mut [u8]) {
+    let at = (512..stream.len())
+        .step_by(512)
+        .find(|&at| stream[at..].starts_with(b"pages-"))
+        .expect("a pages image in the memory entry");
+    stream[at + 512 + 100] ^= 0x55;
+}
+
+#[test]
+fn memory_images_a_store_writer_forged_without_the_fleets_key_never_reach_criu() {
+    let node = Sandboxd::start(&format!("checkpoint_copies_mib = 0\n{ONE_WARM}"));
+    let c = node.claim("{}");
+    let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
+    sh(&node, id, token, &format!("sh -c '{COUNTER}' >/dev/null 2>&1 & busybox sleep 0.3"));
+    let (_, pid) = sh(&node, id, token, "cat /tmp/pid");
+    let before = count(&node, id, token);
+    let path = format!("/v1/sandboxes/{id}/checkpoint");
+    let (status, ck) = node.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#));
+    assert_eq!(status, 201, "{ck}");
+    let ck = ck["id"].as_str().unwrap().to_string();
+
+    // What the node signed restores, through the store (no copy is kept here).
+    let (status, b) = branch(&node, &ck, token);
+    assert_eq!(status, 201, "{b}");
+    let (bid, btoken) = (b["id"].as_str().unwrap(), b["token"].as_str().unwrap());
+    assert_eq!(sh(&node, bid, btoken, "cat /tmp/pid").1, pid);
+    assert!(count(&node, bid, btoken) >= before);
+
+    // Someone who can write to the store, but has not the fleet's key, stores the same
+    // checkpoint with one byte of its memory changed: the chunks are sound (named by their
+    // hashes), the manifest's metadata is the original's, only the signature is missing.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        use silk_store::*;
+        let fs = fs::FsStore::open(fs::FsConfig::new(node.data().join("store"))).await.unwrap();
+        let forger =
+            SnapshotStore::new(std::sync::Arc::new(fs), SnapshotConfig::default(), None).unwrap();
+        let name = SnapshotName::checkpoint(ck.strip_prefix("ck_").unwrap()).unwrap();
+        let mut stream = vec![];
+        let manifest = forger.get(&name, &mut stream).await.unwrap();
+        tamper_pages(&mut stream);
+        forger.put(&name, &stream[..], manifest.meta).await.unwrap();
+    });
+    let (status, v) = branch(&node, &ck, token);
+    assert_eq!(
+        (status, v["error"]["code"].as_str()),
+        (409, Some("memory_snapshot_failed")),
+        "forged memory images were restored: {v}"
+    );
+    let path = format!("/v1/checkpoints/{ck}/claim");
+    let (status, v) = node.req("POST", &path, Some(token), Some(r#"{"memory": "auto"}"#));
+    assert_eq!((status, v["memory_snapshot"].as_bool()), (201, Some(false)), "{v}");
+    assert!(v["memory_note"].as_str().unwrap().contains("MAC"), "{v}");
+}

@@ -40,6 +40,6 @@ pub use object::{
     ByteRange, ByteStream, GetObject, Key, ListPage, MAX_KEY_LEN, ObjectMeta, ObjectStore,
     stream_of,
 };
-pub use snapshot::{GcReport, PutReport, SnapshotConfig, SnapshotStore};
+pub use snapshot::{GcReport, ManifestKey, PutReport, SnapshotConfig, SnapshotStore};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

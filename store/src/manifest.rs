@@ -125,9 +125,21 @@ pub struct Manifest {
     /// The caller's metadata (template digest, sandbox id, engine, ...).
     pub meta: BTreeMap<String, String>,
     pub chunks: Vec<ChunkRef>,
+    /// A keyed blake3 of the rest of the manifest under the writer's manifest key (hex), when
+    /// it had one (`SnapshotStore::vouches_for`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
 }
 
 impl Manifest {
+    /// The MAC of this manifest under `key`: of its JSON without the `mac` field. A field a
+    /// newer writer added and this build does not know is not in what it hashes, so such a
+    /// manifest is never vouched for here (its images' own MAC is checked instead).
+    pub fn mac_under(&self, key: &[u8; 32]) -> blake3::Hash {
+        let unsigned = Manifest { mac: None, ..self.clone() };
+        blake3::keyed_hash(key, &unsigned.to_json())
+    }
+
     pub fn to_json(&self) -> Vec<u8> {
         // A struct of strings, numbers and maps always serializes.
         serde_json::to_vec(self).expect("manifests serialize")
@@ -200,6 +212,7 @@ mod tests {
             chunking: ChunkParams::default(),
             meta: BTreeMap::from([("k".to_string(), "v".to_string())]),
             chunks: vec![ChunkRef { id: ChunkId::of(b"hello"), size: 5 }],
+            mac: None,
         };
         let key = name.key();
         assert_eq!(Manifest::parse(&key, &m.to_json()).unwrap(), m);
@@ -250,6 +263,7 @@ mod mutations {
                     .map(|j| ChunkRef { id: ChunkId::of(&[j as u8]), size: 1 << (10 + j) })
                     .collect();
                 Manifest {
+                    mac: None,
                     format: FORMAT,
                     name: key.to_string(),
                     size: chunks.iter().map(|c| u64::from(c.size)).sum(),

@@ -63,6 +63,20 @@ pub struct SnapshotConfig {
     /// Where the known-chunk index lives; in memory only when unset.
     #[serde(default)]
     pub known_index: Option<PathBuf>,
+    /// The key manifests written here are signed with, and those read back are checked
+    /// against ([`SnapshotStore::vouches_for`]); never in a config file.
+    #[serde(skip)]
+    pub manifest_key: Option<ManifestKey>,
+}
+
+/// A key that signs manifests: a fleet's, so every node of it vouches for the others'.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct ManifestKey(pub [u8; 32]);
+
+impl std::fmt::Debug for ManifestKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ManifestKey(..)")
+    }
 }
 
 fn default_concurrency() -> usize {
@@ -84,6 +98,7 @@ impl Default for SnapshotConfig {
             grace_secs: default_grace_secs(),
             reuse_window_secs: default_reuse_window_secs(),
             known_index: None,
+            manifest_key: None,
         }
     }
 }
@@ -126,6 +141,7 @@ struct Inner {
     download_concurrency: usize,
     grace: Duration,
     reuse_window: Duration,
+    manifest_key: Option<ManifestKey>,
 }
 
 /// See the module docs. Cheap to clone.
@@ -165,6 +181,7 @@ impl SnapshotStore {
                 download_concurrency: cfg.download_concurrency,
                 grace: Duration::from_secs(cfg.grace_secs),
                 reuse_window: Duration::from_secs(cfg.reuse_window_secs),
+                manifest_key: cfg.manifest_key,
             }),
         })
     }
@@ -272,7 +289,8 @@ impl SnapshotStore {
         report.unique_chunks = seen.lock().unwrap_or_else(|e| e.into_inner()).len();
         inner.known.record(&known)?;
 
-        let manifest = Manifest {
+        let mut manifest = Manifest {
+            mac: None,
             format: FORMAT,
             name: name.to_string(),
             size: report.size,
@@ -282,6 +300,9 @@ impl SnapshotStore {
             meta,
             chunks,
         };
+        if let Some(key) = &inner.manifest_key {
+            manifest.mac = Some(manifest.mac_under(&key.0).to_hex().to_string());
+        }
         inner.store.put_bytes(&name.key(), manifest.to_json().into()).await?;
         Ok(report)
     }
@@ -311,6 +332,18 @@ impl SnapshotStore {
         let _slot = puts.acquire().await.expect("the semaphore is never closed");
         let n = store.put_bytes(&key, data).await?;
         Ok(Upload::Uploaded(n))
+    }
+
+    /// Whether `manifest` was signed with this store's manifest key: then every byte its
+    /// chunks give (each checked against its id as it is read) is what a node holding the key
+    /// stored, whatever else wrote to the store. A manifest without a signature, with another
+    /// key's, or changed since it was signed is not vouched for.
+    pub fn vouches_for(&self, manifest: &Manifest) -> bool {
+        let (Some(key), Some(mac)) = (&self.inner.manifest_key, &manifest.mac) else {
+            return false;
+        };
+        // `Hash` compares in constant time.
+        blake3::Hash::from_hex(mac).is_ok_and(|mac| mac == manifest.mac_under(&key.0))
     }
 
     /// The snapshot's manifest, or `NotFound`.

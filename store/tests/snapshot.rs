@@ -322,3 +322,43 @@ async fn puts_are_bounded_and_heads_run_ahead_of_them() {
     assert!(counts.peak_calls > 3, "no HEAD ran beside the PUTs: {counts:?}");
     assert!(counts.peak_calls <= 6, "more chunks in hand than twice the PUTs: {counts:?}");
 }
+
+/// A snapshot store over `store` signing its manifests with `key`.
+fn signing(store: Arc<dyn ObjectStore>, key: Option<[u8; 32]>) -> SnapshotStore {
+    let cfg = SnapshotConfig { manifest_key: key.map(ManifestKey), ..SnapshotConfig::default() };
+    SnapshotStore::new(store, cfg, None).unwrap()
+}
+
+#[tokio::test]
+async fn a_store_vouches_only_for_manifests_signed_with_its_key_as_they_were_written() {
+    let backend = common::fs_unsynced().await;
+    let store = backend.store();
+    let (fleet, other) = ([7u8; 32], [8u8; 32]);
+    let ours = signing(store.clone(), Some(fleet));
+    let name = SnapshotName::checkpoint("signed").unwrap();
+    ours.put(&name, &b"the fleet's bytes"[..], none()).await.unwrap();
+    let signed = ours.manifest(&name).await.unwrap();
+    assert!(ours.vouches_for(&signed), "a node of the fleet vouches for its own manifest");
+    assert!(signing(store.clone(), Some(fleet)).vouches_for(&signed), "and another node of it");
+    assert!(!signing(store.clone(), Some(other)).vouches_for(&signed), "another fleet's key");
+    assert!(!signing(store.clone(), None).vouches_for(&signed), "a store with no key");
+
+    // Whoever can write to the store but lacks the key: an unsigned manifest, a signed one
+    // changed (its chunks, its metadata), or another's signature copied onto new contents.
+    let unsigned = SnapshotName::checkpoint("unsigned").unwrap();
+    signing(store.clone(), None).put(&unsigned, &b"forged bytes"[..], none()).await.unwrap();
+    let forged = ours.manifest(&unsigned).await.unwrap();
+    assert!(!ours.vouches_for(&forged), "an unsigned manifest");
+    let with_stolen_mac = Manifest { mac: signed.mac.clone(), ..forged.clone() };
+    assert!(!ours.vouches_for(&with_stolen_mac), "a signature copied from another manifest");
+    let mut changed = signed.clone();
+    changed.chunks = forged.chunks.clone();
+    changed.size = forged.size;
+    assert!(!ours.vouches_for(&changed), "a signed manifest pointed at other chunks");
+    let mut renamed = signed.clone();
+    renamed.meta.insert("tenant".into(), "someone-else".into());
+    assert!(!ours.vouches_for(&renamed), "a signed manifest with other metadata");
+    // Written back to the store and read again: the same verdicts.
+    store.put_bytes(&name.key(), Bytes::from(changed.to_json())).await.unwrap();
+    assert!(!ours.vouches_for(&ours.manifest(&name).await.unwrap()));
+}

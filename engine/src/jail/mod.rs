@@ -399,7 +399,7 @@ impl Engine for JailEngine {
         spec: &BoxSpec,
         memory: Memory,
     ) -> Result<BoxInfo> {
-        let seed = Seed::Snapshot(SnapshotInput::Stream(input), memory);
+        let seed = Seed::Snapshot(SnapshotInput::Stream(input, snapshot.vouched), memory);
         self.create(snapshot.base.clone(), id, spec, seed, true)
     }
 

@@ -69,6 +69,7 @@ impl JailEngine {
             memory: captured.memory.kept,
             memory_why_not: captured.memory.why_not,
             freeze_ms: captured.freeze_ms,
+            vouched: false,
         })
     }
 
@@ -354,7 +355,9 @@ impl JailEngine {
         let images = self.box_dir(id).join("memory");
         let (mut files, carried) = match input {
             SnapshotInput::File(tar) => self.open_snapshot(tar, &images)?,
-            SnapshotInput::Stream(stream) => self.open_snapshot_stream(stream, &images)?,
+            SnapshotInput::Stream(stream, vouched) => {
+                self.open_snapshot_stream(stream, &images, vouched)?
+            }
         };
         layer::apply(&mut files, upper, Whiteouts::Overlay, self.ids)?;
         // To the stream's end: a download that failed after the layer's last entry still fails
@@ -382,6 +385,7 @@ impl JailEngine {
 pub(super) enum SnapshotInput<'a> {
     /// A file.
     File(&'a Path),
-    /// A stream, read once as it arrives (a download).
-    Stream(&'a mut dyn std::io::Read),
+    /// A stream, read once as it arrives (a download), and whether it is vouched for
+    /// (`Snapshot::vouched`).
+    Stream(&'a mut dyn std::io::Read, bool),
 }

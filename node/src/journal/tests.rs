@@ -340,6 +340,7 @@ async fn digests_keep_their_journal_encoding() {
         memory: false,
         memory_why_not: None,
         freeze_ms: None,
+        vouched: false,
     };
     let record = ClaimRecord {
         id: "sb-1".into(),

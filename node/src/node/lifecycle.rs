@@ -99,6 +99,11 @@ pub(super) async fn open_store(cfg: &Config) -> anyhow::Result<SnapshotStore> {
     if snapshots.known_index.is_none() {
         snapshots.known_index = Some(cfg.data_dir.join("known-chunks"));
     }
+    // Manifests are signed with a key of the fleet's (derived from the root token, as the
+    // memory images' key is): every node of it vouches for what the others stored.
+    snapshots.manifest_key = cfg.api_token.as_ref().map(|t| {
+        silk_store::ManifestKey(blake3::derive_key("silkmesh manifests v1", t.as_bytes()))
+    });
     Ok(SnapshotStore::new(objects, snapshots, None)?)
 }
 

@@ -74,6 +74,7 @@ impl StoredSnapshot {
             memory: false,
             memory_why_not: None,
             freeze_ms: None,
+            vouched: false,
         }
     }
 }
@@ -112,6 +113,7 @@ mod tests {
             memory: true,
             memory_why_not: None,
             freeze_ms: None,
+            vouched: false,
         }
     }
 

@@ -206,11 +206,14 @@ impl Node {
         // a move).
         self.disk_reserve()?;
         let base = self.local_base(stored).await?;
-        let bytes = match &from {
-            Arriving::Store(manifest) => manifest.size,
-            Arriving::Peer(_) => 0,
+        // A manifest signed with the fleet's key vouches for every byte its chunks give (each
+        // is checked against its id): the engine skips the images' own MAC.
+        let (bytes, vouched) = match &from {
+            Arriving::Store(manifest) => (manifest.size, self.store.vouches_for(manifest)),
+            Arriving::Peer(_) => (0, false),
         };
-        let snap = stored.local(base, self.scratch_tar("download"), bytes);
+        let mut snap = stored.local(base, self.scratch_tar("download"), bytes);
+        snap.vouched = vouched;
         let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
         let (reader, writer) = wide_pipe().map_err(pipe)?;
         let mut writer =
