@@ -44,12 +44,14 @@ impl JailEngine {
         ids: Ids,
         out: &mut dyn Write,
     ) -> Result<Option<Copy>> {
+        if !plain(name) {
+            tracing::warn!(copy = name, "no copy kept: not a plain name");
+            layer::capture(layers, out, ids)?;
+            return Ok(None);
+        }
         let fork = format!("{name}-{}", now_ms());
         let dir = self.forks_dir().join(&fork);
-        let made = plain(name)
-            .then_some(())
-            .ok_or_else(|| "not a plain name".to_string())
-            .and_then(|()| self.new_copy_dir(&dir, images).map_err(|e| e.to_string()));
+        let made = self.new_copy_dir(&dir, images).map_err(|e| e.to_string());
         let pipe = made.and_then(|()| wide_pipe().map_err(|e| e.to_string()));
         let (reader, writer) = match pipe {
             Ok(pipe) => pipe,
@@ -138,8 +140,11 @@ impl JailEngine {
         if std::fs::hard_link(self.kept_dir().join(name), &using).is_err() {
             return Ok(None);
         }
+        let Some(fork) = self.fork_named(&using) else {
+            let _ = std::fs::remove_file(&using);
+            return Ok(None);
+        };
         let made = (|| {
-            let Some(fork) = self.fork_named(&using) else { return Ok(None) };
             let dir = self.forks_dir().join(&fork);
             let base: Base = std::fs::read(dir.join("base.json"))
                 .map_err(std::io::Error::other)
@@ -154,18 +159,12 @@ impl JailEngine {
                 return Err(EngineError::MemoryFailed(why.clone()));
             }
             let copy = Fork { dir, memory, images };
-            let made = self.create(base, id, spec, Seed::Fork(&copy), true);
-            Ok(Some((fork, made)))
+            self.create(base, id, spec, Seed::Fork(&copy), true)
         })();
         let _ = std::fs::remove_file(&using);
-        match made? {
-            None => Ok(None),
-            Some((fork, made)) => {
-                // Dropped while this restore held it: the last of its users goes.
-                self.release_fork(&fork);
-                made.map(Some)
-            }
-        }
+        // Dropped while this restore held it, and no sandbox started on it: it goes now.
+        self.release_fork(&fork);
+        made.map(Some)
     }
 
     /// Drops the copy kept as `name`.
@@ -188,7 +187,7 @@ impl JailEngine {
     }
 }
 
-/// A kept copy's name, or the fork it holds, as a path component: plain characters only.
+/// A kept copy's name, which becomes a path component: plain characters only.
 fn plain(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 128
