@@ -97,14 +97,15 @@ fn signal(n: &Sandboxd, sig: i32) {
     assert_eq!(sent, 0, "signal {sig} to {pid}: {}", std::io::Error::last_os_error());
 }
 
-/// The tree's hash through `n` once the move has settled there (until then: 503 `moving`).
+/// The tree's hash through `n` once the move has settled there (until then: 503 `moving`, or
+/// `peer_unavailable` while the node that took it is not yet a member again).
 fn settled_hash(n: &Sandboxd, s: &Box) -> String {
     let body = serde_json::json!({ "argv": ["sh", "-c", HASH_TREE] }).to_string();
     let path = format!("/v1/sandboxes/{}/exec", s.id);
     let mut answer = (0, serde_json::Value::Null);
     eventually("the move settled", || {
         answer = n.req("POST", &path, Some(&s.token), Some(&body));
-        answer.0 != 503 || code(&answer.1) != Some("moving")
+        answer.0 != 503 || !matches!(code(&answer.1), Some("moving" | "peer_unavailable"))
     });
     let (status, v) = answer;
     assert_eq!((status, &v["exit_code"]), (200, &serde_json::json!(0)), "through {}: {v}", n.addr);
@@ -186,6 +187,40 @@ fn a_peer_stopped_while_a_sandbox_moves_to_it_leaves_one_copy() {
     }
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(running_on(&[&a, &b], &s.id), 1, "a second copy started later");
+}
+
+#[test]
+fn a_sandbox_moved_to_a_paused_peer_is_try_again_through_its_old_node_not_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), &["a", "b"]);
+    let store = tempfile::tempdir().unwrap();
+    let extra = format!("{ONE_WARM}[store.fs]\nroot = \"{}\"\n", store.path().display());
+    let a = forwarding_node(dir.path(), "a", 63, None, &extra);
+    let b = forwarding_node(dir.path(), "b", 64, Some(&mesh_addr(&a)), &extra);
+    eventually("meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
+    let s = claim(&a, "{}");
+    sh(&a, &s, WRITE_TREE);
+    let before = sh(&a, &s, HASH_TREE);
+    let (status, v) = a.req(
+        "POST",
+        &format!("/v1/sandboxes/{}/move", s.id),
+        Some(&s.token),
+        Some(r#"{"to": "b"}"#),
+    );
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(settled_hash(&a, &s), before);
+
+    // b pauses until a declares it down: the sandbox is b's, alive, only out of reach. A client
+    // asking a is told to try again (a 404 would tell it the sandbox is gone: the SDK takes a
+    // release's 404 for done).
+    signal(&b, libc::SIGSTOP);
+    eventually("a drops b", || peer_names(&a).is_empty());
+    let body = serde_json::json!({ "argv": ["sh", "-c", HASH_TREE] }).to_string();
+    let path = format!("/v1/sandboxes/{}/exec", s.id);
+    let (status, v) = a.req("POST", &path, Some(&s.token), Some(&body));
+    assert_eq!((status, code(&v)), (503, Some("peer_unavailable")), "{v}");
+    signal(&b, libc::SIGCONT);
+    assert_eq!(settled_hash(&a, &s), before);
 }
 
 #[test]

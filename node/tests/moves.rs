@@ -64,6 +64,8 @@ fn lost(m: &str) -> NodeError {
 }
 
 impl Fleet for Direct {
+    fn moved(&self, _: &str, _: &str) {}
+
     fn tenant_sandboxes(&self, _: &str) -> u64 {
         0
     }

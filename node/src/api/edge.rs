@@ -234,6 +234,12 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
             )
             .await
             {
+                // Not archived, but moved from here to a node out of reach for now: it may well
+                // live there, and a 404 would tell the client it is gone.
+                Ok(false) if peers.moved_to_absent(&id) => {
+                    let message = format!("the node {id} moved to did not answer; try again");
+                    try_again(message).into_response()
+                }
                 Ok(_) => next.run(req).await,
                 Err(e) => e.into_response(),
             };

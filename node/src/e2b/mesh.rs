@@ -68,6 +68,10 @@ pub(super) async fn owner(State(e2b): State<E2b>, req: Request, next: Next) -> R
             // Woken, or it is nowhere: the call is answered here, in the shape its plane uses
             // for a sandbox that is gone (envd's 502 "not found", the control plane's 404).
             return match woken {
+                Ok(false) if peers.moved_to_absent(&id) => {
+                    let message = format!("the node {id} moved to did not answer; try again");
+                    HttpError::new(StatusCode::SERVICE_UNAVAILABLE, message).into_response()
+                }
                 Err(e) if crate::api::status(&e) != StatusCode::NOT_FOUND => {
                     HttpError::new(crate::api::status(&e), e.message).into_response()
                 }

@@ -34,6 +34,10 @@ use crate::node::Node;
 use crate::node::fleet::{BoxFuture, Fleet, PeerNode, SnapshotBytes};
 
 const CACHE_TTL: Duration = Duration::from_secs(5);
+/// How long a sandbox moved away is answered "try again" here while its node is not a live
+/// member: longer than a restart or a pause usually lasts, short enough that a node gone for
+/// good stops being waited for.
+const MOVED_TTL: Duration = Duration::from_secs(600);
 const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 
 /// A call from one node to another.
@@ -84,11 +88,13 @@ pub struct Peers {
     /// Forward claims and the data plane instead of redirecting (nodes behind a load balancer).
     pub forward: bool,
     owners: Mutex<HashMap<String, (String, Instant)>>,
+    /// Sandboxes this node moved away, to which peer and when (see [`Fleet::moved`]).
+    moved: Mutex<HashMap<String, (String, Instant)>>,
 }
 
 impl Peers {
     pub fn new(mesh: Mesh, forward: bool) -> Peers {
-        Peers { mesh, forward, owners: Mutex::new(HashMap::new()) }
+        Peers { mesh, forward, owners: Mutex::new(HashMap::new()), moved: Mutex::default() }
     }
 
     fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
@@ -188,6 +194,17 @@ impl Peers {
         if unsure { Located::Unknown } else { Located::Nobody }
     }
 
+    /// Whether `id` moved from here to a peer that is not a live member right now (paused,
+    /// restarting, not yet admitted again): no live node holding it does not mean it is gone.
+    pub fn moved_to_absent(&self, id: &str) -> bool {
+        let Some(to) = self.moved_lock().get(id).map(|(to, _)| to.clone()) else { return false };
+        !self.mesh.peers().iter().any(|p| p.id.name == to)
+    }
+
+    fn moved_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
+        self.moved.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Only authorized answers are cached: a wrong token is asked about every time, so it
     /// can never ride on another caller's answer.
     fn found(&self, key: &str, peer: Peer, authorized: bool) -> Located {
@@ -221,6 +238,12 @@ impl Peers {
 }
 
 impl Fleet for Peers {
+    fn moved(&self, id: &str, peer: &str) {
+        let mut moved = self.moved_lock();
+        moved.retain(|_, (_, at)| at.elapsed() < MOVED_TTL);
+        moved.insert(id.to_string(), (peer.to_string(), Instant::now()));
+    }
+
     fn tenant_seconds(&self, tenant: &str) -> u64 {
         let peers = self.mesh.peers();
         let seconds =

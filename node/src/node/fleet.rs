@@ -47,6 +47,11 @@ pub trait Fleet: Send + Sync + std::fmt::Debug {
     /// starting it right now).
     fn holds<'a>(&'a self, peer: &'a str, id: &'a str) -> BoxFuture<'a, Option<bool>>;
 
+    /// Notes that sandbox `id` moved from this node to `peer`: while `peer` is not a live
+    /// member (paused, restarting, not yet admitted again), a call for `id` here is answered
+    /// "try again" rather than "no such sandbox".
+    fn moved(&self, id: &str, peer: &str);
+
     /// Live sandboxes of `tenant` on the other nodes, as they last said.
     fn tenant_sandboxes(&self, tenant: &str) -> u64;
 

@@ -234,6 +234,7 @@ impl Node {
         }
         self.crash_point("move:switched").await;
         self.forget_moved(id, &files).await?;
+        fleet.moved(id, &target.name);
         self.metrics.moved.fetch_add(1, Ordering::Relaxed);
         let mut moved = rec;
         moved.intent = None;
@@ -422,6 +423,7 @@ impl Node {
                     return;
                 }
                 let settled = if held {
+                    fleet.moved(&id, &target);
                     match Files::of(&live) {
                         Some(files) => self.forget_moved(&id, &files).await,
                         None => Ok(()),
