@@ -284,6 +284,36 @@ fn tmpfs_contents_are_dumped_as_plain_tars_and_gzipped_ones_from_before_still_re
     assert_eq!(ok(&woken, "sha256sum /tmp/blob"), sum);
 }
 
+#[test]
+fn criu_keeps_its_kernel_probe_whatever_run_is_and_after_a_failed_save() {
+    // CRIU probes the kernel on every run (~20 ms) unless /run/criu.kdat holds the answers, which
+    // stock CRIU writes only on a tmpfs /run and never again once a failed save has left
+    // /run/criu.kdat.tmp behind (scripts/criu-kdat-cache-off-tmpfs.patch).
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let b = h.engine.clone_golden(&g, &id("m-kdat"), &small()).unwrap();
+    ok(&b, COUNTER);
+    let cache = std::path::Path::new("/run/criu.kdat");
+    std::fs::write("/run/criu.kdat.tmp", b"").unwrap();
+    let _ = std::fs::remove_file(cache);
+    assert!(h.engine.stop(&b.id, Memory::Required).unwrap().kept);
+    let kept = std::fs::read(cache).expect("no /run/criu.kdat after a dump");
+    let tmpfs = {
+        let run = std::ffi::CString::new("/run").unwrap();
+        // SAFETY: statfs fills the struct it is given.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        assert_eq!(unsafe { libc::statfs(run.as_ptr(), &mut st) }, 0);
+        st.f_type == libc::TMPFS_MAGIC
+    };
+    if !tmpfs {
+        let boot = std::fs::read("/proc/sys/kernel/random/boot_id").unwrap();
+        assert!(kept.ends_with(&boot), "the cache outside a tmpfs does not carry the boot's id");
+    }
+    let woken = h.engine.resume(&b.id).unwrap();
+    assert!(woken.memory.kept, "{:?}", woken.memory);
+    let _ = std::fs::remove_file("/run/criu.kdat.tmp");
+}
+
 /// A snapshot's stream that, at its first byte, asks whether the sandbox answers an exec
 /// within 2 s (a frozen one cannot).
 struct Probe<'a> {
