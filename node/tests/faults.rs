@@ -282,6 +282,35 @@ fn free_bytes(dir: &std::path::Path) -> u64 {
 }
 
 #[test]
+fn checkpoint_copies_give_way_to_a_claim_when_the_disk_is_short() {
+    let fs = LoopFs::new(512);
+    let node = Sandboxd::start_in(fs.path(), &format!("min_free_mib = 64\n{ONE_WARM}"));
+    let a = claim(&node, "{}");
+    // 48 MiB in its files: the copy its checkpoint leaves on this node holds them unpacked.
+    sh(&node, &a, "head -c 50331648 /dev/urandom > /root/blob && echo kept > /root/file");
+    let (status, ck) = post(&node, &a, "checkpoint", r#"{"memory": "required"}"#);
+    assert_eq!(status, 201, "{ck}");
+    assert!(metric(&node, "silkmesh_checkpoint_copies_bytes") >= 48 << 20);
+    node.wait_warm(1);
+
+    // Something else on the host takes all but 32 MiB, half the node's reserve: the copy's
+    // room makes up the rest, so the copy goes and the claim is served.
+    let ballast = std::fs::File::create(fs.path().join("ballast")).unwrap();
+    let take = free_bytes(fs.path()) - (32 << 20);
+    // SAFETY: fallocate on a file this test just created.
+    let taken =
+        unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&ballast), 0, 0, take as i64) };
+    assert_eq!(taken, 0, "{}", std::io::Error::last_os_error());
+    let (status, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
+    assert_eq!(status, 201, "claim: {v}");
+    assert_eq!(metric(&node, "silkmesh_checkpoint_copies_bytes"), 0);
+    assert!(free_bytes(fs.path()) >= 64 << 20, "the copy's room did not come back");
+    // The checkpoint itself is in the store, whole.
+    let path = format!("/v1/checkpoints/{}", ck["id"].as_str().unwrap());
+    assert_eq!(node.req("GET", &path, Some(&a.token), None).0, 200);
+}
+
+#[test]
 fn a_nearly_full_disk_answers_507_and_keeps_the_journal_whole() {
     let fs = LoopFs::new(512);
     let mut node = Sandboxd::start_in(fs.path(), &format!("min_free_mib = 64\n{ONE_WARM}"));

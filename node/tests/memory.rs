@@ -69,14 +69,6 @@ warmup = ["sh", "-c", "sh -c '{COUNTER}' >/dev/null 2>&1 & busybox sleep 0.3"]
     assert_ne!(code, 0, "woken from its files: a fresh /tmp (was {pid})");
 }
 
-fn metric(n: &Sandboxd, name: &str) -> u64 {
-    let (_, v) = n.req("GET", "/metrics", Some(ROOT), None);
-    let text = v.as_str().unwrap_or_default().to_string();
-    text.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
 /// Branches a checkpoint; its status, and the new sandbox's id and token.
 fn branch(n: &Sandboxd, ck: &str, token: &str) -> (u16, serde_json::Value) {
     let path = format!("/v1/checkpoints/{ck}/claim");

@@ -24,6 +24,9 @@ impl Node {
         let mut spec = spec;
         self.settle_egress(&mut spec)?;
         let key = PoolKey { template: spec.template.clone(), size: spec.size, lane: spec.lane };
+        // Copies of checkpoints give way first when the disk is short (one lock when none
+        // are kept, a statfs when some are): the reserve is checked under the lock below.
+        self.make_room().await;
         let (admitted, warm, idle) = {
             let mut st = self.lock();
             let draining = self.draining.load(Ordering::Relaxed);
@@ -85,6 +88,13 @@ impl Node {
             )),
             _ => Ok(()),
         }
+    }
+
+    /// [`Node::disk_reserve`], once the checkpoints' copies kept here have given way if that
+    /// makes the room (see `make_room`).
+    pub(crate) async fn room_on_disk(&self) -> Result<(), NodeError> {
+        self.make_room().await;
+        self.disk_reserve()
     }
 
     /// Counts `n` claims in flight until the returned guard drops, or answers 429 when the

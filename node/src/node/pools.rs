@@ -123,7 +123,7 @@ impl Node {
     }
 
     pub(super) async fn start_warm(&self, key: &PoolKey) -> Result<BoxInfo, NodeError> {
-        self.disk_reserve()?;
+        self.room_on_disk().await?;
         let memory_golden = self.lock().pools.get(key).is_some_and(|p| p.memory_golden);
         let golden = self.golden_of(&key.template, memory_golden).await?;
         // Before the permit: a refill giving way holds up no teardown.

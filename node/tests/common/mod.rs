@@ -300,6 +300,15 @@ impl Drop for LoopFs {
     }
 }
 
+/// The value of metric `name` (an unlabelled counter or gauge) on `n`'s `/metrics`.
+pub fn metric(n: &Sandboxd, name: &str) -> u64 {
+    let (_, v) = n.req("GET", "/metrics", Some(ROOT), None);
+    let text = v.as_str().unwrap_or_default().to_string();
+    text.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|rest| rest.trim().parse().ok()))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
+
 /// Sends `head` (a request line and headers, no blank line) on a new connection and returns the
 /// status line, the headers but `date` (lower-cased names, in order) and the body.
 pub fn raw_answer(addr: std::net::SocketAddr, head: &str) -> (String, Vec<String>, String) {

@@ -20,7 +20,7 @@ impl Node {
         if name.as_ref().is_some_and(|n| n.is_empty() || n.chars().count() > 128) {
             return Err(NodeError::bad_request("a checkpoint name is 1-128 characters"));
         }
-        self.disk_reserve()?;
+        self.room_on_disk().await?;
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
         if let Some(t) = &live.record.tenant {
@@ -267,7 +267,7 @@ impl Node {
     ) -> Result<Claimed, NodeError> {
         let t0 = std::time::Instant::now();
         let name = checkpoint_name(id)?;
-        self.disk_reserve()?;
+        self.room_on_disk().await?;
         let admitted = {
             let mut st = self.lock();
             self.admit(&mut st, 1, spec.tenant.as_deref())?
@@ -352,6 +352,33 @@ impl Node {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Below the disk's reserve, drops the least recently used copies kept here until the
+    /// room they free makes it up (none when all of them would not): a copy only saves a
+    /// branch a trip to the store, and must not cost a claim its `507`. Waits for their files
+    /// to go, since the caller checks the reserve next.
+    pub(in crate::node) async fn make_room(&self) {
+        if self.kept_bytes() == 0 {
+            return;
+        }
+        let reserve = self.cfg.min_free_mib.saturating_mul(1 << 20);
+        let Some(short) = crate::node::free_bytes(&self.cfg.data_dir)
+            .and_then(|free| reserve.checked_sub(free))
+            .filter(|short| *short > 0)
+        else {
+            return;
+        };
+        let names = self.lock_kept().take_oldest(short);
+        if names.is_empty() {
+            return;
+        }
+        tracing::info!(copies = names.len(), "checkpoint copies dropped for the disk's reserve");
+        let engine = self.engine.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            names.iter().for_each(|name| engine.drop_kept(name));
+        })
+        .await;
+    }
+
     /// Drops the engine's copies `names`, behind the call (a copy's files can take a while).
     fn drop_copies(&self, names: Vec<String>) {
         if names.is_empty() {
@@ -375,7 +402,7 @@ impl Node {
             return Err(NodeError::bad_request(format!("count must be 1-{MAX_FORK}")));
         }
         let t0 = std::time::Instant::now();
-        self.disk_reserve()?;
+        self.room_on_disk().await?;
         let _busy = self.busy(id).await;
         let live = self.current(id)?;
         let admitted = {

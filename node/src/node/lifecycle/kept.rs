@@ -80,6 +80,27 @@ impl KeptCopies {
     pub fn used(&self) -> u64 {
         self.used
     }
+
+    /// Forgets the least recently used copies until they add up to `bytes`, and names them;
+    /// none when all of them together hold less (dropping them would not be enough).
+    pub fn take_oldest(&mut self, bytes: u64) -> Vec<String> {
+        if self.used < bytes {
+            return vec![];
+        }
+        let mut order: Vec<(u64, String)> =
+            self.copies.iter().map(|(name, (_, last))| (*last, name.clone())).collect();
+        order.sort_unstable();
+        let mut taken = vec![];
+        let mut freed = 0;
+        for (_, name) in order {
+            if freed >= bytes {
+                break;
+            }
+            freed += self.remove(&name).map_or(0, |k| k.bytes);
+            taken.push(name);
+        }
+        taken
+    }
 }
 
 #[cfg(test)]
@@ -105,6 +126,23 @@ mod tests {
         assert_eq!(kept.used(), 80);
         assert_eq!(kept.touch("d"), None);
         assert_eq!(kept.touch("a"), Some(copy(40)));
+    }
+
+    #[test]
+    fn room_is_taken_from_the_least_recently_used_copies_only_when_they_can_make_it() {
+        let mut kept = KeptCopies::new(1000);
+        for (name, bytes) in [("a", 30), ("b", 50), ("c", 20)] {
+            kept.insert(name.into(), copy(bytes));
+        }
+        kept.touch("a");
+        // Needing more than all three hold: none goes.
+        assert!(kept.take_oldest(101).is_empty());
+        assert_eq!(kept.used(), 100);
+        // b then c are the oldest; b alone is not enough for 60.
+        assert_eq!(kept.take_oldest(60), ["b", "c"]);
+        assert_eq!(kept.used(), 30);
+        assert!(kept.contains("a"));
+        assert!(kept.take_oldest(0).is_empty());
     }
 
     #[test]

@@ -204,7 +204,7 @@ impl Node {
     ) -> Result<T, NodeError> {
         // Every snapshot restored becomes files on this disk (a branch, a wake from an archive,
         // a move).
-        self.disk_reserve()?;
+        self.room_on_disk().await?;
         let base = self.local_base(stored).await?;
         // A manifest signed with the fleet's key vouches for every byte its chunks give (each
         // is checked against its id): the engine skips the images' own MAC.
