@@ -314,6 +314,42 @@ fn criu_keeps_its_kernel_probe_whatever_run_is_and_after_a_failed_save() {
     let _ = std::fs::remove_file("/run/criu.kdat.tmp");
 }
 
+#[test]
+fn connections_a_jails_namespace_tracks_are_kept_through_a_hibernate() {
+    // CRIU walks the host's whole conntrack table to dump a namespace's entries, so it is asked
+    // only when the namespace tracks some (scripts/criu-conntrack-none.patch). A sandbox cannot
+    // make its namespace track (no nftables inside); the host's root can: then they are kept.
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let b = h.engine.clone_golden(&g, &id("m-ct"), &small()).unwrap();
+    let rules = "table ip t { chain c { type filter hook output priority 0; ct state new,established accept; }; }";
+    let tracked = std::process::Command::new("nsenter")
+        .arg("-t")
+        .arg(b.pid.unwrap().to_string())
+        .args(["-n", "nft", rules])
+        .status()
+        .unwrap();
+    assert!(tracked.success());
+    ok(&b, COUNTER);
+    // One datagram on the loopback: tracked for 30 s, and nothing is sent after the wake, so
+    // only an entry kept through the dump counts there.
+    let held = "python3 -c 'import socket, time; d = socket.SOCK_DGRAM; \
+                a = socket.socket(socket.AF_INET, d); a.bind((\"127.0.0.1\", 7000)); \
+                b = socket.socket(socket.AF_INET, d); b.sendto(b\"x\", (\"127.0.0.1\", 7000)); \
+                a.recv(1); open(\"/tmp/held\", \"w\"); time.sleep(86400)' >/dev/null 2>&1 & \
+                until test -e /tmp/held; do busybox sleep 0.05; done";
+    ok(&b, held);
+    let tracking = || ok(&b, "cat /proc/sys/net/netfilter/nf_conntrack_count");
+    assert_ne!(tracking(), "0", "the connection is not tracked");
+    let (pid, before) = (ok(&b, "cat /tmp/pid"), count(&b));
+    assert!(h.engine.stop(&b.id, Memory::Required).unwrap().kept);
+    let woken = h.engine.resume(&b.id).unwrap();
+    assert!(woken.memory.kept, "{:?}", woken.memory);
+    continues(&woken, before, &pid);
+    let tracking = ok(&woken, "cat /proc/sys/net/netfilter/nf_conntrack_count");
+    assert_ne!(tracking, "0", "the tracked connection was not kept");
+}
+
 /// A snapshot's stream that, at its first byte, asks whether the sandbox answers an exec
 /// within 2 s (a frozen one cannot).
 struct Probe<'a> {
