@@ -285,6 +285,37 @@ fn tmpfs_contents_are_dumped_as_plain_tars_and_gzipped_ones_from_before_still_re
 }
 
 #[test]
+fn a_jails_network_namespace_is_left_out_of_its_dump_and_comes_back_with_its_loopback_up() {
+    // Nothing in it is the sandbox's to change, so CRIU saves none of it and restores a new one
+    // (`--empty-ns net`, scripts/criu-empty-ns-loopback.patch): what listened on the loopback
+    // before the dump answers on it after.
+    let h = memory_engine();
+    let g = h.golden(&[]);
+    let b = h.engine.clone_golden(&g, &id("m-net"), &small()).unwrap();
+    let get = "python3 -c \"import urllib.request as u; u.urlopen('http://127.0.0.1:8000/')\"";
+    ok(
+        &b,
+        &format!(
+            "python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 & \
+         until {get} 2>/dev/null; do busybox sleep 0.05; done"
+        ),
+    );
+    assert!(h.engine.stop(&b.id, Memory::Required).unwrap().kept);
+    let dir = h.data.path().join("boxes").join(b.id.as_str()).join("memory");
+    let images: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    for saved in ["ifaddr-", "route-", "rule-", "iptables-", "ip6tables-", "nftables-"] {
+        assert!(!images.iter().any(|i| i.starts_with(saved)), "{saved}* in {images:?}");
+    }
+    let woken = h.engine.resume(&b.id).unwrap();
+    assert!(woken.memory.kept, "{:?}", woken.memory);
+    // (With the loopback down, the connect fails at once: the network is unreachable.)
+    ok(&woken, get);
+}
+
+#[test]
 fn criu_keeps_its_kernel_probe_whatever_run_is_and_after_a_failed_save() {
     // CRIU probes the kernel on every run (~20 ms) unless /run/criu.kdat holds the answers, which
     // stock CRIU writes only on a tmpfs /run and never again once a failed save has left

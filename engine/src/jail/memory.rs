@@ -398,6 +398,13 @@ impl JailEngine {
         if meta.binds != base.template.binds.len() {
             return Err("the template's host binds changed since the dump".into());
         }
+        if meta.empty_net && !criu.empty_net {
+            return Err(format!(
+                "dumped without its network namespace, which {} cannot make again \
+                 (scripts/install-criu's CRIU can)",
+                criu.bin.display()
+            ));
+        }
         let hostname = (meta.id != *id).then(|| id.to_string());
         // CRIU reads some images from inside the restored user namespace: as host root before
         // its id map is written, as the sandbox's root after (a race inside CRIU). Readable by
@@ -431,6 +438,7 @@ impl JailEngine {
                 cgroups,
                 log_key: meta.log_key,
                 hostname,
+                empty_net: meta.empty_net,
             };
             let path = dir.join("restore.json");
             let json = serde_json::to_vec_pretty(&restore).map_err(|e| e.to_string())?;

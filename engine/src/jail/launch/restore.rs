@@ -53,6 +53,9 @@ pub struct RestoreSpec {
     /// A copy under a new id (branch, fork): its hostname, set in the restored uts namespace
     /// and written to `/etc/hostname`, with a new `/etc/machine-id`.
     pub hostname: Option<String>,
+    /// The dump left the network namespace out: CRIU makes a new one, its loopback up.
+    #[serde(default)]
+    pub empty_net: bool,
 }
 
 fn os(what: &str) -> String {
@@ -269,6 +272,9 @@ fn prepare(spec: &RestoreSpec) -> Result<std::process::Command, String> {
         .arg("--inherit-fd")
         .arg(format!("fd[{LOG_FD}]:{}", spec.log_key))
         .stdin(std::process::Stdio::null());
+    if spec.empty_net {
+        criu.args(["--empty-ns", "net"]);
+    }
     for (i, host) in spec.binds.iter().enumerate() {
         let at = staging.join(format!("bind{i}"));
         std::fs::create_dir(&at).map_err(|e| format!("mkdir staging bind: {e}"))?;
