@@ -117,16 +117,21 @@ fn running_on(nodes: &[&Sandboxd], id: &str) -> usize {
     nodes.iter().filter(|n| n.boxes().iter().any(|b| b.id.as_str() == id && b.running)).count()
 }
 
+/// Two meshed nodes on `hosts` in forward mode (either serves any call, so a test reaches a
+/// sandbox through both), sharing a store directory; the directories go with the first value.
+fn forwarding_pair(hosts: (u8, u8)) -> ([tempfile::TempDir; 2], Sandboxd, Sandboxd) {
+    let (dir, store) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    certs(dir.path(), &["a", "b"]);
+    let extra = format!("{ONE_WARM}[store.fs]\nroot = \"{}\"\n", store.path().display());
+    let a = forwarding_node(dir.path(), "a", hosts.0, None, &extra);
+    let b = forwarding_node(dir.path(), "b", hosts.1, Some(&mesh_addr(&a)), &extra);
+    eventually("meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
+    ([dir, store], a, b)
+}
+
 #[test]
 fn a_peer_stopped_while_a_sandbox_moves_to_it_leaves_one_copy() {
-    let dir = tempfile::tempdir().unwrap();
-    certs(dir.path(), &["a", "b"]);
-    let store = tempfile::tempdir().unwrap();
-    // Forward mode: either node serves any call, so the test reaches the sandbox through both.
-    let extra = format!("{ONE_WARM}[store.fs]\nroot = \"{}\"\n", store.path().display());
-    let a = forwarding_node(dir.path(), "a", 51, None, &extra);
-    let mut b = forwarding_node(dir.path(), "b", 52, Some(&mesh_addr(&a)), &extra);
-    eventually("meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
+    let (_dirs, a, mut b) = forwarding_pair((51, 52));
     let s = claim(&a, "{}");
     sh(&a, &s, WRITE_TREE);
     let before = sh(&a, &s, HASH_TREE);
@@ -191,13 +196,7 @@ fn a_peer_stopped_while_a_sandbox_moves_to_it_leaves_one_copy() {
 
 #[test]
 fn a_sandbox_moved_to_a_paused_peer_is_try_again_through_its_old_node_not_gone() {
-    let dir = tempfile::tempdir().unwrap();
-    certs(dir.path(), &["a", "b"]);
-    let store = tempfile::tempdir().unwrap();
-    let extra = format!("{ONE_WARM}[store.fs]\nroot = \"{}\"\n", store.path().display());
-    let a = forwarding_node(dir.path(), "a", 63, None, &extra);
-    let b = forwarding_node(dir.path(), "b", 64, Some(&mesh_addr(&a)), &extra);
-    eventually("meshed", || peer_names(&a) == ["b"] && peer_names(&b) == ["a"]);
+    let (_dirs, a, b) = forwarding_pair((63, 64));
     let s = claim(&a, "{}");
     sh(&a, &s, WRITE_TREE);
     let before = sh(&a, &s, HASH_TREE);

@@ -69,6 +69,18 @@ warmup = ["sh", "-c", "sh -c '{COUNTER}' >/dev/null 2>&1 & busybox sleep 0.3"]
     assert_ne!(code, 0, "woken from its files: a fresh /tmp (was {pid})");
 }
 
+/// Starts the counter in sandbox `id` and checkpoints it with its memory: the counter's pid,
+/// its count just before, and the checkpoint's id.
+fn checkpoint_counting(node: &Sandboxd, id: &str, token: &str) -> (String, u64, String) {
+    sh(node, id, token, &format!("sh -c '{COUNTER}' >/dev/null 2>&1 & busybox sleep 0.3"));
+    let (_, pid) = sh(node, id, token, "cat /tmp/pid");
+    let before = count(node, id, token);
+    let path = format!("/v1/sandboxes/{id}/checkpoint");
+    let (status, ck) = node.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#));
+    assert_eq!(status, 201, "{ck}");
+    (pid, before, ck["id"].as_str().unwrap().to_string())
+}
+
 /// Branches a checkpoint; its status, and the new sandbox's id and token.
 fn branch(n: &Sandboxd, ck: &str, token: &str) -> (u16, serde_json::Value) {
     let path = format!("/v1/checkpoints/{ck}/claim");
@@ -85,13 +97,7 @@ fn a_branch_on_the_node_that_took_the_checkpoint_starts_from_its_copy_while_the_
         let c = node.claim("{}");
         let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
         sh(&node, id, token, "echo on-disk > /root/file");
-        sh(&node, id, token, &format!("sh -c '{COUNTER}' >/dev/null 2>&1 & busybox sleep 0.3"));
-        let (_, pid) = sh(&node, id, token, "cat /tmp/pid");
-        let before = count(&node, id, token);
-        let path = format!("/v1/sandboxes/{id}/checkpoint");
-        let (status, ck) = node.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#));
-        assert_eq!(status, 201, "{ck}");
-        let ck = ck["id"].as_str().unwrap().to_string();
+        let (pid, before, ck) = checkpoint_counting(&node, id, token);
         assert_eq!(metric(&node, "silkmesh_checkpoint_copies_bytes") > 0, copies);
         // Not in the checkpoint: a branch has the files and processes of its moment.
         sh(&node, id, token, "echo later > /root/file");
@@ -117,6 +123,7 @@ fn a_branch_on_the_node_that_took_the_checkpoint_starts_from_its_copy_while_the_
 
         // Deleted here: its copy goes with it, and once the branch that used it goes too,
         // nothing of either is left on the disk.
+        let path = format!("/v1/sandboxes/{id}/checkpoint");
         let (status, ck2) = node.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#));
         assert_eq!(status, 201, "{ck2}");
         let ck2 = ck2["id"].as_str().unwrap();
@@ -148,13 +155,7 @@ fn memory_images_a_store_writer_forged_without_the_fleets_key_never_reach_criu()
     let node = Sandboxd::start(&format!("checkpoint_copies_mib = 0\n{ONE_WARM}"));
     let c = node.claim("{}");
     let (id, token) = (c["id"].as_str().unwrap(), c["token"].as_str().unwrap());
-    sh(&node, id, token, &format!("sh -c '{COUNTER}' >/dev/null 2>&1 & busybox sleep 0.3"));
-    let (_, pid) = sh(&node, id, token, "cat /tmp/pid");
-    let before = count(&node, id, token);
-    let path = format!("/v1/sandboxes/{id}/checkpoint");
-    let (status, ck) = node.req("POST", &path, Some(token), Some(r#"{"memory": "required"}"#));
-    assert_eq!(status, 201, "{ck}");
-    let ck = ck["id"].as_str().unwrap().to_string();
+    let (pid, before, ck) = checkpoint_counting(&node, id, token);
 
     // What the node signed restores, through the store (no copy is kept here).
     let (status, b) = branch(&node, &ck, token);

@@ -9,6 +9,7 @@ use silk_engine::jail::{JailConfig, JailEngine};
 use silk_engine::*;
 
 pub mod contract;
+pub mod memory;
 
 /// The statically linked silkd that runs inside jails. `scripts/test` builds it and sets this.
 pub fn static_silkd() -> PathBuf {

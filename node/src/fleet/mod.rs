@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use silk_mesh::{Incoming, Mesh, Peer, wire};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::task::JoinSet;
 
 use crate::claims::{ClaimRecord, home_tag};
@@ -38,6 +38,9 @@ const CACHE_TTL: Duration = Duration::from_secs(5);
 /// member: longer than a restart or a pause usually lasts, short enough that a node gone for
 /// good stops being waited for.
 const MOVED_TTL: Duration = Duration::from_secs(600);
+
+mod hand_over;
+mod moved;
 const PUBLISH_EVERY: Duration = Duration::from_millis(200);
 
 /// A call from one node to another.
@@ -88,13 +91,18 @@ pub struct Peers {
     /// Forward claims and the data plane instead of redirecting (nodes behind a load balancer).
     pub forward: bool,
     owners: Mutex<HashMap<String, (String, Instant)>>,
-    /// Sandboxes this node moved away, to which peer and when (see [`Fleet::moved`]).
-    moved: Mutex<HashMap<String, (String, Instant)>>,
+    /// Sandboxes this node moved away (see [`Fleet::moved`]).
+    moved: moved::MovedAway,
 }
 
 impl Peers {
     pub fn new(mesh: Mesh, forward: bool) -> Peers {
-        Peers { mesh, forward, owners: Mutex::new(HashMap::new()), moved: Mutex::default() }
+        Peers {
+            mesh,
+            forward,
+            owners: Mutex::new(HashMap::new()),
+            moved: moved::MovedAway::new(MOVED_TTL),
+        }
     }
 
     fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
@@ -197,12 +205,8 @@ impl Peers {
     /// Whether `id` moved from here to a peer that is not a live member right now (paused,
     /// restarting, not yet admitted again): no live node holding it does not mean it is gone.
     pub fn moved_to_absent(&self, id: &str) -> bool {
-        let Some(to) = self.moved_lock().get(id).map(|(to, _)| to.clone()) else { return false };
+        let Some(to) = self.moved.peer_of(id) else { return false };
         !self.mesh.peers().iter().any(|p| p.id.name == to)
-    }
-
-    fn moved_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (String, Instant)>> {
-        self.moved.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Only authorized answers are cached: a wrong token is asked about every time, so it
@@ -239,9 +243,7 @@ impl Peers {
 
 impl Fleet for Peers {
     fn moved(&self, id: &str, peer: &str) {
-        let mut moved = self.moved_lock();
-        moved.retain(|_, (_, at)| at.elapsed() < MOVED_TTL);
-        moved.insert(id.to_string(), (peer.to_string(), Instant::now()));
+        self.moved.record(id, peer);
     }
 
     fn tenant_seconds(&self, tenant: &str) -> u64 {
@@ -302,8 +304,8 @@ impl Fleet for Peers {
                 false => Err(()),
             };
             let (reply, captured) = match bulk {
-                Ok(stream) => hand_over_bulk(stream, &req, files).await?,
-                Err(()) => hand_over_quic(&self.mesh, peer, &req, files).await?,
+                Ok(stream) => hand_over::bulk(stream, &req, files).await?,
+                Err(()) => hand_over::quic(&self.mesh, peer, &req, files).await?,
             };
             match (reply, captured) {
                 (PeerReply::Adopted { refused: None }, _) => Ok(()),
@@ -329,77 +331,6 @@ impl Fleet for Peers {
             }
         })
     }
-}
-
-/// A hand-over's answer, and whether the files were captured whole.
-type HandedOver = (PeerReply, std::io::Result<()>);
-
-/// A hand-over on the bulk lane. The peer's answer is awaited while the files are sent: a
-/// refusal comes before it has read them all, and stops the sending.
-async fn hand_over_bulk(
-    stream: silk_mesh::bulk::BulkStream,
-    req: &PeerRequest,
-    mut files: SnapshotBytes,
-) -> Result<HandedOver, NodeError> {
-    let abort = silk_mesh::bulk::Abort::of(&stream).map_err(unreachable_peer)?;
-    let mut stream = stream;
-    wire::write_frame(&mut stream, req).await.map_err(unreachable_peer)?;
-    let (mut recv, mut send) = tokio::io::split(stream);
-    let answer = wire::read_frame::<PeerReply>(&mut recv);
-    tokio::pin!(answer);
-    let captured = tokio::select! {
-        reply = &mut answer => return Ok((answered(reply)?, Ok(()))),
-        captured = copy_files(&mut files, &mut send) => captured,
-    };
-    drop(files);
-    // Finished (`close_notify`) only after the last byte of a whole capture; else ended
-    // without it, and the peer refuses what came.
-    match &captured {
-        Ok(()) => drop(send.shutdown().await),
-        Err(_) => abort.abort(),
-    }
-    Ok((answered(answer.await)?, captured))
-}
-
-/// A hand-over on a QUIC stream: finished after the last byte of a whole capture, reset if
-/// the capture failed.
-async fn hand_over_quic(
-    mesh: &Mesh,
-    peer: &str,
-    req: &PeerRequest,
-    mut files: SnapshotBytes,
-) -> Result<HandedOver, NodeError> {
-    let (mut send, mut recv) = mesh.open(peer).await.map_err(unreachable_peer)?;
-    wire::write_frame(&mut send, req).await.map_err(unreachable_peer)?;
-    let captured = copy_files(&mut files, &mut send).await;
-    match &captured {
-        Ok(()) => drop(send.finish()),
-        Err(_) => drop(send.reset(0u32.into())),
-    }
-    drop(files);
-    Ok((answered(wire::read_frame(&mut recv).await)?, captured))
-}
-
-/// Copies a capture to the peer in 1 MiB reads: `Err` only for the capture's own failure.
-/// A write that fails is the peer no longer reading (it refused): its answer says why.
-async fn copy_files(
-    files: &mut SnapshotBytes,
-    to: &mut (impl AsyncWrite + Unpin),
-) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        match files.read(&mut buf).await? {
-            0 => return Ok(()),
-            n if to.write_all(&buf[..n]).await.is_err() => return Ok(()),
-            _ => {}
-        }
-    }
-}
-
-fn answered(
-    reply: Result<Option<PeerReply>, silk_mesh::MeshError>,
-) -> Result<PeerReply, NodeError> {
-    reply.map_err(unreachable_peer)?.ok_or_else(|| unreachable_peer("the peer closed the call"))
 }
 
 /// A target's refusal of a move, in its own code (and so its status: `node_full`, `draining`,
