@@ -199,7 +199,7 @@ fn chunking(args: &StoreArgs) -> anyhow::Result<()> {
     }
     let both = t.elapsed();
     let rows = vec![
-        vec!["FastCDC cut points".to_string(), mib_s(len as u64, cut)],
+        vec!["cut points".to_string(), mib_s(len as u64, cut)],
         vec!["blake3 of each chunk".to_string(), mib_s(len as u64, hash)],
         vec!["both (what a put does per byte)".to_string(), mib_s(len as u64, both)],
     ];
