@@ -3,7 +3,7 @@
 //! `kill -9`), and a second node opens on the same data directory and engine. What the restart
 //! finds must be a sandbox in one consistent state whose files are all there, that wakes.
 //! (Moves and adoptions cross nodes: their crash points are in tests/moves.rs, two nodes on the
-//! fake engine, and between real nodes in tests/mesh.rs.)
+//! fake engine, and between real nodes in tests/mesh_moves.rs.)
 
 mod fake;
 

@@ -98,6 +98,20 @@ pub fn peer_names(n: &Sandboxd) -> Vec<String> {
     names
 }
 
+/// The pool key (template `host`, size `small`, lane `none`) under which `/v1/peers` reports
+/// the warm capacity of the pools these tests configure.
+pub const KEY: &str = "host/small/none";
+
+/// How many sandboxes of [`KEY`] `n` says peer `name` has warm.
+pub fn peer_warm(n: &Sandboxd, name: &str) -> Option<u64> {
+    peers(n)["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == name)
+        .and_then(|p| p["warm"][KEY].as_u64())
+}
+
 /// One request; (status, Location, JSON body).
 pub fn raw(
     addr: std::net::SocketAddr,
