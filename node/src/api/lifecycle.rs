@@ -100,7 +100,7 @@ pub(super) async fn branch(
     body: axum::body::Bytes,
 ) -> Result<Response, NodeError> {
     let node = api.node.clone();
-    let ck = node.authorized_checkpoint(&id, bearer(&headers)).await?;
+    let (ck, manifest) = node.authorized_checkpoint_read(&id, bearer(&headers)).await?;
     // Where the copy is, a branch starts from it rather than from the store. A peer that cannot
     // be reached leaves it to this node.
     if let Some(peer) = edge::copy_peer(&api, ck.copy_on.as_deref(), &id, query.as_deref()) {
@@ -126,7 +126,7 @@ pub(super) async fn branch(
     spec.tenant = tenant;
     spec.egress = ck.egress.clone();
     let n = node.clone();
-    let claimed = detached(async move { n.branch(&id, spec, memory).await }).await?;
+    let claimed = detached(async move { n.branch_from(&id, manifest, spec, memory).await }).await?;
     let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
     let row = axum::Json(claimed_row(&node, &claimed));
     Ok((StatusCode::CREATED, axum::Extension(noted), row).into_response())

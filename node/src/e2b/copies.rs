@@ -119,11 +119,12 @@ pub(super) async fn branch(
     mut spec: ClaimSpec,
 ) -> Result<Claimed, HttpError> {
     let key = header(headers, "x-api-key");
-    let ck = e2b.node.authorized_checkpoint(snapshot, key).await.map_err(|e| {
+    let (ck, manifest) = e2b.node.authorized_checkpoint_read(snapshot, key).await.map_err(|e| {
         error(StatusCode::NOT_FOUND, format!("snapshot {snapshot:?} not found: {}", e.message))
     })?;
     spec.template = ck.checkpoint.template.clone();
     spec.tenant = ck.tenant.clone();
     let (node, id) = (e2b.node.clone(), snapshot.to_string());
-    detached(async move { node.branch(&id, spec, Memory::Auto).await }).await.map_err(node_error)
+    let branched = async move { node.branch_from(&id, manifest, spec, Memory::Auto).await };
+    detached(branched).await.map_err(node_error)
 }

@@ -4,6 +4,7 @@
 use super::*;
 use kept::Kept;
 use silk_engine::{Lane, Size};
+use silk_store::Manifest;
 
 /// Checkpoint manifests read at once when listing them.
 const CHECKPOINT_READS: usize = 32;
@@ -207,6 +208,15 @@ impl Node {
         hex: &str,
         name: &SnapshotName,
     ) -> Result<CheckpointInfo, NodeError> {
+        self.read_checkpoint(hex, name).await.map(|(info, _)| info)
+    }
+
+    /// The checkpoint's manifest from the store, and what the API shows of it.
+    async fn read_checkpoint(
+        &self,
+        hex: &str,
+        name: &SnapshotName,
+    ) -> Result<(CheckpointInfo, Manifest), NodeError> {
         let m = self.store.manifest(name).await.map_err(|e| match e {
             StoreError::NotFound { .. } => {
                 // Deleted elsewhere in the fleet: its copy here goes too.
@@ -231,7 +241,9 @@ impl Node {
         let tenant = m.meta.get("tenant").cloned();
         let egress = m.meta.get("egress").and_then(|j| serde_json::from_str(j).ok());
         let copy_on = m.meta.get("copy_on").cloned();
-        Ok(CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant, egress, copy_on })
+        let info =
+            CheckpointInfo { checkpoint, token_hash: get("token_hash"), tenant, egress, copy_on };
+        Ok((info, m))
     }
 
     /// The checkpoint, if `bearer` may use it: the root token, the token of the sandbox it was
@@ -241,12 +253,22 @@ impl Node {
         id: &str,
         bearer: Option<&str>,
     ) -> Result<CheckpointInfo, NodeError> {
+        self.authorized_checkpoint_read(id, bearer).await.map(|(info, _)| info)
+    }
+
+    /// [`Self::authorized_checkpoint`] and the manifest read for it, which a branch then
+    /// starts from ([`Self::branch_from`]): one read of the store, not two.
+    pub async fn authorized_checkpoint_read(
+        &self,
+        id: &str,
+        bearer: Option<&str>,
+    ) -> Result<(CheckpointInfo, Manifest), NodeError> {
         self.credential_presented(bearer)?;
         let name = checkpoint_name(id)?;
         let SnapshotName::Checkpoint(hex) = &name else { unreachable!("a checkpoint name") };
-        let info = self.checkpoint_info(hex, &name).await?;
+        let (info, manifest) = self.read_checkpoint(hex, &name).await?;
         if self.may_act(bearer, info.tenant.as_deref(), &info.token_hash) {
-            Ok(info)
+            Ok((info, manifest))
         } else {
             Err(checkpoint_not_found())
         }
@@ -265,21 +287,28 @@ impl Node {
         spec: ClaimSpec,
         memory: Memory,
     ) -> Result<Claimed, NodeError> {
+        let name = checkpoint_name(id)?;
+        let SnapshotName::Checkpoint(hex) = &name else { unreachable!("a checkpoint name") };
+        let (_, manifest) = self.read_checkpoint(hex, &name).await?;
+        self.branch_from(id, manifest, spec, memory).await
+    }
+
+    /// [`Self::branch`] from the checkpoint's `manifest`, just read from the store (also for a
+    /// branch from the copy kept here: a checkpoint deleted anywhere in the fleet branches
+    /// nowhere, and its copy here goes when that read finds it gone).
+    pub async fn branch_from(
+        &self,
+        id: &str,
+        manifest: Manifest,
+        spec: ClaimSpec,
+        memory: Memory,
+    ) -> Result<Claimed, NodeError> {
         let t0 = std::time::Instant::now();
         let name = checkpoint_name(id)?;
         self.room_on_disk().await?;
         let admitted = {
             let mut st = self.lock();
             self.admit(&mut st, 1, spec.tenant.as_deref())?
-        };
-        // Read even for a branch from the copy kept here: a checkpoint deleted anywhere in the
-        // fleet branches nowhere (and its copy here goes).
-        let manifest = match self.store.manifest(&name).await {
-            Err(StoreError::NotFound { .. }) => {
-                self.forget_copy(id);
-                return Err(checkpoint_not_found());
-            }
-            read => read?,
         };
         let (engine, sid) = (self.engine.clone(), self.new_id()?);
         let (info, size, lane) = match self.branch_from_copy(id, &manifest, &sid, memory).await {
@@ -310,7 +339,7 @@ impl Node {
     async fn branch_from_copy(
         &self,
         id: &str,
-        manifest: &silk_store::Manifest,
+        manifest: &Manifest,
         sid: &SandboxId,
         memory: Memory,
     ) -> Option<(BoxInfo, Size, Lane)> {
