@@ -7,17 +7,6 @@ use common::memory::*;
 use common::*;
 use silk_engine::*;
 
-fn tmpfs_images(h: &Harness, id: &SandboxId) -> Vec<std::path::PathBuf> {
-    let dir = images_dir(h, id);
-    let mut images: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("tmpfs"))
-        .collect();
-    images.sort();
-    images
-}
-
 #[test]
 fn tmpfs_contents_are_dumped_as_plain_tars_and_gzipped_ones_from_before_still_restore() {
     let (h, b) = memory_box("m-tmpfs");

@@ -51,6 +51,30 @@ fn hibernated_processes_wake_where_they_were() {
     assert_ne!(sh(&restarted, "cat /tmp/count").0, 0, "a fresh /tmp");
 }
 
+/// A masked directory under /proc (`/proc/acpi` here) is an empty directory bound read-only
+/// from the jail's `/dev`, which the dump names as external: CRIU tars only the tmpfs mounts a
+/// sandbox writes to (`/tmp`, `/run`, `/dev/shm`), at every dump and restore, and the mask holds
+/// after a wake. (Were it a tmpfs of its own, as runc mounts it, a fourth image.)
+#[test]
+fn masked_directories_cost_the_dump_no_tmpfs_and_stay_masked_after_a_wake() {
+    let (h, b) = memory_box("m-masked");
+    ok(&b, COUNTER);
+    let acpi = std::path::Path::new("/proc/acpi").is_dir();
+    let masked =
+        "ls -A /proc/acpi | wc -l; grep ' /proc/acpi ' /proc/self/mountinfo | cut -d' ' -f6";
+    if acpi {
+        assert_eq!(ok(&b, masked), "0\nro,nosuid,nodev,noexec,relatime");
+    }
+    assert!(h.engine.stop(&b.id, Memory::Required).unwrap().kept);
+    assert_eq!(tmpfs_images(&h, &b.id).len(), 3, "{:?}", tmpfs_images(&h, &b.id));
+    let woken = wake(&h, &b.id);
+    if acpi {
+        assert_eq!(ok(&woken, masked), "0\nro,nosuid,nodev,noexec,relatime");
+        let (code, _) = sh(&woken, "touch /proc/acpi/x");
+        assert_ne!(code, 0, "the mask is writable");
+    }
+}
+
 /// An echo server and a client on one TCP connection inside the sandbox: the client counts
 /// the round trips it completed into /tmp/echoed, and dies if its connection breaks.
 const ECHO: &str = r#"cat > /tmp/echo.py <<'PY'

@@ -57,3 +57,15 @@ pub fn wake(h: &Harness, id: &SandboxId) -> BoxInfo {
 pub fn images_dir(h: &Harness, id: &SandboxId) -> std::path::PathBuf {
     h.data.path().join("boxes").join(id.as_str()).join("memory")
 }
+
+/// The images CRIU made of the sandbox's tmpfs mounts, sorted.
+pub fn tmpfs_images(h: &Harness, id: &SandboxId) -> Vec<std::path::PathBuf> {
+    let dir = images_dir(h, id);
+    let mut images: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("tmpfs"))
+        .collect();
+    images.sort();
+    images
+}

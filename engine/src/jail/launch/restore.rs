@@ -140,7 +140,8 @@ fn make_dev(dir: &Path, root_id: u32) -> Result<(), String> {
             }
         }
     }
-    for (sub, mode) in [("pts", 0o755), ("shm", 0o1777)] {
+    let empty = super::EMPTY_DIR.to_str().expect("ASCII");
+    for (sub, mode) in [("pts", 0o755), ("shm", 0o1777), (empty, 0o555)] {
         std::fs::create_dir(dir.join(sub)).map_err(|e| format!("mkdir /dev/{sub}: {e}"))?;
         std::os::unix::fs::chown(dir.join(sub), Some(root_id), Some(root_id))
             .map_err(|e| format!("chown /dev/{sub}: {e}"))?;
