@@ -61,18 +61,45 @@ fn masked_directories_cost_the_dump_no_tmpfs_and_stay_masked_after_a_wake() {
     ok(&b, COUNTER);
     let acpi = std::path::Path::new("/proc/acpi").is_dir();
     let masked =
-        "ls -A /proc/acpi | wc -l; grep ' /proc/acpi ' /proc/self/mountinfo | cut -d' ' -f6";
+        "ls -A /proc/acpi | wc -l; grep ' /proc/acpi ' /proc/self/mountinfo | cut -d' ' -f4,6";
     if acpi {
-        assert_eq!(ok(&b, masked), "0\nro,nosuid,nodev,noexec,relatime");
+        assert_eq!(ok(&b, masked), "0\n/.empty ro,nosuid,nodev,noexec,relatime");
     }
     assert!(h.engine.stop(&b.id, Memory::Required).unwrap().kept);
     assert_eq!(tmpfs_images(&h, &b.id).len(), 3, "{:?}", tmpfs_images(&h, &b.id));
     let woken = wake(&h, &b.id);
     if acpi {
-        assert_eq!(ok(&woken, masked), "0\nro,nosuid,nodev,noexec,relatime");
+        assert_eq!(ok(&woken, masked), "0\n/.empty ro,nosuid,nodev,noexec,relatime");
         let (code, _) = sh(&woken, "touch /proc/acpi/x");
         assert_ne!(code, 0, "the mask is writable");
     }
+}
+
+/// The sandbox's root owns its `/dev` and may rename what is in it, the masks' sources too: a
+/// mask moved under a path that the restored `/dev` resolves through its symlinks (`/dev/fd` is
+/// `/proc/self/fd`: CRIU's own descriptors) would have CRIU bind a host file over it at the
+/// restore. Such a dump is refused (files only), and after a wake the masks' directory is still
+/// not the sandbox's to fill.
+#[test]
+fn a_sandbox_that_moves_a_masks_source_keeps_its_files_only() {
+    let (h, b) = memory_box("m-mask-moved");
+    ok(&b, COUNTER);
+    // Woken once: the attack meets the /dev a restore made.
+    assert!(h.engine.stop(&b.id, Memory::Required).unwrap().kept);
+    let b = wake(&h, &b.id);
+    let (code, _) = sh(&b, "touch /dev/.empty/x");
+    assert_ne!(code, 0, "the masks' directory is the sandbox's");
+    assert!(std::path::Path::new("/proc/keys").exists(), "this host masks no /proc/keys");
+    ok(&b, "rm /dev/fd && mkdir -p /dev/fd/3 && mv /dev/null /dev/fd/3/x");
+    let refused = h.engine.stop(&b.id, Memory::Required).unwrap_err();
+    assert!(
+        matches!(&refused, EngineError::MemoryFailed(why) if why.contains("/dev/fd/3/x")),
+        "{refused}"
+    );
+    let kept = h.engine.stop(&b.id, Memory::Auto).unwrap();
+    assert!(!kept.kept, "{kept:?}");
+    let woken = h.engine.resume(&b.id).unwrap();
+    assert_eq!(ok(&woken, "wc -c < /proc/keys"), "0", "masked as the launcher made it");
 }
 
 /// An echo server and a client on one TCP connection inside the sandbox: the client counts

@@ -103,11 +103,14 @@ pub(super) async fn branch(
     let (ck, manifest) = node.authorized_checkpoint_read(&id, bearer(&headers)).await?;
     // Where the copy is, a branch starts from it rather than from the store. A peer that cannot
     // be reached leaves it to this node.
+    let mut manifest = Some(manifest);
     if let Some(peer) = edge::copy_peer(&api, ck.copy_on.as_deref(), &id, query.as_deref()) {
         match edge::place_branch(&api, peer, &headers, &id, body.clone()).await {
             Ok(res) => return Ok(res),
             Err(e) => tracing::debug!(checkpoint = id, "branch left here: {e}"),
         }
+        // That took a trip to a peer: the branch reads the manifest afresh.
+        manifest = None;
     }
     let tenant = ck.tenant.clone();
     let b = optional_json::<silk_api::BranchRequest>(&body)?;
@@ -126,7 +129,13 @@ pub(super) async fn branch(
     spec.tenant = tenant;
     spec.egress = ck.egress.clone();
     let n = node.clone();
-    let claimed = detached(async move { n.branch_from(&id, manifest, spec, memory).await }).await?;
+    let claimed = detached(async move {
+        match manifest {
+            Some(manifest) => n.branch_from(&id, manifest, spec, memory).await,
+            None => n.branch(&id, spec, memory).await,
+        }
+    })
+    .await?;
     let noted = audited::Noted { target: Some(claimed.record.id.clone()), detail: None };
     let row = axum::Json(claimed_row(&node, &claimed));
     Ok((StatusCode::CREATED, axum::Extension(noted), row).into_response())

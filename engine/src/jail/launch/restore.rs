@@ -140,14 +140,19 @@ fn make_dev(dir: &Path, root_id: u32) -> Result<(), String> {
             }
         }
     }
-    let empty = super::EMPTY_DIR.to_str().expect("ASCII");
-    for (sub, mode) in [("pts", 0o755), ("shm", 0o1777), (empty, 0o555)] {
+    for (sub, mode) in [("pts", 0o755), ("shm", 0o1777)] {
         std::fs::create_dir(dir.join(sub)).map_err(|e| format!("mkdir /dev/{sub}: {e}"))?;
         std::os::unix::fs::chown(dir.join(sub), Some(root_id), Some(root_id))
             .map_err(|e| format!("chown /dev/{sub}: {e}"))?;
         std::fs::set_permissions(dir.join(sub), std::os::unix::fs::PermissionsExt::from_mode(mode))
             .map_err(|e| format!("chmod /dev/{sub}: {e}"))?;
     }
+    // The masks' source stays the host root's, as the launcher makes it: the sandbox's root
+    // may not put anything in it.
+    let empty = dir.join(super::EMPTY_DIR.to_str().expect("ASCII"));
+    std::fs::create_dir(&empty).map_err(|e| format!("mkdir /dev/.empty: {e}"))?;
+    std::fs::set_permissions(&empty, std::os::unix::fs::PermissionsExt::from_mode(0o555))
+        .map_err(|e| format!("chmod /dev/.empty: {e}"))?;
     for (target, link) in DEV_LINKS {
         std::os::unix::fs::symlink(target, dir.join(link))
             .map_err(|e| format!("symlink /dev/{link}: {e}"))?;
