@@ -98,8 +98,29 @@ fn a_sandbox_that_moves_a_masks_source_keeps_its_files_only() {
     );
     let kept = h.engine.stop(&b.id, Memory::Auto).unwrap();
     assert!(!kept.kept, "{kept:?}");
-    let woken = h.engine.resume(&b.id).unwrap();
+    let mut woken = h.engine.resume(&b.id).unwrap();
     assert_eq!(ok(&woken, "wc -c < /proc/keys"), "0", "masked as the launcher made it");
+
+    // A file a process holds open under a name that is one of the launcher's links in the
+    // restored /dev (`fd` → /proc/self/fd): its path would lead CRIU's restore into its own
+    // descriptors. Refused too, for each of those names.
+    for name in ["fd", "stdin"] {
+        ok(
+            &woken,
+            &format!(
+                "rm /dev/{name} && mkdir -p /dev/{name}/4 && echo hi > /dev/{name}/4/x && \
+                 (exec 7</dev/{name}/4/x; exec sleep 1000) >/dev/null 2>&1 &"
+            ),
+        );
+        let refused = h.engine.stop(&woken.id, Memory::Required).unwrap_err();
+        assert!(
+            matches!(&refused, EngineError::MemoryFailed(why) if why.contains(&format!("/dev/{name} "))),
+            "{refused}"
+        );
+        // Files only: the restart makes its /dev afresh.
+        assert!(!h.engine.stop(&woken.id, Memory::Auto).unwrap().kept);
+        woken = h.engine.resume(&woken.id).unwrap();
+    }
 }
 
 /// An echo server and a client on one TCP connection inside the sandbox: the client counts

@@ -128,7 +128,7 @@ impl JailEngine {
         let criu = self.criu()?;
         let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo"))
             .map_err(|e| format!("read the sandbox's mounts: {e}"))?;
-        if let Some(why) = masks_moved(&mounts) {
+        if let Some(why) = masks_moved(&mounts).or_else(|| dev_links_replaced(pid)) {
             return Err(why);
         }
         let _ = std::fs::remove_dir_all(images);
@@ -362,6 +362,33 @@ fn masks_moved(mountinfo: &str) -> Option<String> {
         "the source of the mask at {} was moved to /dev{} inside the sandbox",
         moved[2], moved[1]
     ))
+}
+
+/// Why the jail's `/dev` cannot be dumped, if it cannot: the launcher's symlinks in it (`fd`,
+/// `stdin`, …) must still be those symlinks. A restore makes a fresh `/dev` with them, and
+/// CRIU opens what the dump recorded under `/dev` (a file a process holds open, a mask's
+/// source) by its path there: a path through a name the sandbox had made a directory would,
+/// in the restored `/dev`, go through the launcher's link to `/proc/self/fd` into CRIU's own
+/// descriptors. While every such name is a symlink, no recorded path can pass through one.
+fn dev_links_replaced(pid: u32) -> Option<String> {
+    use std::os::fd::AsRawFd;
+    // The jail's root (a magic link), then its `/dev` itself, not a symlink there.
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(format!("/proc/{pid}/root/dev"));
+    let dev = match dev {
+        Ok(dev) => dev,
+        Err(e) => return Some(format!("open the sandbox's /dev: {e}")),
+    };
+    for (target, name) in super::launch::DEV_LINKS {
+        // The last component is read as a link, never followed.
+        let at = format!("/proc/self/fd/{}/{name}", dev.as_raw_fd());
+        if !std::fs::read_link(at).is_ok_and(|link| link == Path::new(target)) {
+            return Some(format!("/dev/{name} inside the sandbox is no longer a link to {target}"));
+        }
+    }
+    None
 }
 
 /// The size of the memory entry a snapshot starts with, from its first `n` bytes (`head`);

@@ -185,7 +185,7 @@ const DEV_NODES: &[(&str, u32, u32)] = &[
 ];
 
 /// The symlinks of a jail's `/dev`: (target, name).
-const DEV_LINKS: &[(&str, &str)] = &[
+pub(crate) const DEV_LINKS: &[(&str, &str)] = &[
     ("pts/ptmx", "ptmx"),
     ("/proc/self/fd", "fd"),
     ("/proc/self/fd/0", "stdin"),
