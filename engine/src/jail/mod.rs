@@ -39,6 +39,7 @@
 mod cgroup;
 mod config;
 mod criu;
+mod dev_check;
 mod disk;
 mod forks;
 mod goldens;

@@ -37,6 +37,7 @@ use crate::state::SandboxState;
 mod archive;
 mod copies;
 mod kept;
+mod promote;
 mod recover;
 mod shared;
 mod spool;
