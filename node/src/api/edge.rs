@@ -226,7 +226,7 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
                 format!("a node that may hold {id} did not answer; try again in a moment");
             return try_again(message).into_response();
         }
-        Located::Nobody => {
+        Located::Nobody { moved_unasked } => {
             // No live node holds it: an archive whose node died is woken here.
             let (n, owned, t) = (node.clone(), id.clone(), token.clone());
             return match crate::node::detached(
@@ -236,7 +236,7 @@ pub async fn owner(State(api): State<Api>, req: Request, next: Next) -> Response
             {
                 // Not archived, but moved from here to a node out of reach for now: it may well
                 // live there, and a 404 would tell the client it is gone.
-                Ok(false) if peers.moved_to_absent(&id) => {
+                Ok(false) if moved_unasked => {
                     let message = format!("the node {id} moved to did not answer; try again");
                     try_again(message).into_response()
                 }

@@ -59,7 +59,7 @@ pub(super) async fn owner(State(e2b): State<E2b>, req: Request, next: Next) -> R
             let message = format!("a node that may hold {id} did not answer; try again");
             return HttpError::new(StatusCode::SERVICE_UNAVAILABLE, message).into_response();
         }
-        Located::Nobody => {
+        Located::Nobody { moved_unasked } => {
             // No live node holds it: an archive whose node died is woken here.
             let (node, orphan) = (e2b.node.clone(), id.clone());
             let woken =
@@ -68,7 +68,7 @@ pub(super) async fn owner(State(e2b): State<E2b>, req: Request, next: Next) -> R
             // Woken, or it is nowhere: the call is answered here, in the shape its plane uses
             // for a sandbox that is gone (envd's 502 "not found", the control plane's 404).
             return match woken {
-                Ok(false) if peers.moved_to_absent(&id) => {
+                Ok(false) if moved_unasked => {
                     let message = format!("the node {id} moved to did not answer; try again");
                     HttpError::new(StatusCode::SERVICE_UNAVAILABLE, message).into_response()
                 }

@@ -78,8 +78,9 @@ pub enum Located {
     Owner(Box<Peer>),
     /// A live peer holds it; the token may not use it (the same 404 as an unknown id).
     Denied,
-    /// Every live peer answered, and none holds it.
-    Nobody,
+    /// Every live peer answered, and none holds it. `moved_unasked`: this node moved it to a
+    /// peer that was not live to be asked (it may well hold it still).
+    Nobody { moved_unasked: bool },
     /// Some peer did not answer, or one is taking it over right now: try again shortly.
     Unknown,
 }
@@ -199,14 +200,13 @@ impl Peers {
                 Ok((_, None)) | Err(_) => unsure = true,
             }
         }
-        if unsure { Located::Unknown } else { Located::Nobody }
-    }
-
-    /// Whether `id` moved from here to a peer that is not a live member right now (paused,
-    /// restarting, not yet admitted again): no live node holding it does not mean it is gone.
-    pub fn moved_to_absent(&self, id: &str) -> bool {
-        let Some(to) = self.moved.peer_of(id) else { return false };
-        !self.mesh.peers().iter().any(|p| p.id.name == to)
+        if unsure {
+            return Located::Unknown;
+        }
+        // Judged on the peers this lookup asked: a peer that comes back a moment later was not
+        // asked, and its "not here" is not known.
+        let moved_unasked = self.moved.peer_of(id).is_some_and(|to| by_name(&to).is_none());
+        Located::Nobody { moved_unasked }
     }
 
     /// Only authorized answers are cached: a wrong token is asked about every time, so it
