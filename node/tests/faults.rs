@@ -280,6 +280,18 @@ fn free_bytes(dir: &std::path::Path) -> u64 {
     st.f_bavail * st.f_frsize
 }
 
+/// A file in `dir` taking all of its filesystem's free space but `left` bytes (something else
+/// on the host filling the disk).
+fn fill_all_but(dir: &std::path::Path, left: u64) -> std::fs::File {
+    let ballast = std::fs::File::create(dir.join("ballast")).unwrap();
+    let take = free_bytes(dir) - left;
+    // SAFETY: fallocate on a file this test just created.
+    let taken =
+        unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&ballast), 0, 0, take as i64) };
+    assert_eq!(taken, 0, "{}", std::io::Error::last_os_error());
+    ballast
+}
+
 #[test]
 fn checkpoint_copies_give_way_to_a_claim_when_the_disk_is_short() {
     let fs = LoopFs::new(512);
@@ -294,12 +306,7 @@ fn checkpoint_copies_give_way_to_a_claim_when_the_disk_is_short() {
 
     // Something else on the host takes all but 32 MiB, half the node's reserve: the copy's
     // room makes up the rest, so the copy goes and the claim is served.
-    let ballast = std::fs::File::create(fs.path().join("ballast")).unwrap();
-    let take = free_bytes(fs.path()) - (32 << 20);
-    // SAFETY: fallocate on a file this test just created.
-    let taken =
-        unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&ballast), 0, 0, take as i64) };
-    assert_eq!(taken, 0, "{}", std::io::Error::last_os_error());
+    let _ballast = fill_all_but(fs.path(), 32 << 20);
     let (status, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
     assert_eq!(status, 201, "claim: {v}");
     assert_eq!(metric(&node, "silkmesh_checkpoint_copies_bytes"), 0);
@@ -319,12 +326,7 @@ fn a_nearly_full_disk_answers_507_and_keeps_the_journal_whole() {
     let b = claim(&node, "{}");
 
     // Something else on the host takes all but 32 MiB, half the node's reserve.
-    let ballast = std::fs::File::create(fs.path().join("ballast")).unwrap();
-    let take = free_bytes(fs.path()) - (32 << 20);
-    // SAFETY: fallocate on a file this test just created.
-    let taken =
-        unsafe { libc::fallocate(std::os::fd::AsRawFd::as_raw_fd(&ballast), 0, 0, take as i64) };
-    assert_eq!(taken, 0, "{}", std::io::Error::last_os_error());
+    let ballast = fill_all_but(fs.path(), 32 << 20);
 
     let (status, v) = node.req("POST", "/v1/sandboxes", Some(ROOT), Some("{}"));
     assert_eq!((status, code(&v)), (507, Some("insufficient_storage")), "claim: {v}");
