@@ -174,7 +174,7 @@ pub trait Engine: Send + Sync + std::fmt::Debug {
         &self,
         id: &SandboxId,
         memory: Memory,
-        out: &mut dyn std::io::Write,
+        out: &mut dyn crate::SnapshotSink,
         scratch: &Path,
         keep: Option<&str>,
     ) -> Result<Streamed> {

@@ -114,6 +114,51 @@ impl std::fmt::Display for Digest {
 /// Size tiers and network lanes are the API's (`none`: a network namespace with only loopback).
 pub use silk_api::{Lane, Memory, Size};
 
+/// Where [`Engine::write_snapshot`](crate::Engine::write_snapshot) writes: any writer, and one
+/// that can take bytes the engine already holds (a mapped memory image, hundreds of MiB) without
+/// copying them says so in [`SnapshotSink::share`].
+pub trait SnapshotSink: std::io::Write {
+    /// Writes `bytes` next. The default copies them (`write_all`).
+    fn share(&mut self, bytes: bytes::Bytes) -> std::io::Result<()> {
+        self.write_all(&bytes)
+    }
+
+    /// Whether every reader of these bytes will have them vouched for
+    /// ([`Snapshot::vouched`](crate::Snapshot::vouched): a store that signs its manifests).
+    /// Memory images are then written without a MAC of their own, which only such a reader
+    /// restores. The default: no.
+    fn vouched(&self) -> bool {
+        false
+    }
+}
+
+impl SnapshotSink for Vec<u8> {}
+impl SnapshotSink for std::fs::File {}
+impl SnapshotSink for std::io::PipeWriter {}
+impl SnapshotSink for std::io::Sink {}
+
+impl<S: SnapshotSink + ?Sized> SnapshotSink for &mut S {
+    fn share(&mut self, bytes: bytes::Bytes) -> std::io::Result<()> {
+        (**self).share(bytes)
+    }
+
+    fn vouched(&self) -> bool {
+        (**self).vouched()
+    }
+}
+
+impl<S: SnapshotSink + ?Sized> SnapshotSink for std::io::BufWriter<S> {
+    fn share(&mut self, bytes: bytes::Bytes) -> std::io::Result<()> {
+        // What is buffered comes first.
+        std::io::Write::flush(self)?;
+        self.get_mut().share(bytes)
+    }
+
+    fn vouched(&self) -> bool {
+        self.get_ref().vouched()
+    }
+}
+
 /// What [`Engine::write_snapshot`](crate::Engine::write_snapshot) says of the bytes it wrote.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Streamed {

@@ -28,6 +28,7 @@ mod known;
 mod lease;
 mod manifest;
 mod object;
+mod pieces;
 pub mod s3;
 mod snapshot;
 
@@ -40,6 +41,7 @@ pub use object::{
     ByteRange, ByteStream, GetObject, Key, ListPage, MAX_KEY_LEN, ObjectMeta, ObjectStore,
     stream_of,
 };
+pub use pieces::Pieces;
 pub use snapshot::{GcReport, ManifestKey, PutReport, SnapshotConfig, SnapshotStore};
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;

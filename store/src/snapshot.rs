@@ -28,10 +28,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::Semaphore;
 use tokio::task::{JoinHandle, JoinSet};
 
@@ -39,6 +39,7 @@ use crate::cache::ChunkCache;
 use crate::chunk::{CHUNK_PREFIX, ChunkId, ChunkParams, Chunker};
 use crate::known::KnownChunks;
 use crate::manifest::{ChunkRef, FORMAT, MANIFEST_PREFIXES, Manifest, SnapshotName};
+use crate::pieces::{Chunks, Pieces, ReadPieces};
 use crate::{Key, ObjectStore, Result, StoreError};
 
 /// The snapshot store's settings (the `[store.snapshots]` table of the node config).
@@ -204,24 +205,42 @@ impl SnapshotStore {
         self.put_at(name, stream, meta, SystemTime::now()).await
     }
 
+    /// [`Self::put`] of a stream handed over in pieces, cut where they lie: a chunk inside one
+    /// piece is stored without a copy (see [`Pieces`]).
+    pub async fn put_pieces(
+        &self,
+        name: &SnapshotName,
+        pieces: impl Pieces,
+        meta: BTreeMap<String, String>,
+    ) -> Result<PutReport> {
+        self.put_pieces_at(name, pieces, meta, SystemTime::now()).await
+    }
+
     /// Stores `stream` as snapshot `name` (replacing a manifest of that name), judging chunk ages
     /// against `now`. See the module docs.
     pub async fn put_at(
         &self,
         name: &SnapshotName,
-        mut stream: impl AsyncRead + Unpin + Send,
+        stream: impl AsyncRead + Unpin + Send,
+        meta: BTreeMap<String, String>,
+        now: SystemTime,
+    ) -> Result<PutReport> {
+        // Read a few chunks' worth at a time: a chunk that spans two reads is copied again.
+        let fill = 4 * self.inner.chunker.params().max as usize;
+        self.put_pieces_at(name, ReadPieces::new(stream, fill), meta, now).await
+    }
+
+    async fn put_pieces_at(
+        &self,
+        name: &SnapshotName,
+        pieces: impl Pieces,
         meta: BTreeMap<String, String>,
         now: SystemTime,
     ) -> Result<PutReport> {
         let inner = &self.inner;
-        let max = inner.chunker.params().max as usize;
-        // Refill to a few chunks' worth at a time: cut points need `max` bytes of lookahead, and
-        // the bytes left over at a refill are copied once.
-        let fill = 4 * max;
         let fresh_since = now.checked_sub(inner.reuse_window).unwrap_or(SystemTime::UNIX_EPOCH);
 
-        let mut buf = BytesMut::new();
-        let mut eof = false;
+        let mut stream = Chunks::new(pieces);
         // Each chunk's size in order; its id comes back from the task that hashed it.
         let mut sizes = Vec::new();
         let mut ids: Vec<Option<ChunkId>> = Vec::new();
@@ -241,22 +260,12 @@ impl SnapshotStore {
         // A chunk's HEAD runs ahead of the PUTs: twice as many chunks are in hand as PUTs may be
         // in flight, so a PUT slot is never idle while its next chunk waits on a HEAD.
         let puts = Arc::new(Semaphore::new(inner.upload_concurrency));
-        loop {
-            if !eof && buf.len() < max {
-                buf.reserve(fill - buf.len());
-                while !eof && buf.len() < fill {
-                    let n = stream
-                        .read_buf(&mut buf)
-                        .await
-                        .map_err(StoreError::io("reading the snapshot stream"))?;
-                    eof = n == 0;
-                }
-            }
-            if buf.is_empty() {
-                break;
-            }
-            let len = inner.chunker.cut(&buf[..buf.len().min(max)]);
-            let data = buf.split_to(len).freeze();
+        while let Some(data) = stream
+            .next(&inner.chunker)
+            .await
+            .map_err(StoreError::io("reading the snapshot stream"))?
+        {
+            let len = data.len();
             let at = sizes.len();
             sizes.push(len as u32);
             ids.push(None);
@@ -332,6 +341,12 @@ impl SnapshotStore {
         let _slot = puts.acquire().await.expect("the semaphore is never closed");
         let n = store.put_bytes(&key, data).await?;
         Ok(Upload::Uploaded(n))
+    }
+
+    /// Whether this store signs the manifests it writes (it has a manifest key): then it
+    /// vouches for what it reads back ([`Self::vouches_for`]).
+    pub fn signs(&self) -> bool {
+        self.inner.manifest_key.is_some()
     }
 
     /// Whether `manifest` was signed with this store's manifest key: then every byte its

@@ -24,6 +24,10 @@ use crate::{EngineError, Result, SandboxId, probe};
 /// The name of a snapshot's memory entry (see the module docs).
 const ENTRY: &[u8] = b"../silkmesh-memory";
 const MAC_LEN: usize = 32;
+/// The MAC of memory images written for readers a signed store vouches for
+/// ([`crate::SnapshotSink::vouched`]): no MAC. It verifies nothing, so any other reader refuses
+/// the images, as it refuses any it cannot verify.
+const UNSEALED: [u8; MAC_LEN] = [0; MAC_LEN];
 /// The largest memory entry read back (a sandbox's memory is bounded far below it).
 const MAX_ENTRY: u64 = 64 << 30;
 
@@ -150,8 +154,16 @@ impl JailEngine {
     }
 
     /// Writes the memory entry for the images in `dir` to `out`: a tar header, the images as a
-    /// flat tar, their MAC, padding.
-    pub(super) fn write_memory_entry(&self, dir: &Path, out: &mut impl Write) -> Result<u64> {
+    /// flat tar, their MAC, padding. The images are mapped and shared with `out`
+    /// ([`crate::SnapshotSink::share`]), then hashed: a sink that keeps them uncopied (the
+    /// node's spool) has the store cutting them on one core while the MAC is computed on this.
+    /// For a sink whose readers are all vouched for ([`crate::SnapshotSink::vouched`]) the MAC
+    /// is [`UNSEALED`] instead: no pass over the images at all here.
+    pub(super) fn write_memory_entry(
+        &self,
+        dir: &Path,
+        out: &mut (impl crate::SnapshotSink + ?Sized),
+    ) -> Result<u64> {
         let mut files = vec![];
         for entry in std::fs::read_dir(dir).map_err(EngineError::io("read memory images"))? {
             let entry = entry.map_err(EngineError::io("read memory images"))?;
@@ -165,37 +177,54 @@ impl JailEngine {
         let inner: u64 =
             files.iter().map(|(_, len)| 512 + len.div_ceil(512) * 512).sum::<u64>() + 1024;
         let size = inner + MAC_LEN as u64;
+        let pack = |e| EngineError::io("pack memory images")(e);
         let mut header = tar::Header::new_old();
         header.as_old_mut().name[..ENTRY.len()].copy_from_slice(ENTRY);
         header.set_size(size);
         header.set_mode(0o600);
         header.set_entry_type(tar::EntryType::Regular);
         header.set_cksum();
-        out.write_all(header.as_bytes()).map_err(EngineError::io("write memory entry"))?;
-        let mut mac = Mac { out, hasher: blake3::Hasher::new_keyed(&self.memory_key), written: 0 };
-        // Through a 1 MiB buffer, which `io::copy` reads the images straight into (it moves
-        // 8 KiB at a time into other writers).
-        let mut images = tar::Builder::new(std::io::BufWriter::with_capacity(1 << 20, &mut mac));
+        out.write_all(header.as_bytes()).map_err(pack)?;
+        let mut mac = (!out.vouched()).then(|| blake3::Hasher::new_keyed(&self.memory_key));
+        // Headers and padding: hashed, and copied into `out`'s buffer.
+        fn small<S: Write + ?Sized>(
+            mac: &mut Option<blake3::Hasher>,
+            out: &mut S,
+            bytes: &[u8],
+        ) -> std::io::Result<()> {
+            if let Some(mac) = mac {
+                mac.update(bytes);
+            }
+            out.write_all(bytes)
+        }
+        let mut written = 0;
         for (name, len) in &files {
             let file =
                 std::fs::File::open(dir.join(name)).map_err(EngineError::io("open image"))?;
             let mut h = tar::Header::new_gnu();
+            h.set_path(name).map_err(pack)?;
             h.set_size(*len);
             h.set_mode(0o600);
             h.set_entry_type(tar::EntryType::Regular);
-            images
-                .append_data(&mut h, name, file.take(*len))
-                .map_err(EngineError::io("pack memory images"))?;
+            h.set_cksum();
+            small(&mut mac, out, h.as_bytes()).map_err(pack)?;
+            let image = Mapped::of(&file, *len).map_err(pack)?;
+            out.share(image.clone()).map_err(pack)?;
+            if let Some(mac) = &mut mac {
+                mac.update(&image);
+            }
+            let pad = (512 - len % 512) % 512;
+            small(&mut mac, out, &ZEROS[..pad as usize]).map_err(pack)?;
+            written += 512 + len + pad;
         }
-        let buffered = images.into_inner().map_err(EngineError::io("pack memory images"))?;
-        buffered.into_inner().map_err(|e| EngineError::io("pack memory images")(e.into_error()))?;
-        let (written, tag) = (mac.written, mac.hasher.finalize());
-        if written != inner {
+        small(&mut mac, out, &ZEROS[..1024]).map_err(pack)?;
+        if written + 1024 != inner {
             return Err(EngineError::Host("memory images changed while packed".into()));
         }
-        out.write_all(tag.as_bytes()).map_err(EngineError::io("write memory entry"))?;
+        let tag = mac.map_or(UNSEALED, |mac| *mac.finalize().as_bytes());
+        out.write_all(&tag).map_err(pack)?;
         let pad = (512 - size % 512) % 512;
-        out.write_all(&vec![0u8; pad as usize]).map_err(EngineError::io("write memory entry"))?;
+        out.write_all(&ZEROS[..pad as usize]).map_err(pack)?;
         Ok(512 + size + pad)
     }
 
@@ -251,7 +280,13 @@ impl JailEngine {
             Err(e) => Err(read(e)),
             Ok(true) => Err(EngineError::BadRequest("snapshot: truncated memory entry".into())),
             Ok(false) if hash.is_some_and(|hash| hash != blake3::Hash::from(tag)) => {
-                Ok(Err("its memory image was not made by this fleet (MAC mismatch)".to_string()))
+                Ok(Err(if tag == UNSEALED {
+                    "its memory image has no MAC of its own (written for a store that signs \
+                     its manifests), and this copy's manifest is not signed with this fleet's key"
+                } else {
+                    "its memory image was not made by this fleet (MAC mismatch)"
+                }
+                .to_string()))
             }
             Ok(false) => Ok(unpacked.map(|()| true)),
         };
@@ -297,6 +332,65 @@ fn unpack_images(input: impl Read, into: &Path) -> std::result::Result<(), Strin
     Ok(())
 }
 
+/// Zeros for a tar's padding and its end.
+static ZEROS: [u8; 1024] = [0; 1024];
+
+/// A file mapped read-only, as [`bytes::Bytes`] that unmap it when the last is dropped. Only
+/// images CRIU finished writing are mapped, and nothing on the host truncates them (a box's
+/// removal unlinks them, which leaves a mapping whole).
+struct Mapped {
+    at: *mut libc::c_void,
+    len: usize,
+}
+
+// SAFETY: a read-only mapping, never written through; unmapped once, on drop.
+unsafe impl Send for Mapped {}
+unsafe impl Sync for Mapped {}
+
+impl Mapped {
+    /// `file`, which is `len` bytes long (a file of another length is refused: reading past
+    /// its end would fault).
+    fn of(file: &std::fs::File, len: u64) -> std::io::Result<bytes::Bytes> {
+        use std::os::fd::AsRawFd;
+        if file.metadata()?.len() != len {
+            return Err(std::io::Error::other("a memory image changed size"));
+        }
+        let len = usize::try_from(len).map_err(std::io::Error::other)?;
+        if len == 0 {
+            return Ok(bytes::Bytes::new());
+        }
+        // SAFETY: a new shared read-only mapping of an open file; checked for failure.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                file.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(bytes::Bytes::from_owner(Mapped { at, len }))
+    }
+}
+
+impl AsRef<[u8]> for Mapped {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `len` bytes mapped readable at `at` for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.at.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for Mapped {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `of`, unmapped once.
+        unsafe { libc::munmap(self.at, self.len) };
+    }
+}
+
 /// A reader that hashes what passes (when it has a hasher).
 struct Hashed<R: Read> {
     input: R,
@@ -310,26 +404,6 @@ impl<R: Read> Read for Hashed<R> {
             hasher.update(&buf[..n]);
         }
         Ok(n)
-    }
-}
-
-/// A writer that MACs and counts what passes.
-struct Mac<'a, W: Write> {
-    out: &'a mut W,
-    hasher: blake3::Hasher,
-    written: u64,
-}
-
-impl<W: Write> Write for Mac<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        let n = self.out.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.written += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.out.flush()
     }
 }
 

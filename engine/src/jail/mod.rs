@@ -408,7 +408,7 @@ impl Engine for JailEngine {
         &self,
         id: &SandboxId,
         memory: Memory,
-        out: &mut dyn std::io::Write,
+        out: &mut dyn crate::SnapshotSink,
         scratch: &Path,
         keep: Option<&str>,
     ) -> Result<Streamed> {

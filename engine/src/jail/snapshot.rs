@@ -84,7 +84,7 @@ impl JailEngine {
         &self,
         id: &SandboxId,
         memory: Memory,
-        out: &mut dyn std::io::Write,
+        out: &mut dyn crate::SnapshotSink,
         scratch: &Path,
         keep: Option<&str>,
     ) -> Result<Streamed> {
@@ -146,7 +146,7 @@ impl JailEngine {
         &self,
         images: &Path,
         files: &Path,
-        out: &mut dyn std::io::Write,
+        out: &mut dyn crate::SnapshotSink,
     ) -> Result<()> {
         let mut out = std::io::BufWriter::with_capacity(256 << 10, out);
         self.write_memory_entry(images, &mut out)?;

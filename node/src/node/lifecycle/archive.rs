@@ -159,7 +159,7 @@ impl Node {
         let meta = self.snapshot_meta(&stored, source, BTreeMap::new())?;
         let (engine, sid) = (self.engine.clone(), source.id.parse::<SandboxId>()?);
         let scratch = self.scratch_tar("upload");
-        let write = move |out: &mut dyn std::io::Write| {
+        let write = move |out: &mut dyn silk_engine::SnapshotSink| {
             engine.write_snapshot(&sid, memory, out, &scratch, None)
         };
         let (_, streamed) = self.upload_stream(name, meta, Pace::Store, write).await?;

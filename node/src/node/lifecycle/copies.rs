@@ -53,7 +53,7 @@ impl Node {
                     meta.insert("copy_on".into(), self.name.clone());
                     copy_on = Some(self.name.clone());
                 }
-                let write = move |out: &mut dyn std::io::Write| {
+                let write = move |out: &mut dyn silk_engine::SnapshotSink| {
                     engine.write_snapshot(&sid, memory, out, &scratch, keep.as_deref())
                 };
                 let pace = Pace::Spool { captured: "checkpoint:captured" };

@@ -262,7 +262,7 @@ impl Node {
         };
         let (engine, sid) = (self.engine.clone(), source.id.parse::<SandboxId>()?);
         let scratch = self.scratch_tar("move");
-        let write = move |out: &mut dyn std::io::Write| {
+        let write = move |out: &mut dyn silk_engine::SnapshotSink| {
             engine.write_snapshot(&sid, memory, out, &scratch, None)
         };
         let bytes = self.capture_stream(write)?;

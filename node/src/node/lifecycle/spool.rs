@@ -1,12 +1,15 @@
 //! A running sandbox's capture on its way into the store ([`super::Pace::Spool`]): the engine
 //! writes it on a blocking thread ([`SpoolWriter`]) into memory, or past the node's bound for
 //! that into a scratch file, and the store reads it from behind ([`SpoolReader`]), so the freeze
-//! lasts the capture, not the upload.
+//! lasts the capture, not the upload. What the engine shares rather than writes (its mapped
+//! memory images: [`silk_engine::SnapshotSink::share`]) is passed on as it is, uncopied.
 
-use std::future::Future;
 use std::io::Write;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::Poll;
+
+use bytes::{Bytes, BytesMut};
 
 /// Bytes of all spools on this node held in memory at once; past it a capture goes to its
 /// scratch file. A checkpoint's capture outruns the store's put (chunking and hashing), so
@@ -19,11 +22,16 @@ static SPOOLED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize:
 /// Emptied buffers a spool keeps for its next writes (fresh ones cost a page fault per 4 KiB).
 const SPARE_BUFFERS: usize = 4;
 
+/// The most read from the scratch file as one piece.
+const FILE_PIECE: u64 = 4 << 20;
+
 /// A capture one thread writes and the store reads behind it ([`SpoolReader`]), in order: in
 /// memory while there is room ([`SPOOL_MEMORY`]), in a scratch file past it.
 #[derive(Default)]
 struct Spool {
     progress: Mutex<Progress>,
+    /// Buffers the store is done with, for the writer's next parts.
+    spare: Mutex<Vec<Vec<u8>>>,
 }
 
 #[derive(Default)]
@@ -35,7 +43,6 @@ struct Progress {
     waker: Option<std::task::Waker>,
     /// The reader is gone: the writer stops.
     closed: bool,
-    spare: Vec<Vec<u8>>,
 }
 
 /// A stretch of the capture, in the order written.
@@ -43,35 +50,48 @@ enum Part {
     Memory(Held),
     /// This many bytes next in the scratch file.
     File(u64),
+    /// Bytes the engine shared: already in memory (mapped files), so neither copied nor
+    /// counted.
+    Shared(Bytes),
 }
 
-/// Spooled bytes in memory, counted in [`SPOOLED`] until dropped or given back.
-struct Held(Vec<u8>);
+/// Spooled bytes in memory, counted in [`SPOOLED`] until dropped; then the buffer goes back to
+/// its spool's spares.
+struct Held {
+    buf: Vec<u8>,
+    home: std::sync::Weak<Spool>,
+}
 
 impl Held {
-    /// `bytes` copied into `buf`, when the node's spools have room for them.
-    fn copy(bytes: &[u8], mut buf: Vec<u8>) -> Option<Held> {
+    /// `bytes` copied into a spare buffer of `spool`'s, when the node's spools have room.
+    fn copy(bytes: &[u8], spool: &Arc<Spool>) -> Option<Held> {
         SPOOLED
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
                 (now + bytes.len() <= SPOOL_MEMORY).then_some(now + bytes.len())
             })
             .ok()?;
+        let mut buf = spool.spares().pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(bytes);
-        Some(Held(buf))
+        Some(Held { buf, home: Arc::downgrade(spool) })
     }
+}
 
-    /// The buffer, no longer counted.
-    fn into_buffer(mut self) -> Vec<u8> {
-        let buf = std::mem::take(&mut self.0);
-        SPOOLED.fetch_sub(buf.len(), Ordering::AcqRel);
-        buf
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
     }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        SPOOLED.fetch_sub(self.0.len(), Ordering::AcqRel);
+        SPOOLED.fetch_sub(self.buf.len(), Ordering::AcqRel);
+        if let Some(spool) = self.home.upgrade() {
+            let mut spare = spool.spares();
+            if spare.len() < SPARE_BUFFERS {
+                spare.push(std::mem::take(&mut self.buf));
+            }
+        }
     }
 }
 
@@ -80,10 +100,16 @@ impl Spool {
         self.progress.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn spares(&self) -> std::sync::MutexGuard<'_, Vec<Vec<u8>>> {
+        self.spare.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Adds `part`, unless the reader is gone.
     fn push(&self, part: Part) -> std::io::Result<()> {
         let mut p = self.progress();
         if p.closed {
+            drop(p);
+            drop(part);
             return Err(std::io::Error::new(
                 std::io::ErrorKind::BrokenPipe,
                 "the upload stopped reading",
@@ -114,20 +140,25 @@ impl Spool {
 
 /// A spool whose parts past memory go into a scratch file made at `path`: the writer's end,
 /// and the store's end, which ends whole only once the writer finished whole and `go` came.
+/// `vouched`: the store signs what it stores, and vouches for it when read back
+/// ([`silk_engine::SnapshotSink::vouched`]).
 pub(super) fn spool(
     path: &std::path::Path,
     go: tokio::sync::oneshot::Receiver<()>,
+    vouched: bool,
 ) -> std::io::Result<(SpoolWriter, SpoolReader)> {
     let file = std::fs::File::create(path)?;
     let behind = std::fs::File::open(path);
     let _ = std::fs::remove_file(path); // both ends are open: nothing to sweep
-    let spool = std::sync::Arc::new(Spool::default());
-    Ok((SpoolWriter { file, spool: spool.clone() }, SpoolReader::new(spool, behind?, go)))
+    let spool = Arc::new(Spool::default());
+    let writer = SpoolWriter { file, spool: spool.clone(), vouched };
+    Ok((writer, SpoolReader::new(spool, behind?, go)))
 }
 
 pub(super) struct SpoolWriter {
     file: std::fs::File,
-    spool: std::sync::Arc<Spool>,
+    spool: Arc<Spool>,
+    vouched: bool,
 }
 
 impl SpoolWriter {
@@ -140,11 +171,9 @@ impl SpoolWriter {
 impl Write for SpoolWriter {
     fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
         if bytes.is_empty() {
-            // An empty part would read as the stream's end.
             return Ok(0);
         }
-        let spare = self.spool.progress().spare.pop().unwrap_or_default();
-        let (part, n) = match Held::copy(bytes, spare) {
+        let (part, n) = match Held::copy(bytes, &self.spool) {
             Some(held) => (Part::Memory(held), bytes.len()),
             None => {
                 let n = self.file.write(bytes)?;
@@ -160,127 +189,129 @@ impl Write for SpoolWriter {
     }
 }
 
-/// The store's end of a [`Spool`]: its parts in order, then its end, which is an error unless
-/// the writer wrote everything and `go` came.
-pub(super) struct SpoolReader {
-    spool: std::sync::Arc<Spool>,
-    /// The scratch file, read where the writer went past memory (limited to the part).
-    file: tokio::io::Take<tokio::fs::File>,
-    /// The part being read: a buffer and how far, or the file.
-    reading: Option<Reading>,
-    go: Option<tokio::sync::oneshot::Receiver<()>>,
-    /// Set here when the stream ended without the writer's word that it was whole.
-    cut_short: std::sync::Arc<AtomicBool>,
+impl silk_engine::SnapshotSink for SpoolWriter {
+    fn share(&mut self, bytes: Bytes) -> std::io::Result<()> {
+        if bytes.is_empty() {
+            return Ok(());
+        }
+        self.spool.push(Part::Shared(bytes))
+    }
+
+    fn vouched(&self) -> bool {
+        self.vouched
+    }
 }
 
-enum Reading {
-    Memory(Held, usize),
-    File,
+/// The store's end of a [`Spool`]: its parts in order as pieces ([`silk_store::Pieces`]),
+/// then its end, which is an error unless the writer wrote everything and `go` came.
+pub(super) struct SpoolReader {
+    spool: Arc<Spool>,
+    /// The scratch file, read where the writer went past memory (limited to the part).
+    file: tokio::io::Take<tokio::fs::File>,
+    go: Option<tokio::sync::oneshot::Receiver<()>>,
+    /// Set here when the stream ended without the writer's word that it was whole.
+    cut_short: Arc<AtomicBool>,
 }
 
 impl SpoolReader {
     fn new(
-        spool: std::sync::Arc<Spool>,
+        spool: Arc<Spool>,
         file: std::fs::File,
         go: tokio::sync::oneshot::Receiver<()>,
     ) -> SpoolReader {
         use tokio::io::AsyncReadExt;
         let file = tokio::fs::File::from_std(file).take(0);
-        SpoolReader { spool, file, reading: None, go: Some(go), cut_short: Default::default() }
+        SpoolReader { spool, file, go: Some(go), cut_short: Default::default() }
     }
 
     /// Set once the stream ended without the writer's word that it was whole.
-    pub(super) fn cut_short(&self) -> std::sync::Arc<AtomicBool> {
+    pub(super) fn cut_short(&self) -> Arc<AtomicBool> {
         self.cut_short.clone()
     }
 
-    fn cut(&self, why: &str) -> std::io::Result<()> {
+    fn cut<T>(&self, why: &str) -> std::io::Result<T> {
         self.cut_short.store(true, Ordering::Release);
         Err(std::io::Error::other(why.to_string()))
     }
+
+    /// The next piece of the stretch of the scratch file being read.
+    async fn read_file(&mut self) -> std::io::Result<Bytes> {
+        use tokio::io::AsyncReadExt;
+        let n = self.file.limit().min(FILE_PIECE) as usize;
+        let mut buf = BytesMut::with_capacity(n);
+        while buf.len() < n {
+            if self.file.read_buf(&mut buf).await? == 0 {
+                return self.cut("the spool is shorter than written");
+            }
+        }
+        Ok(buf.freeze())
+    }
+
+    /// The stream's end: whole only once the writer said so and `go` came.
+    async fn end(&mut self, whole: bool) -> std::io::Result<Option<Bytes>> {
+        if !whole {
+            return self.cut("the capture failed");
+        }
+        // Awaited in place, not taken: a caller that gives up waiting keeps it.
+        let Some(go) = self.go.as_mut() else { return Ok(None) };
+        let went = go.await;
+        self.go = None;
+        match went {
+            Ok(()) => Ok(None),
+            Err(_) => self.cut("the call stopped before the snapshot's end"),
+        }
+    }
 }
 
-impl tokio::io::AsyncRead for SpoolReader {
-    fn poll_read(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> std::task::Poll<std::io::Result<()>> {
-        use std::task::Poll;
-        if buf.remaining() == 0 {
-            return Poll::Ready(Ok(()));
+impl silk_store::Pieces for SpoolReader {
+    async fn next_piece(&mut self) -> std::io::Result<Option<Bytes>> {
+        if self.file.limit() > 0 {
+            return self.read_file().await.map(Some);
         }
-        let this = &mut *self;
-        loop {
-            match &mut this.reading {
-                Some(Reading::Memory(held, at)) => {
-                    let n = buf.remaining().min(held.0.len() - *at);
-                    buf.put_slice(&held.0[*at..*at + n]);
-                    *at += n;
-                    if *at == held.0.len()
-                        && let Some(Reading::Memory(held, _)) = this.reading.take()
-                    {
-                        let mut p = this.spool.progress();
-                        if p.spare.len() < SPARE_BUFFERS {
-                            p.spare.push(held.into_buffer());
-                        }
+        let spool = self.spool.clone();
+        let next = std::future::poll_fn(|cx| {
+            let mut p = spool.progress();
+            match p.parts.pop_front() {
+                Some(part) => Poll::Ready(Ok(part)),
+                None => match p.done {
+                    Some(whole) => Poll::Ready(Err(whole)),
+                    None => {
+                        p.waker = Some(cx.waker().clone());
+                        Poll::Pending
                     }
-                    return Poll::Ready(Ok(()));
-                }
-                Some(Reading::File) => {
-                    let before = buf.filled().len();
-                    std::task::ready!(std::pin::Pin::new(&mut this.file).poll_read(cx, buf))?;
-                    if this.file.limit() == 0 {
-                        this.reading = None;
-                    } else if buf.filled().len() == before {
-                        return Poll::Ready(this.cut("the spool is shorter than written"));
-                    }
-                    return Poll::Ready(Ok(()));
-                }
-                None => {}
+                },
             }
-            let mut p = this.spool.progress();
-            if let Some(part) = p.parts.pop_front() {
-                this.reading = Some(match part {
-                    Part::Memory(held) => Reading::Memory(held, 0),
-                    Part::File(n) => {
-                        this.file.set_limit(n);
-                        Reading::File
-                    }
-                });
-                continue;
+        })
+        .await;
+        match next {
+            Ok(Part::Memory(held)) => Ok(Some(Bytes::from_owner(held))),
+            Ok(Part::Shared(bytes)) => Ok(Some(bytes)),
+            Ok(Part::File(n)) => {
+                self.file.set_limit(n);
+                self.read_file().await.map(Some)
             }
-            let done = p.done;
-            if done.is_none() {
-                p.waker = Some(cx.waker().clone());
-                return Poll::Pending;
-            }
-            drop(p);
-            if done == Some(false) {
-                return Poll::Ready(this.cut("the capture failed"));
-            }
-            let Some(go) = this.go.as_mut() else { return Poll::Ready(Ok(())) };
-            let went = std::task::ready!(std::pin::Pin::new(go).poll(cx));
-            this.go = None;
-            return match went {
-                Ok(()) => Poll::Ready(Ok(())),
-                Err(_) => Poll::Ready(this.cut("the call stopped before the snapshot's end")),
-            };
+            Err(whole) => self.end(whole).await,
         }
     }
 }
 
 impl Drop for SpoolReader {
     fn drop(&mut self) {
-        let mut p = self.spool.progress();
-        p.closed = true;
-        p.parts.clear();
+        let parts = {
+            let mut p = self.spool.progress();
+            p.closed = true;
+            std::mem::take(&mut p.parts)
+        };
+        // Dropped unlocked: a part's buffer goes back to the spares under their own lock.
+        drop(parts);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use silk_engine::SnapshotSink;
+    use silk_store::Pieces;
 
     /// A spool over a fresh scratch file: its writer's end, the store's end, and `go`.
     fn fresh() -> (SpoolWriter, SpoolReader, tokio::sync::oneshot::Sender<()>) {
@@ -288,13 +319,25 @@ mod tests {
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("silk-spool-test-{}-{n}", std::process::id()));
         let (go, gone) = tokio::sync::oneshot::channel();
-        let (writer, reader) = spool(&path, gone).unwrap();
+        let (writer, reader) = spool(&path, gone, false).unwrap();
         (writer, reader, go)
     }
 
+    /// The pieces up to the stream's end, and how it ended.
+    async fn drain(reader: &mut SpoolReader) -> (Vec<u8>, std::io::Result<()>) {
+        let mut got = vec![];
+        loop {
+            match reader.next_piece().await {
+                Ok(Some(piece)) => got.extend_from_slice(&piece),
+                Ok(None) => return (got, Ok(())),
+                Err(e) => return (got, Err(e)),
+            }
+        }
+    }
+
     #[tokio::test]
-    async fn a_spool_reads_back_in_order_across_memory_and_its_file_and_ends_only_on_go() {
-        use tokio::io::AsyncReadExt;
+    async fn a_spool_reads_back_in_order_across_memory_its_file_and_shared_bytes_and_ends_only_on_go()
+     {
         let (mut writer, mut reader, go) = fresh();
         writer.write_all(b"one ").unwrap();
         // The node's spools are full: the next parts go to the file.
@@ -302,7 +345,9 @@ mod tests {
         writer.write_all(b"two ").unwrap();
         writer.write_all(b"three ").unwrap();
         SPOOLED.fetch_sub(SPOOL_MEMORY, Ordering::AcqRel);
-        writer.write_all(b"four").unwrap();
+        let shared = Bytes::from_static(b"four ");
+        writer.share(shared.clone()).unwrap();
+        writer.write_all(b"five").unwrap();
         {
             let p = writer.spool.progress();
             let kinds: Vec<&str> = p
@@ -311,35 +356,35 @@ mod tests {
                 .map(|p| match p {
                     Part::Memory(_) => "memory",
                     Part::File(_) => "file",
+                    Part::Shared(_) => "shared",
                 })
                 .collect();
-            assert_eq!(kinds, ["memory", "file", "memory"]);
+            assert_eq!(kinds, ["memory", "file", "shared", "memory"]);
         }
         writer.finish(true);
-        let mut got = vec![0; 18];
-        reader.read_exact(&mut got).await.unwrap();
-        assert_eq!(got, b"one two three four");
+        let mut pieces = vec![];
+        for _ in 0..4 {
+            pieces.push(reader.next_piece().await.unwrap().unwrap());
+        }
+        assert_eq!(pieces.concat(), b"one two three four five");
+        // What was shared is handed on as it is, not copied.
+        assert_eq!(pieces[2].as_ptr(), shared.as_ptr());
         // Everything is read, but the call has not passed its crash point: no end yet.
-        let mut rest = vec![];
-        let early = tokio::time::timeout(
-            std::time::Duration::from_millis(50),
-            reader.read_to_end(&mut rest),
-        )
-        .await;
+        let early =
+            tokio::time::timeout(std::time::Duration::from_millis(50), reader.next_piece()).await;
         assert!(early.is_err(), "the stream ended before go");
         go.send(()).unwrap();
-        assert_eq!(reader.read_to_end(&mut rest).await.unwrap(), 0);
+        assert!(reader.next_piece().await.unwrap().is_none());
         assert!(!reader.cut_short.load(Ordering::Acquire));
     }
 
     #[tokio::test]
     async fn a_spool_whose_capture_failed_or_whose_call_stopped_ends_in_an_error() {
-        use tokio::io::AsyncReadExt;
         let (mut writer, mut reader, _go) = fresh();
         writer.write_all(b"half").unwrap();
         writer.finish(false);
-        let mut got = vec![];
-        let err = reader.read_to_end(&mut got).await.unwrap_err();
+        let (got, end) = drain(&mut reader).await;
+        let err = end.unwrap_err();
         assert!(err.to_string().contains("capture failed"), "{err}");
         assert_eq!(got, b"half");
         assert!(reader.cut_short.load(Ordering::Acquire));
@@ -348,7 +393,7 @@ mod tests {
         writer.write_all(b"all").unwrap();
         writer.finish(true);
         drop(go);
-        let err = reader.read_to_end(&mut vec![]).await.unwrap_err();
+        let err = drain(&mut reader).await.1.unwrap_err();
         assert!(err.to_string().contains("stopped before"), "{err}");
         assert!(reader.cut_short.load(Ordering::Acquire));
     }
@@ -361,6 +406,8 @@ mod tests {
         writer.write_all(b"some").unwrap();
         drop(reader);
         let err = writer.write_all(b"more").unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
+        let err = writer.share(Bytes::from_static(b"shared")).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
         assert!(writer.spool.progress().parts.is_empty(), "what it held is freed");
     }

@@ -13,7 +13,7 @@
 //!   so the freeze lasts the capture, not the upload, and the upload still runs beside the
 //!   capture rather than after it.
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::sync::atomic::AtomicBool;
 
 use silk_engine::EngineError;
@@ -42,7 +42,9 @@ impl Node {
         name: &SnapshotName,
         meta: BTreeMap<String, String>,
         pace: Pace,
-        write: impl FnOnce(&mut dyn Write) -> Result<Streamed, EngineError> + Send + 'static,
+        write: impl FnOnce(&mut dyn silk_engine::SnapshotSink) -> Result<Streamed, EngineError>
+        + Send
+        + 'static,
     ) -> Result<(silk_store::PutReport, Streamed), NodeError> {
         let (put, capture, cut_short): (_, Capture<'_>, _) = match pace {
             Pace::Store => {
@@ -53,9 +55,10 @@ impl Node {
                 let whole = Whole::new(reader);
                 let (captured, cut_short) = (whole.captured.clone(), whole.cut_short.clone());
                 let bytes = tokio::io::BufReader::with_capacity(1 << 20, whole);
-                let put = self.store.put(name, Box::new(bytes) as StoreInput, meta);
+                let put: Put<'_> = Box::pin(self.store.put(name, bytes, meta));
+                let vouched = self.store.signs();
                 let capture = blocking(move || {
-                    let mut writer = writer;
+                    let mut writer = IntoStore { pipe: writer, vouched };
                     let written = write(&mut writer);
                     // Before the writer closes: the store takes its end for the snapshot's end.
                     captured.store(written.is_ok(), Ordering::Release);
@@ -68,10 +71,10 @@ impl Node {
                 // point: a crash there leaves nothing committed.
                 let (go, gone) = tokio::sync::oneshot::channel();
                 let path = self.scratch_tar("spool");
-                let (mut out, reader) = super::spool::spool(&path, gone)
+                let (mut out, reader) = super::spool::spool(&path, gone, self.store.signs())
                     .map_err(|e| NodeError::internal(format!("spool {}: {e}", path.display())))?;
                 let cut_short = reader.cut_short();
-                let put = self.store.put(name, Box::new(reader) as StoreInput, meta);
+                let put: Put<'_> = Box::pin(self.store.put_pieces(name, reader, meta));
                 let capture = async move {
                     let written = blocking(move || {
                         let written = write(&mut out);
@@ -99,8 +102,9 @@ impl Node {
     }
 }
 
-/// What the store reads a streamed snapshot from.
-type StoreInput = Box<dyn tokio::io::AsyncRead + Send + Unpin>;
+type Put<'a> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = silk_store::Result<silk_store::PutReport>> + Send + 'a>,
+>;
 
 impl Node {
     /// What `write` writes on a blocking thread, as a stream for a peer (`Fleet::hand_over`)
@@ -108,7 +112,9 @@ impl Node {
     /// stopped sandbox only (a running one would stay frozen for as long).
     pub(in crate::node) fn capture_stream(
         &self,
-        write: impl FnOnce(&mut dyn Write) -> Result<Streamed, EngineError> + Send + 'static,
+        write: impl FnOnce(&mut dyn silk_engine::SnapshotSink) -> Result<Streamed, EngineError>
+        + Send
+        + 'static,
     ) -> Result<SnapshotBytes, NodeError> {
         let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
         let (reader, writer) = wide_pipe().map_err(pipe)?;
@@ -166,6 +172,29 @@ impl tokio::io::AsyncRead for StopWithin {
         std::task::ready!(tokio::io::AsyncRead::poll_read(self.bytes.as_mut(), cx, buf))?;
         self.read |= buf.filled().len() > before;
         std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// A pipe into the store's put, whose reader the store vouches for when it signs what it
+/// stores ([`silk_engine::SnapshotSink::vouched`]).
+struct IntoStore {
+    pipe: std::io::PipeWriter,
+    vouched: bool,
+}
+
+impl std::io::Write for IntoStore {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.pipe.write(buf)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.pipe.flush()
+    }
+}
+
+impl silk_engine::SnapshotSink for IntoStore {
+    fn vouched(&self) -> bool {
+        self.vouched
     }
 }
 
@@ -333,6 +362,7 @@ impl tokio::io::AsyncRead for Whole {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::Write;
 
     fn arrived() -> (Arrived, std::io::PipeWriter) {
         let (pipe, writer) = std::io::pipe().unwrap();
