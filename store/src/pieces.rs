@@ -18,27 +18,30 @@ pub trait Pieces: Send {
     fn next_piece(&mut self) -> impl Future<Output = std::io::Result<Option<Bytes>>> + Send;
 }
 
-/// Any reader as pieces: read into buffers of `size` bytes (one copy, as any read makes).
+/// Any reader as pieces of `size` bytes (one copy, as any read makes).
 pub(crate) struct ReadPieces<R> {
     reader: R,
     size: usize,
+    /// Read into, and reused once every piece cut from it was dropped: a fresh buffer costs a
+    /// page fault per 4 KiB written.
+    buf: BytesMut,
 }
 
 impl<R: AsyncRead + Unpin + Send> ReadPieces<R> {
     pub(crate) fn new(reader: R, size: usize) -> ReadPieces<R> {
-        ReadPieces { reader, size }
+        ReadPieces { reader, size, buf: BytesMut::new() }
     }
 }
 
 impl<R: AsyncRead + Unpin + Send> Pieces for ReadPieces<R> {
     async fn next_piece(&mut self) -> std::io::Result<Option<Bytes>> {
-        let mut buf = BytesMut::with_capacity(self.size);
-        while buf.len() < self.size {
-            if self.reader.read_buf(&mut buf).await? == 0 {
+        self.buf.reserve(self.size);
+        while self.buf.len() < self.size {
+            if self.reader.read_buf(&mut self.buf).await? == 0 {
                 break;
             }
         }
-        Ok((!buf.is_empty()).then(|| buf.freeze()))
+        Ok((!self.buf.is_empty()).then(|| self.buf.split().freeze()))
     }
 }
 
@@ -78,6 +81,8 @@ impl<P: Pieces> Chunks<P> {
                 self.piece = Bytes::new();
             }
             if self.piece.is_empty() && !self.ended {
+                // No hold on the spent piece's buffer while the next is read (it may reuse it).
+                self.piece = Bytes::new();
                 match self.pieces.next_piece().await? {
                     Some(piece) => self.piece = piece,
                     None => self.ended = true,
