@@ -386,18 +386,30 @@ impl SnapshotStore {
         manifest: &Manifest,
         out: &mut (dyn AsyncWrite + Unpin + Send),
     ) -> Result<()> {
-        let mut chunks = futures_util::stream::iter(manifest.chunks.clone())
-            .map(|chunk| {
-                let inner = self.inner.clone();
-                // Spawned so hashing runs beside the downloads; aborted if `get` is dropped.
-                AbortOnDrop(tokio::spawn(async move { inner.fetch(chunk).await }))
-            })
-            .buffered(self.inner.download_concurrency);
+        let mut chunks = self.chunks(manifest);
         while let Some(data) = chunks.next().await {
             out.write_all(&data?).await.map_err(StoreError::io("writing the snapshot"))?;
         }
         out.flush().await.map_err(StoreError::io("writing the snapshot"))?;
         Ok(())
+    }
+
+    /// The chunks of the snapshot `manifest` describes, in order, each checked against its id
+    /// and size before it is given; `download_concurrency` of them fetched at once. For a
+    /// caller that takes the bytes as they are rather than have them written
+    /// ([`Self::get_chunks`]).
+    pub fn chunks(
+        &self,
+        manifest: &Manifest,
+    ) -> impl futures_util::Stream<Item = Result<Bytes>> + Send + 'static {
+        let inner = self.inner.clone();
+        futures_util::stream::iter(manifest.chunks.clone())
+            .map(move |chunk| {
+                let inner = inner.clone();
+                // Spawned so hashing runs beside the downloads; aborted if the stream is dropped.
+                AbortOnDrop(tokio::spawn(async move { inner.fetch(chunk).await }))
+            })
+            .buffered(self.inner.download_concurrency)
     }
 
     /// Removes the snapshot's manifest. Its chunks go at the next GC past the grace period.

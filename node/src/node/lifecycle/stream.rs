@@ -1,7 +1,8 @@
 //! Snapshots streamed between the store (or a peer) and the engine, with no tar file of the whole
 //! between them: into the store, the engine writes on a blocking thread into a pipe the store's
-//! put reads; out of it ([`Node::download_into`]), or from a peer moving a sandbox here, the
-//! bytes go into a pipe the engine's restore reads as they arrive ([`Node::restore_arriving`]).
+//! put reads (or, for a checkpoint, a spool: see below); out of it ([`Node::download_into`]), or
+//! from a peer moving a sandbox here, the chunks go as they are to the engine's restore, which
+//! reads them as they arrive ([`Node::restore_arriving`]).
 //! Uploads are safe for two reasons:
 //!
 //! - **Whole or nothing.** A capture that fails half way closes the pipe too. The store's end
@@ -14,6 +15,9 @@
 //!   capture rather than after it.
 
 use std::io::Read;
+
+use bytes::Bytes;
+use futures_util::StreamExt;
 use std::sync::atomic::AtomicBool;
 
 use silk_engine::EngineError;
@@ -199,9 +203,7 @@ impl silk_engine::SnapshotSink for IntoStore {
 }
 
 /// A pipe that holds 1 MiB rather than 64 KiB: a snapshot crosses it in 1 MiB steps, not in
-/// 1600 hand-offs (each a wake-up of the other side) per 100 MiB. Used where it was measured to
-/// help (a download's or a peer's bytes into the engine, a capture to a peer); an upload's
-/// pipe into the store showed no gain.
+/// 1600 hand-offs (each a wake-up of the other side) per 100 MiB.
 fn wide_pipe() -> std::io::Result<(std::io::PipeReader, std::io::PipeWriter)> {
     use std::os::fd::AsRawFd;
     let (reader, writer) = std::io::pipe()?;
@@ -243,35 +245,54 @@ impl Node {
         };
         let mut snap = stored.local(base, self.scratch_tar("download"), bytes);
         snap.vouched = vouched;
-        let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
-        let (reader, writer) = wide_pipe().map_err(pipe)?;
-        let mut writer =
-            tokio::net::unix::pipe::Sender::from_owned_fd(writer.into()).map_err(pipe)?;
-        let input =
-            Arrived { pipe: reader, whole: Default::default(), cut_short: Default::default() };
+        // The bytes cross to the engine's thread as they came (a chunk, a read from the
+        // peer), copied once, where they reach the engine's reads; a pipe copied them twice.
+        let (tx, rx) = tokio::sync::mpsc::channel(ARRIVING);
+        let input = Arrived {
+            pieces: rx,
+            piece: Bytes::new(),
+            whole: Default::default(),
+            cut_short: Default::default(),
+        };
         let (whole, cut_short) = (input.whole.clone(), input.cut_short.clone());
         let s = snap.clone();
         let restored = blocking(move || {
             let mut input = input;
             restore(&mut input, &s)
         });
+        let gone = || NodeError::internal("the restore stopped reading");
         let fetched = async move {
             let got = match from {
                 Arriving::Store(manifest) => {
-                    self.store.get_chunks(&manifest, &mut writer).await.map_err(NodeError::from)
+                    let mut chunks = std::pin::pin!(self.store.chunks(&manifest));
+                    loop {
+                        match chunks.next().await {
+                            Some(Ok(chunk)) => tx.send(chunk).await.map_err(|_| gone())?,
+                            Some(Err(e)) => break Err(NodeError::from(e)),
+                            None => break Ok(()),
+                        }
+                    }
                 }
-                Arriving::Peer(files) => {
-                    // In 1 MiB reads (`copy`'s own buffer is 8 KiB).
-                    let mut files = tokio::io::BufReader::with_capacity(1 << 20, files);
-                    tokio::io::copy_buf(&mut files, &mut writer)
-                        .await
-                        .map(drop)
-                        .map_err(|e| NodeError::internal(format!("the files stopped short: {e}")))
+                Arriving::Peer(mut files) => {
+                    use tokio::io::AsyncReadExt;
+                    let mut buf = bytes::BytesMut::new();
+                    loop {
+                        // 1 MiB at a time, the buffer reused once the engine is done with it.
+                        buf.reserve(1 << 20);
+                        match files.read_buf(&mut buf).await {
+                            Ok(0) => break Ok(()),
+                            Ok(_) => tx.send(buf.split().freeze()).await.map_err(|_| gone())?,
+                            Err(e) => {
+                                let e = format!("the files stopped short: {e}");
+                                break Err(NodeError::internal(e));
+                            }
+                        }
+                    }
                 }
             };
-            // Before the pipe closes: the engine takes its end for the snapshot's end.
+            // Before the channel closes: the engine takes its end for the snapshot's end.
             whole.store(got.is_ok(), Ordering::Release);
-            drop(writer);
+            drop(tx);
             got
         };
         let (restored, fetched) = tokio::join!(restored, fetched);
@@ -305,23 +326,40 @@ impl Node {
     }
 }
 
-/// The engine's end of a download's pipe, which ends in an error unless the download said it
-/// wrote everything.
+/// Pieces in flight to the engine's thread at once (chunks of up to 4 MiB, reads of 1 MiB).
+const ARRIVING: usize = 8;
+
+/// The engine's end of a download (or a peer's stream): the pieces as they come, ending in an
+/// error unless the download said it sent everything.
 struct Arrived {
-    pipe: std::io::PipeReader,
-    /// Set by the download, before it closes the pipe, when it wrote everything.
+    pieces: tokio::sync::mpsc::Receiver<Bytes>,
+    /// What is left of the piece being read.
+    piece: Bytes,
+    /// Set by the download, before it closes the channel, when it sent everything.
     whole: std::sync::Arc<AtomicBool>,
-    /// Set here when the pipe ended without that.
+    /// Set here when the channel closed without that.
     cut_short: std::sync::Arc<AtomicBool>,
 }
 
 impl Read for Arrived {
+    /// Called on a blocking thread (it waits for the next piece).
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.pipe.read(buf)?;
-        if n == 0 && !buf.is_empty() && !self.whole.load(Ordering::Acquire) {
-            self.cut_short.store(true, Ordering::Release);
-            return Err(std::io::Error::other("the download stopped short of the snapshot's end"));
+        if buf.is_empty() {
+            return Ok(0);
         }
+        while self.piece.is_empty() {
+            match self.pieces.blocking_recv() {
+                Some(piece) => self.piece = piece,
+                None if self.whole.load(Ordering::Acquire) => return Ok(0),
+                None => {
+                    self.cut_short.store(true, Ordering::Release);
+                    let why = "the download stopped short of the snapshot's end";
+                    return Err(std::io::Error::other(why));
+                }
+            }
+        }
+        let n = buf.len().min(self.piece.len());
+        buf[..n].copy_from_slice(&self.piece.split_to(n));
         Ok(n)
     }
 }
@@ -362,33 +400,42 @@ impl tokio::io::AsyncRead for Whole {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::Write;
 
-    fn arrived() -> (Arrived, std::io::PipeWriter) {
-        let (pipe, writer) = std::io::pipe().unwrap();
-        (Arrived { pipe, whole: Default::default(), cut_short: Default::default() }, writer)
+    fn arrived() -> (Arrived, tokio::sync::mpsc::Sender<Bytes>) {
+        let (tx, pieces) = tokio::sync::mpsc::channel(4);
+        let input = Arrived {
+            pieces,
+            piece: Bytes::new(),
+            whole: Default::default(),
+            cut_short: Default::default(),
+        };
+        (input, tx)
     }
 
     #[test]
     fn a_download_that_stops_short_ends_its_stream_in_an_error() {
         // A tar can end at any entry's boundary: without this, the engine would take the
         // bytes that arrived for the whole snapshot.
-        let (mut input, mut writer) = arrived();
-        writer.write_all(b"part of it").unwrap();
-        drop(writer);
+        let (mut input, tx) = arrived();
+        tx.blocking_send(Bytes::from_static(b"part ")).unwrap();
+        tx.blocking_send(Bytes::from_static(b"of it")).unwrap();
+        drop(tx);
         let mut got = vec![];
         let err = input.read_to_end(&mut got).unwrap_err();
         assert!(err.to_string().contains("stopped short"), "{err}");
         assert_eq!(got, b"part of it");
         assert!(input.cut_short.load(Ordering::Acquire));
 
-        let (mut input, mut writer) = arrived();
-        writer.write_all(b"all of it").unwrap();
+        let (mut input, tx) = arrived();
+        tx.blocking_send(Bytes::from_static(b"all of it")).unwrap();
         input.whole.store(true, Ordering::Release);
-        drop(writer);
-        let mut got = vec![];
-        input.read_to_end(&mut got).unwrap();
-        assert_eq!(got, b"all of it");
+        drop(tx);
+        let mut got = [0u8; 4];
+        input.read_exact(&mut got).unwrap();
+        assert_eq!(&got, b"all ");
+        let mut rest = vec![];
+        input.read_to_end(&mut rest).unwrap();
+        assert_eq!(rest, b"of it");
         assert!(!input.cut_short.load(Ordering::Acquire));
     }
 }
