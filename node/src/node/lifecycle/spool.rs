@@ -1,8 +1,10 @@
-//! A running sandbox's capture on its way into the store ([`super::Pace::Spool`]): the engine
-//! writes it on a blocking thread ([`SpoolWriter`]) into memory, or past the node's bound for
-//! that into a scratch file, and the store reads it from behind ([`SpoolReader`]), so the freeze
-//! lasts the capture, not the upload. What the engine shares rather than writes (its mapped
-//! memory images: [`silk_engine::SnapshotSink::share`]) is passed on as it is, uncopied.
+//! A capture on its way into the store: the engine writes it on a blocking thread
+//! ([`SpoolWriter`]) and the store reads it from behind ([`SpoolReader`]) as pieces. A running
+//! sandbox's ([`super::Pace::Spool`], [`spool`]) goes into memory, or past the node's bound for
+//! that into a scratch file, so the freeze lasts the capture, not the upload; a stopped
+//! sandbox's ([`super::Pace::Store`], [`paced`]) waits for the store past a few MiB. What the
+//! engine shares rather than writes (its mapped memory images:
+//! [`silk_engine::SnapshotSink::share`]) is passed on as it is, uncopied, in both.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -25,6 +27,9 @@ const SPARE_BUFFERS: usize = 4;
 /// The most read from the scratch file as one piece.
 const FILE_PIECE: u64 = 4 << 20;
 
+/// What a [`paced`] spool holds of written bytes before its writer waits for the store.
+const PACED_ROOM: usize = 8 << 20;
+
 /// A capture one thread writes and the store reads behind it ([`SpoolReader`]), in order: in
 /// memory while there is room ([`SPOOL_MEMORY`]), in a scratch file past it.
 #[derive(Default)]
@@ -32,6 +37,10 @@ struct Spool {
     progress: Mutex<Progress>,
     /// Buffers the store is done with, for the writer's next parts.
     spare: Mutex<Vec<Vec<u8>>>,
+    /// A [`paced`] spool's written bytes not yet dropped by the store, and its writer's wait.
+    paced: Option<(Mutex<usize>, std::sync::Condvar)>,
+    /// The reader is gone: the writer stops (also out of a paced wait).
+    closed: AtomicBool,
 }
 
 #[derive(Default)]
@@ -41,8 +50,6 @@ struct Progress {
     done: Option<bool>,
     /// The reader, waiting for the next part.
     waker: Option<std::task::Waker>,
-    /// The reader is gone: the writer stops.
-    closed: bool,
 }
 
 /// A stretch of the capture, in the order written.
@@ -55,26 +62,44 @@ enum Part {
     Shared(Bytes),
 }
 
-/// Spooled bytes in memory, counted in [`SPOOLED`] until dropped; then the buffer goes back to
-/// its spool's spares.
+/// Spooled bytes in memory, counted in [`SPOOLED`] (or a paced spool's own room) until dropped;
+/// then the buffer goes back to its spool's spares.
 struct Held {
     buf: Vec<u8>,
     home: std::sync::Weak<Spool>,
 }
 
 impl Held {
-    /// `bytes` copied into a spare buffer of `spool`'s, when the node's spools have room.
-    fn copy(bytes: &[u8], spool: &Arc<Spool>) -> Option<Held> {
-        SPOOLED
+    /// `bytes` copied into a spare buffer of `spool`'s, when there is room: for a paced spool
+    /// once the store dropped enough of what it held (`Err` if the store went), else if the
+    /// node's spools have room (`Ok(None)` if not).
+    fn copy(bytes: &[u8], spool: &Arc<Spool>) -> std::io::Result<Option<Held>> {
+        if let Some((held, freed)) = &spool.paced {
+            let mut held = held.lock().unwrap_or_else(|e| e.into_inner());
+            while *held > 0 && *held + bytes.len() > PACED_ROOM {
+                if spool.closed.load(Ordering::Acquire) {
+                    return Err(stopped_reading());
+                }
+                held = freed.wait(held).unwrap_or_else(|e| e.into_inner());
+            }
+            *held += bytes.len();
+        } else if SPOOLED
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| {
                 (now + bytes.len() <= SPOOL_MEMORY).then_some(now + bytes.len())
             })
-            .ok()?;
+            .is_err()
+        {
+            return Ok(None);
+        }
         let mut buf = spool.spares().pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(bytes);
-        Some(Held { buf, home: Arc::downgrade(spool) })
+        Ok(Some(Held { buf, home: Arc::downgrade(spool) }))
     }
+}
+
+fn stopped_reading() -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the upload stopped reading")
 }
 
 impl AsRef<[u8]> for Held {
@@ -85,12 +110,22 @@ impl AsRef<[u8]> for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        SPOOLED.fetch_sub(self.buf.len(), Ordering::AcqRel);
-        if let Some(spool) = self.home.upgrade() {
-            let mut spare = spool.spares();
-            if spare.len() < SPARE_BUFFERS {
-                spare.push(std::mem::take(&mut self.buf));
+        let Some(spool) = self.home.upgrade() else {
+            // A paced spool's writer is gone with its spool; a spilling one's is counted.
+            return;
+        };
+        match &spool.paced {
+            Some((held, freed)) => {
+                *held.lock().unwrap_or_else(|e| e.into_inner()) -= self.buf.len();
+                freed.notify_all();
             }
+            None => {
+                SPOOLED.fetch_sub(self.buf.len(), Ordering::AcqRel);
+            }
+        }
+        let mut spare = spool.spares();
+        if spare.len() < SPARE_BUFFERS {
+            spare.push(std::mem::take(&mut self.buf));
         }
     }
 }
@@ -107,13 +142,10 @@ impl Spool {
     /// Adds `part`, unless the reader is gone.
     fn push(&self, part: Part) -> std::io::Result<()> {
         let mut p = self.progress();
-        if p.closed {
+        if self.closed.load(Ordering::Acquire) {
             drop(p);
             drop(part);
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                "the upload stopped reading",
-            ));
+            return Err(stopped_reading());
         }
         match (p.parts.back_mut(), part) {
             (Some(Part::File(last)), Part::File(n)) => *last += n,
@@ -151,12 +183,26 @@ pub(super) fn spool(
     let behind = std::fs::File::open(path);
     let _ = std::fs::remove_file(path); // both ends are open: nothing to sweep
     let spool = Arc::new(Spool::default());
-    let writer = SpoolWriter { file, spool: spool.clone(), vouched };
-    Ok((writer, SpoolReader::new(spool, behind?, go)))
+    let writer = SpoolWriter { file: Some(file), spool: spool.clone(), vouched };
+    Ok((writer, SpoolReader::new(spool, Some(behind?), go)))
+}
+
+/// A spool for a stopped sandbox's capture: no scratch file, and its writer waits while the
+/// store has not yet dropped [`PACED_ROOM`] of what it wrote (shared bytes hold no room: they
+/// are the engine's mapped files). Its end comes on `go`, as [`spool`]'s.
+pub(super) fn paced(
+    go: tokio::sync::oneshot::Receiver<()>,
+    vouched: bool,
+) -> (SpoolWriter, SpoolReader) {
+    let paced = Some((Mutex::new(0), std::sync::Condvar::new()));
+    let spool = Arc::new(Spool { paced, ..Spool::default() });
+    let writer = SpoolWriter { file: None, spool: spool.clone(), vouched };
+    (writer, SpoolReader::new(spool, None, go))
 }
 
 pub(super) struct SpoolWriter {
-    file: std::fs::File,
+    /// Where a spilling spool's writes go past the node's memory for spools.
+    file: Option<std::fs::File>,
     spool: Arc<Spool>,
     vouched: bool,
 }
@@ -173,12 +219,13 @@ impl Write for SpoolWriter {
         if bytes.is_empty() {
             return Ok(0);
         }
-        let (part, n) = match Held::copy(bytes, &self.spool) {
-            Some(held) => (Part::Memory(held), bytes.len()),
-            None => {
-                let n = self.file.write(bytes)?;
+        let (part, n) = match (Held::copy(bytes, &self.spool)?, &mut self.file) {
+            (Some(held), _) => (Part::Memory(held), bytes.len()),
+            (None, Some(file)) => {
+                let n = file.write(bytes)?;
                 (Part::File(n as u64), n)
             }
+            (None, None) => unreachable!("a paced spool always holds what it is given"),
         };
         self.spool.push(part)?;
         Ok(n)
@@ -206,8 +253,9 @@ impl silk_engine::SnapshotSink for SpoolWriter {
 /// then its end, which is an error unless the writer wrote everything and `go` came.
 pub(super) struct SpoolReader {
     spool: Arc<Spool>,
-    /// The scratch file, read where the writer went past memory (limited to the part).
-    file: tokio::io::Take<tokio::fs::File>,
+    /// The scratch file, read where the writer went past memory (limited to the part); none
+    /// for a paced spool.
+    file: Option<tokio::io::Take<tokio::fs::File>>,
     go: Option<tokio::sync::oneshot::Receiver<()>>,
     /// Set here when the stream ended without the writer's word that it was whole.
     cut_short: Arc<AtomicBool>,
@@ -216,12 +264,17 @@ pub(super) struct SpoolReader {
 impl SpoolReader {
     fn new(
         spool: Arc<Spool>,
-        file: std::fs::File,
+        file: Option<std::fs::File>,
         go: tokio::sync::oneshot::Receiver<()>,
     ) -> SpoolReader {
         use tokio::io::AsyncReadExt;
-        let file = tokio::fs::File::from_std(file).take(0);
+        let file = file.map(|file| tokio::fs::File::from_std(file).take(0));
         SpoolReader { spool, file, go: Some(go), cut_short: Default::default() }
+    }
+
+    /// Bytes of the scratch file's current stretch not yet read.
+    fn in_file(&self) -> u64 {
+        self.file.as_ref().map_or(0, tokio::io::Take::limit)
     }
 
     /// Set once the stream ended without the writer's word that it was whole.
@@ -237,12 +290,16 @@ impl SpoolReader {
     /// The next piece of the stretch of the scratch file being read.
     async fn read_file(&mut self) -> std::io::Result<Bytes> {
         use tokio::io::AsyncReadExt;
-        let n = self.file.limit().min(FILE_PIECE) as usize;
+        let n = self.in_file().min(FILE_PIECE) as usize;
         let mut buf = BytesMut::with_capacity(n);
         while buf.len() < n {
-            if self.file.read_buf(&mut buf).await? == 0 {
-                return self.cut("the spool is shorter than written");
+            let Some(file) = self.file.as_mut() else { break };
+            if file.read_buf(&mut buf).await? == 0 {
+                break;
             }
+        }
+        if buf.len() < n {
+            return self.cut("the spool is shorter than written");
         }
         Ok(buf.freeze())
     }
@@ -265,7 +322,7 @@ impl SpoolReader {
 
 impl silk_store::Pieces for SpoolReader {
     async fn next_piece(&mut self) -> std::io::Result<Option<Bytes>> {
-        if self.file.limit() > 0 {
+        if self.in_file() > 0 {
             return self.read_file().await.map(Some);
         }
         let spool = self.spool.clone();
@@ -287,7 +344,10 @@ impl silk_store::Pieces for SpoolReader {
             Ok(Part::Memory(held)) => Ok(Some(Bytes::from_owner(held))),
             Ok(Part::Shared(bytes)) => Ok(Some(bytes)),
             Ok(Part::File(n)) => {
-                self.file.set_limit(n);
+                match self.file.as_mut() {
+                    Some(file) => file.set_limit(n),
+                    None => return self.cut("a paced spool has no file"),
+                }
                 self.read_file().await.map(Some)
             }
             Err(whole) => self.end(whole).await,
@@ -299,11 +359,16 @@ impl Drop for SpoolReader {
     fn drop(&mut self) {
         let parts = {
             let mut p = self.spool.progress();
-            p.closed = true;
+            self.spool.closed.store(true, Ordering::Release);
             std::mem::take(&mut p.parts)
         };
         // Dropped unlocked: a part's buffer goes back to the spares under their own lock.
         drop(parts);
+        if let Some((held, freed)) = &self.spool.paced {
+            // Out of a paced writer's wait (under its lock: the writer checks, then waits).
+            let _held = held.lock().unwrap_or_else(|e| e.into_inner());
+            freed.notify_all();
+        }
     }
 }
 
@@ -410,5 +475,43 @@ mod tests {
         let err = writer.share(Bytes::from_static(b"shared")).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
         assert!(writer.spool.progress().parts.is_empty(), "what it held is freed");
+    }
+
+    #[test]
+    fn a_paced_spools_writer_waits_for_the_store_and_stops_when_it_goes() {
+        let (go, gone) = tokio::sync::oneshot::channel();
+        let (mut writer, mut reader) = paced(gone, true);
+        assert!(writer.vouched());
+        // Shared bytes hold no room; written ones do, up to PACED_ROOM.
+        writer.share(Bytes::from(vec![1u8; 2 * PACED_ROOM])).unwrap();
+        writer.write_all(&vec![2u8; PACED_ROOM]).unwrap();
+        let wrote = std::thread::spawn(move || {
+            let more = writer.write_all(b"more");
+            (writer, more)
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        assert!(!wrote.is_finished(), "the writer went past its room");
+        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let shared = rt.block_on(reader.next_piece()).unwrap().unwrap();
+        assert_eq!(shared.len(), 2 * PACED_ROOM);
+        let held = rt.block_on(reader.next_piece()).unwrap().unwrap();
+        assert_eq!(held.len(), PACED_ROOM);
+        drop(held);
+        let (writer, more) = wrote.join().unwrap();
+        more.unwrap();
+        writer.finish(true);
+        go.send(()).unwrap();
+        assert_eq!(&rt.block_on(reader.next_piece()).unwrap().unwrap()[..], b"more");
+        assert!(rt.block_on(reader.next_piece()).unwrap().is_none());
+
+        // A store that stopped reading ends a waiting writer's capture.
+        let (_go, gone) = tokio::sync::oneshot::channel();
+        let (mut writer, reader) = paced(gone, false);
+        writer.write_all(&vec![3u8; PACED_ROOM]).unwrap();
+        let wrote = std::thread::spawn(move || writer.write_all(b"more"));
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        drop(reader);
+        let err = wrote.join().unwrap().unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::BrokenPipe);
     }
 }

@@ -1,18 +1,19 @@
 //! Snapshots streamed between the store (or a peer) and the engine, with no tar file of the whole
-//! between them: into the store, the engine writes on a blocking thread into a pipe the store's
-//! put reads (or, for a checkpoint, a spool: see below); out of it ([`Node::download_into`]), or
-//! from a peer moving a sandbox here, the chunks go as they are to the engine's restore, which
-//! reads them as they arrive ([`Node::restore_arriving`]).
+//! between them. Into the store, the engine writes on a blocking thread into a spool
+//! (`super::spool`) that the store's put reads from behind as pieces, what the engine shares (its
+//! mapped memory images) uncopied; to a peer, into a pipe. Out of the store
+//! ([`Node::download_into`]), or from a peer moving a sandbox here, the chunks go as they are to
+//! the engine's restore, which reads them as they arrive ([`Node::restore_arriving`]).
 //! Uploads are safe for two reasons:
 //!
-//! - **Whole or nothing.** A capture that fails half way closes the pipe too. The store's end
-//!   ([`Whole`]) turns the end of the pipe into an error unless the writer said, before closing
-//!   it, that it wrote everything, so no part of a snapshot is ever stored as the whole.
-//! - **The writer's pace.** A running sandbox stays frozen while its capture writes. Where that
-//!   matters ([`Pace::Spool`]: a checkpoint) the capture goes into memory, or past the node's
-//!   bound for that into a scratch file, and the store reads it from behind (`super::spool`),
-//!   so the freeze lasts the capture, not the upload, and the upload still runs beside the
-//!   capture rather than after it.
+//! - **Whole or nothing.** A capture that fails half way ends the stream without the writer's
+//!   word that it wrote everything, and the store's end (the spool's reader; a peer's, [`Whole`])
+//!   turns that into an error, so no part of a snapshot is ever stored as the whole.
+//! - **The writer's pace.** A stopped sandbox's capture ([`Pace::Store`]) waits for the store
+//!   past a few MiB in flight. A running sandbox stays frozen while its capture writes: there
+//!   ([`Pace::Spool`]: a checkpoint) the capture goes into memory, or past the node's bound for
+//!   that into a scratch file, and the store reads it from behind, so the freeze lasts the
+//!   capture, not the upload, and the upload still runs beside the capture rather than after it.
 
 use std::io::Read;
 
@@ -28,7 +29,7 @@ use super::*;
 
 /// Who sets the pace of a streamed snapshot's writer.
 pub(in crate::node) enum Pace {
-    /// The store's: the writer blocks while the store takes the bytes (a stopped sandbox).
+    /// The store's: the writer waits while the store takes the bytes (a stopped sandbox).
     Store,
     /// The capture's own: spooled in memory or a scratch file (a running sandbox, frozen
     /// meanwhile). The stream ends only once the call passed its crash point `captured` (see
@@ -52,23 +53,22 @@ impl Node {
     ) -> Result<(silk_store::PutReport, Streamed), NodeError> {
         let (put, capture, cut_short): (_, Capture<'_>, _) = match pace {
             Pace::Store => {
-                let pipe = |e: std::io::Error| NodeError::internal(format!("pipe: {e}"));
-                let (reader, writer) = wide_pipe().map_err(pipe)?;
-                let reader =
-                    tokio::net::unix::pipe::Receiver::from_owned_fd(reader.into()).map_err(pipe)?;
-                let whole = Whole::new(reader);
-                let (captured, cut_short) = (whole.captured.clone(), whole.cut_short.clone());
-                let bytes = tokio::io::BufReader::with_capacity(1 << 20, whole);
-                let put: Put<'_> = Box::pin(self.store.put(name, bytes, meta));
-                let vouched = self.store.signs();
-                let capture = blocking(move || {
-                    let mut writer = IntoStore { pipe: writer, vouched };
-                    let written = write(&mut writer);
-                    // Before the writer closes: the store takes its end for the snapshot's end.
-                    captured.store(written.is_ok(), Ordering::Release);
+                // A stopped sandbox: the writer may wait on the store, nothing to spill.
+                let (go, gone) = tokio::sync::oneshot::channel();
+                let (mut out, reader) = super::spool::paced(gone, self.store.signs());
+                let cut_short = reader.cut_short();
+                let put: Put<'_> = Box::pin(self.store.put_pieces(name, reader, meta));
+                let capture = async move {
+                    let written = blocking(move || {
+                        let written = write(&mut out);
+                        out.finish(written.is_ok());
+                        written
+                    })
+                    .await;
+                    let _ = go.send(());
                     written
-                });
-                (put, Box::pin(capture), cut_short)
+                };
+                (put, Box::pin(capture) as Capture<'_>, cut_short)
             }
             Pace::Spool { captured: point } => {
                 // The stream ends whole only on `go`, sent once the call passed its crash
@@ -176,29 +176,6 @@ impl tokio::io::AsyncRead for StopWithin {
         std::task::ready!(tokio::io::AsyncRead::poll_read(self.bytes.as_mut(), cx, buf))?;
         self.read |= buf.filled().len() > before;
         std::task::Poll::Ready(Ok(()))
-    }
-}
-
-/// A pipe into the store's put, whose reader the store vouches for when it signs what it
-/// stores ([`silk_engine::SnapshotSink::vouched`]).
-struct IntoStore {
-    pipe: std::io::PipeWriter,
-    vouched: bool,
-}
-
-impl std::io::Write for IntoStore {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.pipe.write(buf)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.pipe.flush()
-    }
-}
-
-impl silk_engine::SnapshotSink for IntoStore {
-    fn vouched(&self) -> bool {
-        self.vouched
     }
 }
 
