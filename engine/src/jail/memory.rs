@@ -5,7 +5,8 @@
 //! - **Snapshots** carry the images inside the layer tar, as its first entry, named
 //!   `../silkmesh-memory` — a name no capture of a sandbox's files can produce (no path has a
 //!   `..` component) and that `layer::apply` refuses — holding a flat tar of CRIU's image files
-//!   followed by a keyed blake3 MAC of it. Snapshots travel through the shared store, which the
+//!   followed by a keyed blake3 MAC of it (or zeros, [`UNSEALED`], for a sink whose readers a
+//!   signing store vouches for). Snapshots travel through the shared store, which the
 //!   engine does not trust: images whose MAC does not verify under this engine's key are never
 //!   given to CRIU (running as root, it would do what they say). The files restore anyway.
 //!
@@ -197,7 +198,6 @@ impl JailEngine {
             }
             out.write_all(bytes)
         }
-        let mut written = 0;
         for (name, len) in &files {
             let file =
                 std::fs::File::open(dir.join(name)).map_err(EngineError::io("open image"))?;
@@ -208,6 +208,7 @@ impl JailEngine {
             h.set_entry_type(tar::EntryType::Regular);
             h.set_cksum();
             small(&mut mac, out, h.as_bytes()).map_err(pack)?;
+            // The length `inner` counted, or an error: the entry's header holds its size.
             let image = Mapped::of(&file, *len).map_err(pack)?;
             out.share(image.clone()).map_err(pack)?;
             if let Some(mac) = &mut mac {
@@ -215,12 +216,8 @@ impl JailEngine {
             }
             let pad = (512 - len % 512) % 512;
             small(&mut mac, out, &ZEROS[..pad as usize]).map_err(pack)?;
-            written += 512 + len + pad;
         }
         small(&mut mac, out, &ZEROS[..1024]).map_err(pack)?;
-        if written + 1024 != inner {
-            return Err(EngineError::Host("memory images changed while packed".into()));
-        }
         let tag = mac.map_or(UNSEALED, |mac| *mac.finalize().as_bytes());
         out.write_all(&tag).map_err(pack)?;
         let pad = (512 - size % 512) % 512;

@@ -106,6 +106,7 @@ impl Node {
     }
 }
 
+/// The store's put of a streamed snapshot, a spool's pieces read either way.
 type Put<'a> = std::pin::Pin<
     Box<dyn std::future::Future<Output = silk_store::Result<silk_store::PutReport>> + Send + 'a>,
 >;
