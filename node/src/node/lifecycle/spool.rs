@@ -31,7 +31,8 @@ const FILE_PIECE: u64 = 4 << 20;
 const PACED_ROOM: usize = 8 << 20;
 
 /// A capture one thread writes and the store reads behind it ([`SpoolReader`]), in order: in
-/// memory while there is room ([`SPOOL_MEMORY`]), in a scratch file past it.
+/// memory while there is room ([`SPOOL_MEMORY`]), in a scratch file past it; or, paced, in
+/// memory up to [`PACED_ROOM`] while its writer waits for more.
 #[derive(Default)]
 struct Spool {
     progress: Mutex<Progress>,
@@ -67,6 +68,8 @@ enum Part {
 struct Held {
     buf: Vec<u8>,
     home: std::sync::Weak<Spool>,
+    /// Counted in its paced spool's room, not in [`SPOOLED`].
+    paced: bool,
 }
 
 impl Held {
@@ -94,7 +97,7 @@ impl Held {
         let mut buf = spool.spares().pop().unwrap_or_default();
         buf.clear();
         buf.extend_from_slice(bytes);
-        Ok(Some(Held { buf, home: Arc::downgrade(spool) }))
+        Ok(Some(Held { buf, home: Arc::downgrade(spool), paced: spool.paced.is_some() }))
     }
 }
 
@@ -110,18 +113,15 @@ impl AsRef<[u8]> for Held {
 
 impl Drop for Held {
     fn drop(&mut self) {
-        let Some(spool) = self.home.upgrade() else {
-            // A paced spool's writer is gone with its spool; a spilling one's is counted.
-            return;
-        };
-        match &spool.paced {
-            Some((held, freed)) => {
-                *held.lock().unwrap_or_else(|e| e.into_inner()) -= self.buf.len();
-                freed.notify_all();
-            }
-            None => {
-                SPOOLED.fetch_sub(self.buf.len(), Ordering::AcqRel);
-            }
+        // Even when the spool is gone (an aborted upload's chunk may outlive it): the node's
+        // count is shared by every spool.
+        if !self.paced {
+            SPOOLED.fetch_sub(self.buf.len(), Ordering::AcqRel);
+        }
+        let Some(spool) = self.home.upgrade() else { return };
+        if let Some((held, freed)) = &spool.paced {
+            *held.lock().unwrap_or_else(|e| e.into_inner()) -= self.buf.len();
+            freed.notify_all();
         }
         let mut spare = spool.spares();
         if spare.len() < SPARE_BUFFERS {
@@ -441,6 +441,21 @@ mod tests {
         go.send(()).unwrap();
         assert!(reader.next_piece().await.unwrap().is_none());
         assert!(!reader.cut_short.load(Ordering::Acquire));
+
+        // A piece that outlives its spool (an aborted upload's chunk) still gives back the
+        // node's spool memory it held. (Other tests hold a few bytes of it at a time.)
+        let (mut writer, mut reader, _go) = fresh();
+        writer.write_all(&vec![7u8; 1 << 20]).unwrap();
+        let piece = reader.next_piece().await.unwrap().unwrap();
+        drop((writer, reader));
+        let held = SPOOLED.load(Ordering::Acquire);
+        assert!(held >= 1 << 20, "{held}");
+        drop(piece);
+        let after = SPOOLED.load(Ordering::Acquire);
+        assert!(
+            after + (1 << 20) - 64 <= held,
+            "{held} -> {after}: the piece's bytes stay counted"
+        );
     }
 
     #[tokio::test]
