@@ -362,7 +362,9 @@ impl Mapped {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
+                // Not populated up front: an image of a sandbox hibernated long ago may be out
+                // of the page cache, and its reader (the store's cut) faults it in as it goes.
+                libc::MAP_SHARED,
                 file.as_raw_fd(),
                 0,
             )
