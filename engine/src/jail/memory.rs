@@ -209,7 +209,7 @@ impl JailEngine {
             h.set_cksum();
             small(&mut mac, out, h.as_bytes()).map_err(pack)?;
             // The length `inner` counted, or an error: the entry's header holds its size.
-            let image = Mapped::of(&file, *len).map_err(pack)?;
+            let image = super::mapped::Mapped::of(&file, *len).map_err(pack)?;
             out.share(image.clone()).map_err(pack)?;
             if let Some(mac) = &mut mac {
                 mac.update(&image);
@@ -331,64 +331,6 @@ fn unpack_images(input: impl Read, into: &Path) -> std::result::Result<(), Strin
 
 /// Zeros for a tar's padding and its end.
 static ZEROS: [u8; 1024] = [0; 1024];
-
-/// A file mapped read-only, as [`bytes::Bytes`] that unmap it when the last is dropped. Only
-/// images CRIU finished writing are mapped, and nothing on the host truncates them (a box's
-/// removal unlinks them, which leaves a mapping whole).
-struct Mapped {
-    at: *mut libc::c_void,
-    len: usize,
-}
-
-// SAFETY: a read-only mapping, never written through; unmapped once, on drop.
-unsafe impl Send for Mapped {}
-unsafe impl Sync for Mapped {}
-
-impl Mapped {
-    /// `file`, which is `len` bytes long (a file of another length is refused: reading past
-    /// its end would fault).
-    fn of(file: &std::fs::File, len: u64) -> std::io::Result<bytes::Bytes> {
-        use std::os::fd::AsRawFd;
-        if file.metadata()?.len() != len {
-            return Err(std::io::Error::other("a memory image changed size"));
-        }
-        let len = usize::try_from(len).map_err(std::io::Error::other)?;
-        if len == 0 {
-            return Ok(bytes::Bytes::new());
-        }
-        // SAFETY: a new shared read-only mapping of an open file; checked for failure.
-        let at = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                // Not populated up front: an image of a sandbox hibernated long ago may be out
-                // of the page cache, and its reader (the store's cut) faults it in as it goes.
-                libc::MAP_SHARED,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        if at == libc::MAP_FAILED {
-            return Err(std::io::Error::last_os_error());
-        }
-        Ok(bytes::Bytes::from_owner(Mapped { at, len }))
-    }
-}
-
-impl AsRef<[u8]> for Mapped {
-    fn as_ref(&self) -> &[u8] {
-        // SAFETY: `len` bytes mapped readable at `at` for as long as `self` lives.
-        unsafe { std::slice::from_raw_parts(self.at.cast::<u8>(), self.len) }
-    }
-}
-
-impl Drop for Mapped {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `of`, unmapped once.
-        unsafe { libc::munmap(self.at, self.len) };
-    }
-}
 
 /// A reader that hashes what passes (when it has a hasher).
 struct Hashed<R: Read> {

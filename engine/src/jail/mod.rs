@@ -48,6 +48,7 @@ mod ids;
 mod kept;
 pub mod launch;
 mod launcher;
+mod mapped;
 mod memory;
 mod net;
 mod outside;
