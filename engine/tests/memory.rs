@@ -234,16 +234,7 @@ fn a_copy_kept_beside_a_snapshot_starts_sandboxes_as_they_were_then_and_goes_whe
     assert_eq!(ok(&kept, "cat /root/file"), "on-disk");
     assert_eq!(ok(&kept, "hostname"), "m-k1");
     // The stream written beside the copy is whole: it restores too.
-    let snap = Snapshot {
-        base: src.base.clone(),
-        spec: small(),
-        layer_tar: h.data.path().join("k-in.tar"),
-        bytes: stream.len() as u64,
-        memory: true,
-        memory_why_not: None,
-        freeze_ms: None,
-        vouched: false,
-    };
+    let snap = stream_snapshot(src.base.clone(), h.data.path().join("k-in.tar"), stream.len());
     let read =
         h.engine.read_snapshot(&mut &stream[..], &snap, &id("m-k2"), &small(), Memory::Required);
     let read = read.unwrap();
@@ -455,16 +446,11 @@ fn a_forged_memory_entry_writes_nothing_outside_its_directory_and_leaves_nothing
     forged.resize(forged.len().div_ceil(512) * 512, 0);
     forged.extend_from_slice(&[0u8; 1024]); // the layer: an empty tar
 
-    let snap = Snapshot {
-        base: Base { template: g.template.clone(), golden: Some(g) },
-        spec: small(),
-        layer_tar: h.data.path().join("forged-stream.tar"),
-        bytes: forged.len() as u64,
-        memory: true,
-        memory_why_not: None,
-        freeze_ms: None,
-        vouched: false,
-    };
+    let snap = stream_snapshot(
+        Base { template: g.template.clone(), golden: Some(g) },
+        h.data.path().join("forged-stream.tar"),
+        forged.len(),
+    );
     let b = h.engine.read_snapshot(&mut &forged[..], &snap, &id("m-f"), &small(), Memory::Auto);
     let b = b.unwrap();
     assert!(b.memory.why_not.as_deref().unwrap_or_default().contains("MAC"), "{:?}", b.memory);

@@ -64,16 +64,8 @@ fn a_running_sandbox_runs_again_before_its_memory_goes_into_the_stream() {
     assert!(!scratch.exists(), "the files' spool is left behind");
     // The stream is whole: files and processes of the frozen moment.
     ok(&src, "echo later > /root/file");
-    let snap = Snapshot {
-        base: src.base.clone(),
-        spec: small(),
-        layer_tar: h.data.path().join("thaw-in.tar"),
-        bytes: probe.bytes.len() as u64,
-        memory: true,
-        memory_why_not: None,
-        freeze_ms: None,
-        vouched: false,
-    };
+    let snap =
+        stream_snapshot(src.base.clone(), h.data.path().join("thaw-in.tar"), probe.bytes.len());
     let copy = h.engine.read_snapshot(
         &mut &probe.bytes[..],
         &snap,
@@ -121,16 +113,7 @@ fn images_written_for_a_signing_store_restore_only_where_it_vouches_for_them() {
     let streamed =
         h.engine.write_snapshot(&src.id, Memory::Required, &mut out, &scratch, None).unwrap();
     assert!(streamed.memory.kept, "{:?}", streamed.memory);
-    let snap = Snapshot {
-        base: src.base.clone(),
-        spec: small(),
-        layer_tar: h.data.path().join("v-in.tar"),
-        bytes: out.0.len() as u64,
-        memory: true,
-        memory_why_not: None,
-        freeze_ms: None,
-        vouched: false,
-    };
+    let snap = stream_snapshot(src.base.clone(), h.data.path().join("v-in.tar"), out.0.len());
 
     let read = |name: &str, snap: &Snapshot, memory| {
         h.engine.read_snapshot(&mut &out.0[..], snap, &id(name), &small(), memory)

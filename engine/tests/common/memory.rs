@@ -69,3 +69,18 @@ pub fn tmpfs_images(h: &Harness, id: &SandboxId) -> Vec<std::path::PathBuf> {
     images.sort();
     images
 }
+
+/// A snapshot with memory over `base`, read from a stream of `bytes` bytes (its tar written to
+/// `layer_tar` where the engine needs a file).
+pub fn stream_snapshot(base: Base, layer_tar: std::path::PathBuf, bytes: usize) -> Snapshot {
+    Snapshot {
+        base,
+        spec: small(),
+        layer_tar,
+        bytes: bytes as u64,
+        memory: true,
+        memory_why_not: None,
+        freeze_ms: None,
+        vouched: false,
+    }
+}

@@ -37,9 +37,6 @@ pub(in crate::node) enum Pace {
     Spool { captured: &'static str },
 }
 
-type Capture<'a> =
-    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Streamed, NodeError>> + Send + 'a>>;
-
 impl Node {
     /// Stores as `name` what `write` writes, run on a blocking thread; see the module docs.
     pub(in crate::node) async fn upload_stream(
@@ -51,49 +48,36 @@ impl Node {
         + Send
         + 'static,
     ) -> Result<(silk_store::PutReport, Streamed), NodeError> {
-        let (put, capture, cut_short): (_, Capture<'_>, _) = match pace {
+        // The stream ends whole only on `go`, sent once the capture is written and, for a
+        // running sandbox's, the call passed its crash point: a crash there commits nothing.
+        let (go, gone) = tokio::sync::oneshot::channel();
+        let (mut out, reader, point) = match pace {
+            // A stopped sandbox: the writer may wait on the store, nothing to spill.
             Pace::Store => {
-                // A stopped sandbox: the writer may wait on the store, nothing to spill.
-                let (go, gone) = tokio::sync::oneshot::channel();
-                let (mut out, reader) = super::spool::paced(gone, self.store.signs());
-                let cut_short = reader.cut_short();
-                let put: Put<'_> = Box::pin(self.store.put_pieces(name, reader, meta));
-                let capture = async move {
-                    let written = blocking(move || {
-                        let written = write(&mut out);
-                        out.finish(written.is_ok());
-                        written
-                    })
-                    .await;
-                    let _ = go.send(());
-                    written
-                };
-                (put, Box::pin(capture) as Capture<'_>, cut_short)
+                let (out, reader) = super::spool::paced(gone, self.store.signs());
+                (out, reader, None)
             }
-            Pace::Spool { captured: point } => {
-                // The stream ends whole only on `go`, sent once the call passed its crash
-                // point: a crash there leaves nothing committed.
-                let (go, gone) = tokio::sync::oneshot::channel();
+            Pace::Spool { captured } => {
                 let path = self.scratch_tar("spool");
-                let (mut out, reader) = super::spool::spool(&path, gone, self.store.signs())
+                let (out, reader) = super::spool::spool(&path, gone, self.store.signs())
                     .map_err(|e| NodeError::internal(format!("spool {}: {e}", path.display())))?;
-                let cut_short = reader.cut_short();
-                let put: Put<'_> = Box::pin(self.store.put_pieces(name, reader, meta));
-                let capture = async move {
-                    let written = blocking(move || {
-                        let written = write(&mut out);
-                        out.finish(written.is_ok());
-                        written
-                    })
-                    .await;
-                    if written.is_ok() {
-                        self.crash_point(point).await;
-                    }
-                    let _ = go.send(());
-                    written
-                };
-                (put, Box::pin(capture), cut_short)
+                (out, reader, Some(captured))
             }
+        };
+        let cut_short = reader.cut_short();
+        let put = self.store.put_pieces(name, reader, meta);
+        let capture = async move {
+            let written = blocking(move || {
+                let written = write(&mut out);
+                out.finish(written.is_ok());
+                written
+            })
+            .await;
+            if let (Ok(_), Some(point)) = (&written, point) {
+                self.crash_point(point).await;
+            }
+            let _ = go.send(());
+            written
         };
         match tokio::join!(put, capture) {
             (Ok(report), Ok(streamed)) => Ok((report, streamed)),
@@ -105,11 +89,6 @@ impl Node {
         }
     }
 }
-
-/// The store's put of a streamed snapshot, a spool's pieces read either way.
-type Put<'a> = std::pin::Pin<
-    Box<dyn std::future::Future<Output = silk_store::Result<silk_store::PutReport>> + Send + 'a>,
->;
 
 impl Node {
     /// What `write` writes on a blocking thread, as a stream for a peer (`Fleet::hand_over`)
