@@ -11,19 +11,19 @@ use silk_engine::*;
 fn tmpfs_contents_are_dumped_as_plain_tars_and_gzipped_ones_from_before_still_restore() {
     let (h, b) = memory_box("m-tmpfs");
     ok(&b, COUNTER);
-    let sum = ok(&b, "head -c 1048576 /dev/urandom > /tmp/blob && sha256sum /tmp/blob");
+    let sum = ok(&b, "head -c 1048576 /dev/urandom > /dev/shm/blob && sha256sum /dev/shm/blob");
     let (pid, before) = (ok(&b, "cat /tmp/pid"), count(&b));
     assert!(h.engine.stop(&b.id, Memory::Required).unwrap().kept);
     let images = tmpfs_images(&h, &b.id);
     assert!(!images.is_empty(), "no tmpfs image");
     for image in &images {
-        // gzip ran at ~25 MB/s over what a sandbox keeps in /tmp (scripts/criu-tmpfs-uncompressed.patch).
+        // gzip ran at ~25 MB/s over what a sandbox keeps in a tmpfs (scripts/criu-tmpfs-uncompressed.patch).
         let head = std::fs::read(image).unwrap();
         assert_ne!(head.get(..2), Some(&[0x1f, 0x8b][..]), "{} is gzip'd", image.display());
     }
     let woken = wake(&h, &b.id);
     continues(&woken, before, &pid);
-    assert_eq!(ok(&woken, "sha256sum /tmp/blob"), sum);
+    assert_eq!(ok(&woken, "sha256sum /dev/shm/blob"), sum);
 
     // Images dumped by a CRIU that still compressed them (a sandbox hibernated before the
     // upgrade) restore as they were.
@@ -39,7 +39,7 @@ fn tmpfs_contents_are_dumped_as_plain_tars_and_gzipped_ones_from_before_still_re
     }
     let woken = wake(&h, &b.id);
     continues(&woken, before, &pid);
-    assert_eq!(ok(&woken, "sha256sum /tmp/blob"), sum);
+    assert_eq!(ok(&woken, "sha256sum /dev/shm/blob"), sum);
 }
 
 #[test]

@@ -232,8 +232,12 @@ fn proc_hides_host_kernel_state_and_refuses_global_writes() {
     let (code, _) = sh(&a, "umount /proc/sys || umount -l /proc/kcore");
     assert_ne!(code, 0);
     assert!(mounts.lines().all(|l| l.split(' ').nth(4) != Some("/sys")), "/sys is not mounted");
-    // The overlay root and every writable mount are nosuid,nodev.
-    for target in ["/", "/tmp", "/run", "/dev/shm"] {
+    // The overlay root and every writable mount are nosuid,nodev; `/tmp` and `/run` are the
+    // root's own directories.
+    for target in ["/tmp", "/run"] {
+        assert!(mounts.lines().all(|l| l.split(' ').nth(4) != Some(target)), "{target} is a mount");
+    }
+    for target in ["/", "/dev/shm"] {
         let line = mounts.lines().find(|l| l.split(' ').nth(4) == Some(target)).unwrap();
         let opts = line.split(' ').nth(5).unwrap();
         assert!(opts.contains("nosuid") && opts.contains("nodev"), "{target}: {opts}");
@@ -273,6 +277,44 @@ fn a_relaunch_never_writes_through_symlinks_the_sandbox_planted() {
     assert_eq!(ok(&a, "cat /etc/hostname"), "iso-links");
     assert_eq!(ok(&a, "test -L /etc/machine-id || wc -c < /etc/machine-id"), "33");
     h.engine.destroy(&a.id).unwrap();
+}
+
+/// silkd is bound over `/run/silkd`, a file of the sandbox's own tree (`/run` is no tmpfs). An
+/// image may hold a link or a FIFO there: the launcher, still host root when it binds silkd,
+/// neither follows the link onto a host file nor blocks on the FIFO. The image does not start.
+#[test]
+fn an_image_with_a_planted_silkd_mount_point_does_not_start() {
+    use std::os::unix::fs::MetadataExt;
+    let h = Harness::new();
+    let host = tempfile::tempdir().unwrap();
+    let target = host.path().join("target");
+    std::fs::write(&target, "host file\n").unwrap();
+    let plants: [(&str, &dyn Fn(&std::path::Path)); 2] = [
+        ("link", &|at| std::os::unix::fs::symlink(&target, at).unwrap()),
+        ("fifo", &|at| {
+            let at = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mkfifo on a path made here.
+            assert_eq!(unsafe { libc::mkfifo(at.as_ptr(), 0o644) }, 0);
+        }),
+    ];
+    for (name, plant) in plants {
+        let root = host.path().join(name);
+        for dir in ["dev", "proc", "tmp", "run", "etc"] {
+            std::fs::create_dir_all(root.join(dir)).unwrap();
+        }
+        plant(&root.join("run/silkd"));
+        let def = TemplateDef { name: name.into(), source: TemplateSource::Dir(root) };
+        let refused = h
+            .engine
+            .template(&def)
+            .and_then(|t| h.engine.prepare(&t, &Warmup::default()))
+            .and_then(|g| h.engine.clone_golden(&g, &id(&format!("iso-run-{name}")), &small()))
+            .unwrap_err();
+        assert!(refused.to_string().contains("/run/silkd is not a regular file"), "{refused}");
+    }
+    let meta = std::fs::metadata(&target).unwrap();
+    assert_eq!((meta.uid(), meta.gid()), (0, 0), "the launcher chowned a host file");
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "host file\n");
 }
 
 #[test]

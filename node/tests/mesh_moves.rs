@@ -192,7 +192,7 @@ fn a_store_outage_fails_a_move_before_the_switch_and_the_sandbox_stays() {
     assert!(!b.data().join("engine/boxes").join(id).exists());
 }
 
-/// A counter whose count lives in the shell's memory, written to /tmp (a tmpfs) with its pid.
+/// A counter whose count lives in the shell's memory, written to /tmp with its pid.
 const COUNTER: &str = "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; sleep 0.05; done' >/dev/null 2>&1 & sleep 0.3";
 /// The counter truncates the file before it writes: a read in between finds it empty.
 const READ_COUNT: &str = "c=; while [ -z \"$c\" ]; do c=$(cat /tmp/count); done; echo $c";

@@ -133,7 +133,8 @@ pub fn snapshots_restore_from_a_stream(e: &dyn Engine, t: &Template, scratch: &P
 pub fn stopped_sandboxes_resume_on_their_files(e: &dyn Engine, t: &Template, scratch: &Path) {
     let g = e.prepare(t, &Warmup::default()).unwrap();
     let a = e.clone_golden(&g, &id("c-park"), &small()).unwrap();
-    ok(&a, "mkdir -p /srv/p && echo parked > /srv/p/f && rm /etc/hosts");
+    // `/tmp` is on the sandbox's disk, as in a container or a VM: kept with its files.
+    ok(&a, "mkdir -p /srv/p && echo parked > /srv/p/f && echo kept > /tmp/t && rm /etc/hosts");
     e.stop(&a.id, Memory::Off).unwrap();
     e.stop(&a.id, Memory::Off).unwrap(); // idempotent
     let listed = e.list().unwrap();
@@ -145,14 +146,18 @@ pub fn stopped_sandboxes_resume_on_their_files(e: &dyn Engine, t: &Template, scr
         .unwrap();
     let back = e.resume(&a.id).unwrap();
     assert!(back.running);
-    assert_eq!(ok(&back, "cat /srv/p/f"), "parked");
+    assert_eq!(ok(&back, "cat /srv/p/f; cat /tmp/t"), "parked\nkept");
     assert_ne!(sh(&back, "test -e /etc/hosts").0, 0, "a deletion survives a stop");
     assert_eq!(ok(&back, "hostname"), "c-park");
     let same = e.resume(&a.id).unwrap();
     assert_eq!(same.pid, back.pid, "resuming a running sandbox changes nothing");
 
     let copy = e.restore(&snap, &id("c-park2"), &small(), Memory::Off).unwrap();
-    assert_eq!(ok(&copy, "cat /srv/p/f"), "parked", "a stopped sandbox can be captured");
+    assert_eq!(
+        ok(&copy, "cat /srv/p/f; cat /tmp/t"),
+        "parked\nkept",
+        "a stopped sandbox can be captured"
+    );
     e.stop(&copy.id, Memory::Off).unwrap();
     e.destroy(&copy.id).unwrap();
     assert!(matches!(e.resume(&copy.id), Err(EngineError::NotFound(_))));

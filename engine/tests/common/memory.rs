@@ -7,8 +7,8 @@ use silk_engine::*;
 
 use super::*;
 
-/// A counter in the background: its count lives in the shell's memory and goes to /tmp (a
-/// tmpfs) every 50 ms, with its pid beside it.
+/// A counter in the background: its count lives in the shell's memory and goes to /tmp every
+/// 50 ms, with its pid beside it.
 pub const COUNTER: &str = "sh -c 'echo $$ > /tmp/pid; i=0; while :; do i=$((i+1)); echo $i > /tmp/count; \
                        sleep 0.05; done' >/dev/null 2>&1 & sleep 0.3";
 
@@ -27,6 +27,13 @@ pub fn memory_engine() -> Harness {
         h.engine.memory_why_not()
     );
     h
+}
+
+/// No counter runs: what it wrote to /tmp is kept with the files, and the count stands.
+pub fn stands(b: &BoxInfo) {
+    let before = ok(b, "cat /tmp/count");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(ok(b, "cat /tmp/count"), before, "the counter runs: its process was kept");
 }
 
 /// The counter runs on from `before`, in the same process.

@@ -14,7 +14,7 @@
 //! | every mount target inside the root opened with `openat2(RESOLVE_IN_ROOT \| RESOLVE_NO_MAGICLINKS)` and mounted through its fd | a symlink planted in the sandbox's files redirecting a mount onto a host path |
 //! | a minimal `/dev` (tmpfs, nodes made here), private devpts, `/dev/shm` | host devices |
 //! | `/proc` with runc's masked paths (`/dev/null` or an empty read-only directory bound over them) and read-only `/proc/{bus,fs,irq,sys,sysrq-trigger}` | global sysctls (`kernel.core_pattern`: host root), sysrq, kernel memory and keys |
-//! | tmpfs `/tmp` and `/run`; silkd bound read-only at `/run/silkd` | |
+//! | silkd bound read-only over a regular file at `/run/silkd` (made there if missing; anything else there stops the launch) | a sandbox's file standing in for silkd |
 //! | hostname, loopback up | |
 //! | `pivot_root` into the root, old root detached | reaching any host path |
 //! | enter the engine's user namespace (root inside = an unprivileged host id), drop supplementary groups | every capability acting on the host; files the sandbox makes being host-root-owned |
@@ -227,8 +227,6 @@ fn plan(spec: &LaunchSpec) -> Plan {
         ),
         fs("dev/shm", "tmpfs", nosuid_nodev | libc::MS_NOEXEC, &format!("mode=1777,{owner}")),
         fs("proc", "proc", nosuid_nodev | libc::MS_NOEXEC, ""),
-        fs("tmp", "tmpfs", nosuid_nodev, &format!("mode=1777,{owner}")),
-        fs("run", "tmpfs", nosuid_nodev, &format!("mode=755,{owner}")),
     ];
     let dev_nodes = DEV_NODES.iter().map(|(n, ma, mi)| (cs(n), *ma, *mi)).collect();
     let dev_links = DEV_LINKS.iter().map(|(target, name)| (cs(target), cs(name))).collect();
@@ -505,20 +503,31 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
             check!("make a /proc path read-only", attach(tree, target));
             libc::close(target);
         }
-        // silkd: an empty file on the fresh /run tmpfs, with the host binary bound over it.
+        // silkd: bound over a regular file at /run/silkd. `/tmp` and `/run` are the root's own
+        // directories, as in a container or a VM: what a sandbox keeps there is on its disk
+        // and in its captures, and a dump has no tmpfs of theirs to tar and untar (~2 ms
+        // each way per tmpfs, a process of its own). The file stays in the sandbox's upper
+        // directory for the next launch; `mknodat` follows nothing and leaves what is there.
         let run = open_in_root(root, c"run", libc::O_PATH | libc::O_DIRECTORY);
         check!("open /run", run);
-        let fd = libc::openat(
-            run,
-            c"silkd".as_ptr(),
-            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o755,
-        );
-        check!("create /run/silkd", fd);
-        libc::close(fd);
+        if libc::mknodat(run, c"silkd".as_ptr(), libc::S_IFREG | 0o755, 0) != 0
+            && *libc::__errno_location() != libc::EEXIST
+        {
+            return ("create /run/silkd", *libc::__errno_location());
+        }
         let target =
             libc::openat(run, c"silkd".as_ptr(), libc::O_PATH | libc::O_NOFOLLOW | libc::O_CLOEXEC);
         check!("open /run/silkd", target);
+        let mut st: libc::stat = std::mem::zeroed();
+        check!("stat /run/silkd", libc::fstat(target, &mut st));
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
+            return ("/run/silkd is not a regular file", libc::EEXIST);
+        }
+        // The sandbox's root owns it, as it owns the rest of its files.
+        check!(
+            "chown /run/silkd",
+            libc::fchownat(target, c"".as_ptr(), p.root_id, p.root_id, libc::AT_EMPTY_PATH)
+        );
         let tree = clone_tree(libc::AT_FDCWD, &p.silkd_source, false, RO_NOSUID_NODEV, None);
         check!("clone silkd", tree);
         check!("bind silkd", attach(tree, target));
