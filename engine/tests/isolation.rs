@@ -289,20 +289,19 @@ fn an_image_with_a_planted_silkd_mount_point_does_not_start() {
     let host = tempfile::tempdir().unwrap();
     let target = host.path().join("target");
     std::fs::write(&target, "host file\n").unwrap();
-    let plants: [(&str, &dyn Fn(&std::path::Path)); 2] = [
-        ("link", &|at| std::os::unix::fs::symlink(&target, at).unwrap()),
-        ("fifo", &|at| {
-            let at = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap();
-            // SAFETY: mkfifo on a path made here.
-            assert_eq!(unsafe { libc::mkfifo(at.as_ptr(), 0o644) }, 0);
-        }),
-    ];
-    for (name, plant) in plants {
+    for name in ["link", "fifo"] {
         let root = host.path().join(name);
         for dir in ["dev", "proc", "tmp", "run", "etc"] {
             std::fs::create_dir_all(root.join(dir)).unwrap();
         }
-        plant(&root.join("run/silkd"));
+        let at = root.join("run/silkd");
+        if name == "link" {
+            std::os::unix::fs::symlink(&target, &at).unwrap();
+        } else {
+            let at = std::ffi::CString::new(at.as_os_str().as_encoded_bytes()).unwrap();
+            // SAFETY: mkfifo on a path made here.
+            assert_eq!(unsafe { libc::mkfifo(at.as_ptr(), 0o644) }, 0);
+        }
         let def = TemplateDef { name: name.into(), source: TemplateSource::Dir(root) };
         let refused = h
             .engine
