@@ -1,9 +1,9 @@
 //! `silk-jail SPEC.json`: starts one jail from a launch spec (see `silk_engine::jail::launch`),
 //! Prints the jail's host pid on success; on failure prints why on stderr and exits 1.
 //! `silk-jail --serve` does the same for each spec the engine sends on its stdin (see
-//! `silk_engine::jail::launch::serve`): the engine's way, so a start forks instead of exec'ing.
-//! `silk-jail --restore SPEC.json` brings a jail back from CRIU images (see
-//! `silk_engine::jail::launch::restore`). `silk-jail --hold-userns BASE` holds a new user namespace open
+//! `silk_engine::jail::launch::serve`): the engine's way, so a start forks instead of exec'ing;
+//! it also brings jails back from CRIU images (`silk_engine::jail::launch::restore`).
+//! `silk-jail --hold-userns BASE` holds a new user namespace open
 //! until stdin closes (the engine makes its sandboxes' user namespace this way). Run by the jail
 //! engine, not by people.
 
@@ -23,17 +23,6 @@ fn main() {
     }
     if arg.as_deref() == Some(std::ffi::OsStr::new("--serve")) {
         if let Err(e) = silk_engine::jail::launch::serve::serve() {
-            eprintln!("silk-jail: {e}");
-            std::process::exit(1);
-        }
-        return;
-    }
-    if arg.as_deref() == Some(std::ffi::OsStr::new("--restore")) {
-        let Some(spec) = std::env::args_os().nth(2).map(read_spec) else {
-            eprintln!("usage: silk-jail --restore SPEC.json");
-            std::process::exit(2);
-        };
-        if let Err(e) = silk_engine::jail::launch::restore::run(&spec) {
             eprintln!("silk-jail: {e}");
             std::process::exit(1);
         }

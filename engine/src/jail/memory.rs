@@ -442,7 +442,7 @@ impl JailEngine {
                 criu: criu.bin.clone(),
                 images: images.clone(),
                 criu_log: criu_log.clone(),
-                pidfile: pidfile.clone(),
+                pidfile,
                 root: dir.join("root"),
                 lowers: self.lowers(&base, &dir).map_err(|e| e.to_string())?,
                 upper: files.join("upper"),
@@ -456,16 +456,10 @@ impl JailEngine {
                 hostname,
                 empty_net: meta.empty_net,
             };
-            let path = dir.join("restore.json");
-            let json = serde_json::to_vec_pretty(&restore).map_err(|e| e.to_string())?;
-            std::fs::write(&path, json).map_err(|e| format!("write restore.json: {e}"))?;
-            let ran = self.run_restore(&path, &dir.join("agent.log"));
+            let log = self.agent_log(&dir)?;
+            let ran = self.launcher.restore(restore, std::os::fd::AsFd::as_fd(&log));
             let _ = std::fs::remove_dir(&staging);
-            ran.map_err(|stderr| super::criu::failure(&criu_log, &stderr))?;
-            std::fs::read_to_string(&pidfile)
-                .ok()
-                .and_then(|p| p.trim().parse::<u32>().ok())
-                .ok_or_else(|| "criu wrote no pid".to_string())
+            ran.map_err(|why| super::criu::failure(&criu_log, &why))
         })();
         let pid = match restored {
             Ok(pid) => pid,
@@ -526,46 +520,20 @@ impl JailEngine {
         restored
     }
 
-    /// Runs `silk-jail --restore` with the user namespace (for id-mapped views) and silkd's log
-    /// as the descriptors it expects; `Err` is its stderr.
-    fn run_restore(&self, spec: &Path, log: &Path) -> std::result::Result<(), String> {
-        use std::os::fd::AsRawFd;
-        use std::os::unix::process::CommandExt;
+    /// silkd's log, opened for a restore: CRIU reopens it from inside the restored user
+    /// namespace (through /proc/self/fd, which checks the file's permissions again), so the
+    /// sandbox's root must own it.
+    fn agent_log(&self, dir: &Path) -> std::result::Result<std::fs::File, String> {
+        use std::os::unix::fs::OpenOptionsExt;
         let log = std::fs::OpenOptions::new()
             .append(true)
             .create(true)
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
-            .open(log)
+            .open(dir.join("agent.log"))
             .map_err(|e| format!("open agent.log: {e}"))?;
-        // CRIU reopens it from inside the restored user namespace (through /proc/self/fd,
-        // which checks the file's permissions again): the sandbox's root must own it.
         std::os::unix::fs::fchown(&log, Some(self.ids.base), Some(self.ids.base))
             .map_err(|e| format!("chown agent.log: {e}"))?;
-        let (userns, log) = (self.launcher.userns().as_raw_fd(), log.as_raw_fd());
-        let mut cmd = std::process::Command::new(&self.cfg.launcher);
-        cmd.arg("--restore").arg(spec);
-        super::host::dies_with_the_node(&mut cmd);
-        // SAFETY: fcntl/dup2 are async-signal-safe.
-        unsafe {
-            cmd.pre_exec(move || {
-                let userns = libc::fcntl(userns, libc::F_DUPFD_CLOEXEC, 10);
-                let log = libc::fcntl(log, libc::F_DUPFD_CLOEXEC, 10);
-                if userns < 0
-                    || log < 0
-                    || libc::dup2(userns, super::launch::USERNS_FD) < 0
-                    || libc::dup2(log, super::launch::restore::LOG_FD) < 0
-                {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let out = cmd.output().map_err(|e| format!("run the launcher: {e}"))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-        }
+        Ok(log)
     }
 }

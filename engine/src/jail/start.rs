@@ -158,7 +158,7 @@ impl JailEngine {
             silkd_args: image_defaults(&base.template),
             resolv_conf: self.lane().filter(|_| address.is_some()).map(net::resolv_conf),
         };
-        let pid = self.launcher.launch(&launch)?;
+        let pid = self.launcher.launch(launch)?;
         let started = start_time(pid);
         let info = BoxInfo {
             id: id.clone(),

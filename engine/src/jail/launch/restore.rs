@@ -1,4 +1,5 @@
-//! `silk-jail --restore SPEC.json`: brings a jail back from CRIU images. The launcher prepares,
+//! A restore: brings a jail back from CRIU images, in a launcher the server forks (see `serve`:
+//! the engine sends a [`RestoreSpec`], silkd's log attached). The launcher prepares,
 //! in a mount namespace of its own (gone when CRIU exits, so the host's mount table never sees
 //! any of it), what the dump declared external, then execs `criu restore`, which recreates the
 //! jail's own namespaces, mounts and processes:
@@ -26,7 +27,7 @@ use super::{DEV_LINKS, DEV_NODES, Lower, USERNS_FD, overlay_options};
 /// The descriptor silkd's log arrives on, for CRIU's `--inherit-fd`.
 pub const LOG_FD: i32 = 5;
 
-/// Everything `silk-jail --restore` needs, written by the engine as JSON.
+/// Everything a restore needs, sent by the engine as JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct RestoreSpec {
     pub criu: PathBuf,
@@ -160,22 +161,22 @@ fn make_dev(dir: &Path, root_id: u32) -> Result<(), String> {
     Ok(())
 }
 
-/// Prepares the mounts, runs CRIU and gives a copy its own identity. `Err` says why not (CRIU's
-/// reasons are in its log).
-pub fn run(spec: &RestoreSpec) -> Result<(), String> {
+/// Prepares the mounts, runs CRIU and gives a copy its own identity; returns the restored
+/// init's host pid. `Err` says why not (CRIU's reasons are in its log).
+pub fn run(spec: &RestoreSpec) -> Result<u32, String> {
     let status =
         prepare(spec)?.status().map_err(|e| format!("run {}: {e}", spec.criu.display()))?;
     if !status.success() {
         return Err(format!("criu restore failed ({status})"));
     }
+    let pid: u32 = std::fs::read_to_string(&spec.pidfile)
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .ok_or("criu wrote no pid")?;
     if let Some(hostname) = &spec.hostname {
-        let pid: u32 = std::fs::read_to_string(&spec.pidfile)
-            .ok()
-            .and_then(|p| p.trim().parse().ok())
-            .ok_or("criu wrote no pid")?;
         rename(pid, hostname, spec.root_id)?;
     }
-    Ok(())
+    Ok(pid)
 }
 
 /// Sets the restored jail's hostname and writes its `/etc/hostname` and a new

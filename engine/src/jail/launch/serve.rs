@@ -4,10 +4,11 @@
 //! traps costs most of a millisecond).
 //!
 //! The engine holds the other end of [`CONTROL_FD`], a `SOCK_SEQPACKET` socket. Each message is
-//! one [`LaunchSpec`] as JSON with one descriptor attached: the socket to answer on. For each,
-//! the server forks a launcher that does exactly what `silk-jail SPEC.json` does ([`run`]) and
-//! answers `+PID` or `-why` on that socket; the server goes back to reading at once, so starts
-//! run side by side. When the engine's end closes, the server exits.
+//! one [`Request`] as JSON with the socket to answer on attached (and, for a restore, silkd's
+//! log). For each, the server forks a launcher that starts the jail as `silk-jail SPEC.json`
+//! does ([`run`]) or brings it back from CRIU's images ([`super::restore::run`]), and answers
+//! `+PID` or `-why` on that socket; the server goes back to reading at once, so starts run side
+//! by side. When the engine's end closes, the server exits.
 //!
 //! Each launcher dies with the server (`PR_SET_PDEATHSIG`), which dies with the node: a start
 //! interrupted by a crash never finishes behind the next node's back (see the engine's
@@ -20,7 +21,20 @@
 
 use std::time::Duration;
 
+use serde::{Deserialize, Serialize};
+
+use super::restore::{LOG_FD, RestoreSpec};
 use super::{LaunchSpec, make_network_namespace, run};
+
+/// What the engine asks the server for.
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Request {
+    /// A new jail.
+    Launch(LaunchSpec),
+    /// A jail back from CRIU's images; silkd's log comes attached, after the answer's socket.
+    Restore(RestoreSpec),
+}
 
 /// Network namespaces kept made ahead.
 const NETWORK_STOCK: usize = 4;
@@ -73,13 +87,19 @@ pub fn serve() -> Result<(), String> {
                 }
                 continue;
             }
-            let (n, reply) = match receive(&mut buf) {
+            let (n, reply, log) = match receive(&mut buf) {
                 Ok(Some(got)) => got,
                 Ok(None) => return Ok(()),
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
                 Err(e) => return Err(format!("read a request: {e}")),
             };
-            let net = stock.pop();
+            let request = serde_json::from_slice::<Request>(&buf[..n])
+                .map_err(|e| format!("read the request: {e}"));
+            // A restore's network namespace is CRIU's to make.
+            let net = match request {
+                Ok(Request::Launch(_)) => stock.pop(),
+                _ => None,
+            };
             let pid = libc::fork();
             if pid < 0 {
                 let answer = encode_answer(&Err(os("fork a launcher")));
@@ -92,8 +112,8 @@ pub fn serve() -> Result<(), String> {
                 {
                     libc::_exit(1);
                 }
-                let (answer, reply) = match place_descriptors(reply) {
-                    Ok(reply) => (launch(&buf[..n], net), reply),
+                let (answer, reply) = match place_descriptors(reply, log) {
+                    Ok(reply) => (request.and_then(|r| serve_one(r, net)), reply),
                     Err(why) => (Err(why), reply),
                 };
                 let answer = encode_answer(&answer);
@@ -104,35 +124,53 @@ pub fn serve() -> Result<(), String> {
                 libc::close(net);
             }
             libc::close(reply);
+            if let Some(log) = log {
+                libc::close(log);
+            }
         }
     }
 }
 
 /// In a forked launcher, first: the jail's descriptors are placed by number (its listening
-/// socket at 3, the user namespace at 4), so the answer's socket moves out of their way and
-/// the engine's end becomes `/dev/null`. Returns the answer's descriptor.
+/// socket at 3, the user namespace at 4, a restore's log at [`LOG_FD`]), so the answer's socket
+/// moves out of their way and the engine's end becomes `/dev/null`. Returns the answer's
+/// descriptor.
 ///
 /// # Safety
 /// Plain syscalls.
-unsafe fn place_descriptors(reply: i32) -> Result<i32, String> {
+unsafe fn place_descriptors(reply: i32, log: Option<i32>) -> Result<i32, String> {
     unsafe {
+        let fail = || format!("launcher descriptors: {}", std::io::Error::last_os_error());
         let moved = libc::fcntl(reply, libc::F_DUPFD_CLOEXEC, 10);
         let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC);
         if moved < 0 || null < 0 || libc::dup2(null, CONTROL_FD) < 0 {
-            return Err(format!("launcher descriptors: {}", std::io::Error::last_os_error()));
+            return Err(fail());
         }
         libc::close(null);
         libc::close(reply);
+        if let Some(log) = log {
+            // Above the target first, so the source is never the target itself; `dup2` leaves
+            // the target open across CRIU's exec.
+            let above = libc::fcntl(log, libc::F_DUPFD_CLOEXEC, 10);
+            if above < 0 || libc::dup2(above, LOG_FD) < 0 {
+                return Err(fail());
+            }
+            libc::close(above);
+            if log != LOG_FD {
+                libc::close(log);
+            }
+        }
         Ok(moved)
     }
 }
 
-/// In a forked launcher: the request's spec, started as `silk-jail SPEC.json` would (in `net`,
-/// if one was made ahead).
-fn launch(request: &[u8], net: Option<i32>) -> Result<u32, String> {
-    let spec: LaunchSpec =
-        serde_json::from_slice(request).map_err(|e| format!("read the launch spec: {e}"))?;
-    run(&spec, net)
+/// In a forked launcher: the request, started as `silk-jail SPEC.json` would (in `net`, if one
+/// was made ahead) or restored.
+fn serve_one(request: Request, net: Option<i32>) -> Result<u32, String> {
+    match request {
+        Request::Launch(spec) => run(&spec, net),
+        Request::Restore(spec) => super::restore::run(&spec),
+    }
 }
 
 /// Whether a request (or the engine's end closing) arrives on [`CONTROL_FD`] within `wait`.
@@ -143,14 +181,15 @@ fn request_within(wait: Duration) -> bool {
     unsafe { libc::poll(&mut poll, 1, wait.as_millis() as i32) != 0 }
 }
 
-/// One request: its length in `buf` and the descriptor it carried. `None`: the engine is gone.
+/// One request: its length in `buf`, the descriptor to answer on and the one more a restore
+/// carries. `None`: the engine is gone.
 ///
 /// # Safety
 /// Plain syscalls on [`CONTROL_FD`].
-unsafe fn receive(buf: &mut [u8]) -> std::io::Result<Option<(usize, i32)>> {
+unsafe fn receive(buf: &mut [u8]) -> std::io::Result<Option<(usize, i32, Option<i32>)>> {
     unsafe {
         let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let mut space = [0u64; 8]; // room for one descriptor's control message, aligned
+        let mut space = [0u64; 8]; // room for a few descriptors' control message, aligned
         let mut msg: libc::msghdr = std::mem::zeroed();
         msg.msg_iov = &mut iov;
         msg.msg_iovlen = 1;
@@ -163,22 +202,28 @@ unsafe fn receive(buf: &mut [u8]) -> std::io::Result<Option<(usize, i32)>> {
         if n == 0 && msg.msg_controllen == 0 {
             return Ok(None);
         }
+        let mut fds = vec![];
         let cmsg = libc::CMSG_FIRSTHDR(&msg);
-        let fd = if !cmsg.is_null()
+        if !cmsg.is_null()
             && (*cmsg).cmsg_level == libc::SOL_SOCKET
             && (*cmsg).cmsg_type == libc::SCM_RIGHTS
         {
-            std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<i32>())
-        } else {
+            let data = libc::CMSG_DATA(cmsg).cast::<i32>();
+            let count = ((*cmsg).cmsg_len - libc::CMSG_LEN(0) as usize) / size_of::<i32>();
+            fds.extend((0..count).map(|i| std::ptr::read_unaligned(data.add(i))));
+        }
+        // The answer's socket first, then a restore's log; the engine sends no more.
+        let (Some(&reply), log) = (fds.first(), fds.get(1).copied()) else {
             // Nowhere to answer: the engine never sends that. Skip it.
             return receive(buf);
         };
+        fds.iter().skip(2).for_each(|fd| _ = libc::close(*fd));
         if msg.msg_flags & libc::MSG_TRUNC != 0 {
-            let answer = encode_answer(&Err("the launch spec is too long".into()));
-            libc::send(fd, answer.as_ptr().cast(), answer.len(), libc::MSG_NOSIGNAL);
-            libc::close(fd);
+            let answer = encode_answer(&Err("the request is too long".into()));
+            libc::send(reply, answer.as_ptr().cast(), answer.len(), libc::MSG_NOSIGNAL);
+            fds.iter().take(2).for_each(|fd| _ = libc::close(*fd));
             return receive(buf);
         }
-        Ok(Some((n as usize, fd)))
+        Ok(Some((n as usize, reply, log)))
     }
 }
