@@ -170,6 +170,56 @@ fn kill_9_of_the_node_takes_its_launcher_with_it() {
     assert_eq!(sh(&node, &b, "echo up"), "up");
 }
 
+/// CRIU runs under the node's launcher server (a fork of that small process, not of the node),
+/// two processes away from the node, and must still go with a node killed with -9: a dump
+/// finished behind the next node's back would end, or freeze again, a sandbox that node hands
+/// out. Killed mid-dump, CRIU writes no more (its statistics, the last thing a dump writes, are
+/// never there), and the next node hands the sandbox out running again.
+#[test]
+fn kill_9_mid_dump_takes_criu_with_it() {
+    let mut node = Sandboxd::start(ONE_WARM);
+    let b = claim(&node, "{}");
+    // Enough memory that the dump is caught while it runs (~0.3 s for 384 MiB here).
+    sh(
+        &node,
+        &b,
+        "python3 -c \"b = bytearray(384 << 20)\nfor i in range(0, len(b), 4096): b[i] = 1\n\
+         open('/tmp/ready', 'w')\nimport time; time.sleep(1e6)\" >/dev/null 2>&1 & \
+         until test -e /tmp/ready; do sleep 0.05; done",
+    );
+    let (addr, token) = (node.addr, b.token.clone());
+    let path = format!("/v1/sandboxes/{}/hibernate", b.id);
+    let hibernate = std::thread::spawn(move || {
+        try_http(addr, "POST", &path, Some(&token), r#"{"memory": "required"}"#)
+    });
+    let mut images = None;
+    silk_testkit::eventually("criu dumps the jail", || {
+        images = criu_dumping(&b.id);
+        images.is_some()
+    });
+    node.kill9();
+    assert!(hibernate.join().unwrap().is_none(), "the node answered the hibernate");
+    silk_testkit::eventually("criu exits with its node", || criu_dumping(&b.id).is_none());
+    let stats = images.unwrap().join("stats-dump");
+    assert!(!stats.exists(), "criu finished its dump after its node was killed");
+    node.launch().unwrap();
+    assert_eq!(state(&node, &b), "claimed");
+    assert_eq!(sh(&node, &b, "echo up"), "up");
+}
+
+/// The images directory of a CRIU process dumping sandbox `id`, if one runs.
+fn criu_dumping(id: &str) -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let dumping = args.first()?.ends_with(b"criu") && args.get(1) == Some(&&b"dump"[..]);
+        let at = args.iter().position(|a| *a == b"--images-dir")?;
+        let images = std::path::Path::new(std::ffi::OsStr::from_bytes(args.get(at + 1)?));
+        (dumping && images.to_string_lossy().contains(id)).then(|| images.to_path_buf())
+    })
+}
+
 /// Processes whose parent is `parent` and whose name is `comm`.
 fn children_named(parent: u32, comm: &str) -> Vec<u32> {
     let stat = |pid: &str| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();

@@ -1,16 +1,15 @@
 //! Process memory through CRIU: probing it, dumping a jail, and the parts of a restore the host
-//! side prepares (the rest is `silk-jail --restore`, see [`super::launch::restore`]).
+//! side prepares (the rest is the launcher's, see [`super::launch::restore`]).
 //!
 //! A dump names what the jail holds of the host's as external, so CRIU records a key instead of
 //! the object and the restore supplies one of its own: the template's host binds (`bind<i>`),
 //! silkd's binary (`silkd`), `/dev` (`dev`: its device nodes cannot be recreated from inside
 //! the restored user namespace) and silkd's log file. Everything else — processes, memory, open
-//! files, pipes, unix and loopback TCP sockets, ptys, the tmpfs contents of `/tmp`, `/run` and
-//! `/dev/shm`, the network namespace with its loopback — is CRIU's own.
+//! files, pipes, unix and loopback TCP sockets, ptys, the tmpfs contents of `/dev/shm`, the
+//! network namespace with its loopback — is CRIU's own.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -118,6 +117,8 @@ pub(super) struct Dump<'a> {
     pub(super) freezer: &'a Path,
     /// Keep the jail running (a checkpoint) rather than ending it (hibernate).
     pub(super) leave_running: bool,
+    /// Runs CRIU: a fork of its small server, not of the node.
+    pub(super) launcher: &'a super::launcher::Launcher,
 }
 
 impl Criu {
@@ -161,9 +162,8 @@ impl Criu {
             // small jail's 147 ms of restore here.
             cmd.args(["--network-lock", "nftables"]);
         }
-        super::host::dies_with_the_node(&mut cmd);
         let started = Instant::now();
-        run(&mut cmd, d.log)?;
+        d.launcher.criu(&cmd).map_err(|stderr| failure(d.log, &stderr))?;
         let meta =
             DumpMeta { log_key, binds: d.binds.len(), id: d.id.clone(), empty_net: self.empty_net };
         let json = serde_json::to_vec(&meta).expect("serializable");
@@ -187,25 +187,6 @@ fn log_key(pid: u32) -> Result<String, String> {
         .map_err(|e| format!("stat silkd's log: {e}"))?
         .ino();
     Ok(format!("file[{mnt:x}:{ino:x}]"))
-}
-
-/// Runs a CRIU command; on failure, the errors from its log.
-pub(super) fn run(cmd: &mut Command, log: &Path) -> Result<(), String> {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("run CRIU: {e}"))?;
-    let mut stderr = String::new();
-    if let Some(mut err) = child.stderr.take() {
-        let _ = err.read_to_string(&mut stderr);
-    }
-    let status = child.wait().map_err(|e| format!("wait for CRIU: {e}"))?;
-    if status.success() {
-        return Ok(());
-    }
-    Err(failure(log, &stderr))
 }
 
 /// Why CRIU failed: the error lines of its log (the first is usually the cause), else stderr.

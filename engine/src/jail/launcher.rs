@@ -56,6 +56,17 @@ impl Launcher {
         decode_answer(&answer)
     }
 
+    /// Runs CRIU as `cmd` says (its program and arguments) and waits for it; `Err` is its
+    /// stderr's end, or why it did not run. It dies with the node, as the launcher does.
+    pub(super) fn criu(&self, cmd: &std::process::Command) -> std::result::Result<(), String> {
+        let request = Request::Criu {
+            bin: cmd.get_program().into(),
+            args: cmd.get_args().map(|a| a.to_os_string()).collect(),
+        };
+        let answer = self.ask(&request, None).map_err(|e| format!("ask the launcher: {e}"))?;
+        decode_answer(&answer).map(drop)
+    }
+
     /// Sends `request` with the socket to answer on (and `more`); reads the answer. A server
     /// that died (killed, say) is replaced, once: the send meets its closed end.
     fn ask(&self, request: &Request, more: Option<BorrowedFd<'_>>) -> std::io::Result<Vec<u8>> {

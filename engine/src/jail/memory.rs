@@ -146,6 +146,7 @@ impl JailEngine {
             binds: binds.collect(),
             freezer: &self.cgroups.freezer_dir(id),
             leave_running,
+            launcher: &self.launcher,
         };
         let dumped = criu.dump(&dump);
         if dumped.is_err() {

@@ -19,6 +19,9 @@
 //! the namespaces'. Each is handed to one launcher only (popped before its fork, closed in
 //! the server after it), and a launcher closes the others first thing.
 
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -34,6 +37,8 @@ pub enum Request {
     Launch(LaunchSpec),
     /// A jail back from CRIU's images; silkd's log comes attached, after the answer's socket.
     Restore(RestoreSpec),
+    /// CRIU (a dump), run and waited for; it dies with its launcher.
+    Criu { bin: PathBuf, args: Vec<OsString> },
 }
 
 /// Network namespaces kept made ahead.
@@ -170,7 +175,49 @@ fn serve_one(request: Request, net: Option<i32>) -> Result<u32, String> {
     match request {
         Request::Launch(spec) => run(&spec, net),
         Request::Restore(spec) => super::restore::run(&spec),
+        Request::Criu { bin, args } => criu(&bin, &args).map(|()| 0),
     }
+}
+
+/// Runs CRIU and waits for it; `Err` is the end of its stderr. It dies with this launcher, which
+/// dies with the server, which dies with the node: a dump left running would finish after the
+/// next start thawed its jail and freeze it again.
+fn criu(bin: &Path, args: &[OsString]) -> Result<(), String> {
+    use std::os::unix::process::CommandExt;
+    use std::process::Stdio;
+    let me = std::process::id() as libc::pid_t;
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
+    // SAFETY: prctl and getppid are async-signal-safe.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() != me {
+                return Err(std::io::Error::other("its launcher is gone"));
+            }
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| format!("run {}: {e}", bin.display()))?;
+    let mut stderr = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut stderr);
+    }
+    let status = child.wait().map_err(|e| format!("wait for {}: {e}", bin.display()))?;
+    if status.success() {
+        return Ok(());
+    }
+    if stderr.trim().is_empty() {
+        return Err(format!("{} {status}", bin.display()));
+    }
+    // The answer is one message: the end of a long stderr, where the reason is.
+    let mut from = stderr.len().saturating_sub(4096);
+    while !stderr.is_char_boundary(from) {
+        from += 1;
+    }
+    Err(stderr[from..].to_string())
 }
 
 /// Whether a request (or the engine's end closing) arrives on [`CONTROL_FD`] within `wait`.
