@@ -475,3 +475,43 @@ fn an_engine_without_criu_says_why() {
     assert!(!engine.capabilities().memory_snapshot);
     assert!(engine.memory_why_not().unwrap().contains("/nonexistent/criu"));
 }
+
+/// The jail's one tmpfs, `/dev/shm`, empty (as it is most of the time): its image is the
+/// archive GNU tar writes of its root alone, byte for byte (so any CRIU restores it), made
+/// without running tar (scripts/criu-tmpfs-without-tar.patch), and a wake gives the root back
+/// its owner, mode and mtime.
+#[test]
+fn an_empty_dev_shm_comes_back_with_its_roots_owner_mode_and_time() {
+    let (h, b) = memory_box("m-shm");
+    ok(&b, COUNTER);
+    ok(&b, "chown 1000:1001 /dev/shm && chmod 1750 /dev/shm && touch -d @1500000000 /dev/shm");
+    let stat = "stat -c '%u %g %a %Y' /dev/shm";
+    assert_eq!(ok(&b, stat), "1000 1001 1750 1500000000");
+    let (pid, before) = (ok(&b, "cat /tmp/pid"), count(&b));
+    assert!(h.engine.stop(&b.id, Memory::Required).unwrap().kept);
+
+    let images = tmpfs_images(&h, &b.id);
+    assert_eq!(images.len(), 1, "{images:?}");
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("shm");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o1750)).unwrap();
+    let touched =
+        std::process::Command::new("touch").args(["-d", "@1500000000"]).arg(&dir).status();
+    assert!(touched.unwrap().success());
+    // What CRIU runs, as the sandbox's root would see the directory.
+    let tar = std::process::Command::new("tar")
+        .args(["--create", "--no-unquote", "--no-wildcards", "--one-file-system"])
+        .args(["--check-links", "--preserve-permissions", "--sparse", "--numeric-owner"])
+        .args(["--owner=1000", "--group=1001", "--directory"])
+        .arg(&dir)
+        .arg(".")
+        .output()
+        .unwrap();
+    assert!(tar.status.success(), "{tar:?}");
+    assert!(std::fs::read(&images[0]).unwrap() == tar.stdout, "not the archive tar writes");
+
+    let woken = wake(&h, &b.id);
+    continues(&woken, before, &pid);
+    assert_eq!(ok(&woken, stat), "1000 1001 1750 1500000000");
+}

@@ -496,7 +496,8 @@ impl JailEngine {
                 return Err(format!("the restored silkd does not answer: {e}"));
             }
         }
-        let _ = std::fs::remove_dir_all(&images);
+        // Spent: deleted behind the wake (a rename here, not a file at a time).
+        let _ = self.trash.discard(&images);
         Ok(info)
     }
 

@@ -1,4 +1,5 @@
-//! Removed boxes leave `boxes/` at once and are deleted behind the caller. A destroy answers
+//! Removed boxes leave `boxes/` at once and are deleted behind the caller (so do the memory
+//! images a wake has restored). A destroy answers
 //! once the id is free (processes killed, cgroups gone, disk unmounted, the directory renamed
 //! into `trash/`); one thread per engine deletes what lands there, in order. Deleting a box is
 //! most of a destroy's time (its image's blocks are freed, and a host filesystem mounted with
@@ -48,8 +49,8 @@ impl Trash {
         Ok(Trash { dir, to_remover: Some(tx), remover: Some(remover), next: AtomicU64::new(0) })
     }
 
-    /// Moves `box_dir` (nothing mounted under it) into the trash, for the remover. A box
-    /// already gone is no error.
+    /// Moves `box_dir` (or another directory of the engine's, nothing mounted under it) into
+    /// the trash, for the remover. A directory already gone is no error.
     pub(super) fn discard(&self, box_dir: &Path) -> std::io::Result<()> {
         let name =
             box_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
