@@ -126,7 +126,7 @@ impl JailEngine {
             }
             Ok(captured)
         });
-        let _ = std::fs::remove_dir_all(&aside);
+        let _ = self.trash.discard(&aside);
         let _ = std::fs::remove_file(scratch);
         let kept = match (captured.as_ref(), keep, copy) {
             (Ok(captured), Some(name), Some(copy)) => self.keep_copy(name, copy, &captured.base),
@@ -226,7 +226,6 @@ impl JailEngine {
         let layers: Vec<&Path> =
             [Some(upper.as_path()), fork.as_deref()].into_iter().flatten().collect();
         let captured = write(images.as_deref(), &layers, ids);
-        let _ = std::fs::remove_dir_all(&fresh);
         let after = match mode {
             SnapshotMode::KeepRunning if live.is_none() => Ok(()),
             SnapshotMode::KeepRunning => self.cgroups.freeze(id, false),
@@ -244,12 +243,15 @@ impl JailEngine {
             SnapshotMode::Stop if live.is_none() => Ok(()),
             SnapshotMode::Stop => self.cgroups.freeze(id, false),
         };
-        let bytes = captured?;
-        after?;
         let freeze_ms = match mode {
             SnapshotMode::KeepRunning => frozen_at.map(|t| t.elapsed().as_millis() as u64),
             SnapshotMode::Stop => None,
         };
+        // Once thawed: the images dumped now are spent (written, or linked aside) and go
+        // behind the call, not file by file in the freeze.
+        let _ = self.trash.discard(&fresh);
+        let bytes = captured?;
+        after?;
         Ok(Captured {
             base: record.info.base,
             spec: record.info.spec,
