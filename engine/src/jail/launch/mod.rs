@@ -523,11 +523,14 @@ unsafe fn child(p: &Plan) -> (&'static str, i32) {
         if st.st_mode & libc::S_IFMT != libc::S_IFREG {
             return ("/run/silkd is not a regular file", libc::EEXIST);
         }
-        // The sandbox's root owns it, as it owns the rest of its files.
-        check!(
-            "chown /run/silkd",
-            libc::fchownat(target, c"".as_ptr(), p.root_id, p.root_id, libc::AT_EMPTY_PATH)
-        );
+        // The sandbox's root owns it, as it owns the rest of its files (one from a golden's
+        // layer already does: no copy-up into this box's upper directory for it).
+        if (st.st_uid, st.st_gid) != (p.root_id, p.root_id) {
+            check!(
+                "chown /run/silkd",
+                libc::fchownat(target, c"".as_ptr(), p.root_id, p.root_id, libc::AT_EMPTY_PATH)
+            );
+        }
         let tree = clone_tree(libc::AT_FDCWD, &p.silkd_source, false, RO_NOSUID_NODEV, None);
         check!("clone silkd", tree);
         check!("bind silkd", attach(tree, target));
