@@ -49,7 +49,7 @@ fn run_sdk_script(program: &str, script: &str, env: &[(&str, String)]) {
         .unwrap();
     let (stdout, stderr) =
         (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success() && stdout.contains("done"), "{stdout}\n{stderr}");
+    assert!(out.status.success() && stdout.contains("done"), "{}\n{stdout}\n{stderr}", out.status);
     assert_eq!(
         node.req("GET", "/v1/sandboxes", Some(ROOT), None).1["sandboxes"],
         serde_json::json!([]),

@@ -85,8 +85,8 @@ pub(super) fn wait_exited(pid: u32) {
 }
 
 /// Kills what CRIU left running when its node was killed: processes named `criu`, orphaned
-/// (their parent is init: the criu the node ran died with it, `dies_with_the_node`, and the
-/// processes it had forked do not inherit that signal), whose arguments name a path under
+/// (their parent is init: the criu a launcher ran died with it, see `dies_with_the_node`, and
+/// the processes it had forked do not inherit that signal), whose arguments name a path under
 /// `data_dir`. Seen after kill -9 soaks: such a process asleep for minutes with a destroyed
 /// box's images open.
 pub(super) fn kill_orphaned_criu(data_dir: &Path) {
@@ -137,8 +137,8 @@ fn orphaned_criu(pid: i32, data_dir: &Path) -> bool {
         && args.any(|a| a.starts_with(data_dir))
 }
 
-/// Makes `cmd` die with the node: a helper (CRIU, the launcher) must not outlive a node that
-/// was killed. A CRIU dump left running would finish after the next start thawed its jail and
+/// Makes `cmd` die with the node: a helper (the launcher server, and so the launchers and the
+/// CRIU dumps it runs, which die with it in turn) must not outlive a node that was killed. A CRIU dump left running would finish after the next start thawed its jail and
 /// put the cgroup back in the state it found it in — frozen — with the sandbox claimed and
 /// every call into it hanging; a launcher could finish a start after the next start tidied
 /// up. The signal comes when the thread that spawned it ends, and that thread waits for it.
