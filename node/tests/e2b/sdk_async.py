@@ -3,6 +3,7 @@ makes differently from the sync one (`WatchDir` and `StreamInput` as streams, se
 at once on one connection)."""
 
 import asyncio
+import os
 
 from e2b import AsyncSandbox, CommandExitException
 
@@ -58,3 +59,8 @@ async def main():
 
 
 asyncio.run(main())
+# Out without the interpreter's finalization: the SDK's native HTTP client (pyqwest, a Rust
+# extension with threads of its own) aborts the process in it about one run in ten, after every
+# call has returned (`Fatal Python error: Aborted`, no Python frame; seen with 706565f's node
+# too). Everything this test checks has been checked by then.
+os._exit(0)
