@@ -85,7 +85,7 @@ pub(super) fn wait_exited(pid: u32) {
 }
 
 /// Kills what CRIU left running when its node was killed: processes named `criu`, orphaned
-/// (their parent is init: the criu a launcher ran died with it, see `dies_with_the_node`, and
+/// (their parent is init: the criu a launcher ran died with it, see `dies_with_its_parent`, and
 /// the processes it had forked do not inherit that signal), whose arguments name a path under
 /// `data_dir`. Seen after kill -9 soaks: such a process asleep for minutes with a destroyed
 /// box's images open.
@@ -137,23 +137,24 @@ fn orphaned_criu(pid: i32, data_dir: &Path) -> bool {
         && args.any(|a| a.starts_with(data_dir))
 }
 
-/// Makes `cmd` die with the node: a helper (the launcher server, and so the launchers and the
-/// CRIU dumps it runs, which die with it in turn) must not outlive a node that was killed. A CRIU dump left running would finish after the next start thawed its jail and
-/// put the cgroup back in the state it found it in — frozen — with the sandbox claimed and
-/// every call into it hanging; a launcher could finish a start after the next start tidied
-/// up. The signal comes when the thread that spawned it ends, and that thread waits for it.
-pub(super) fn dies_with_the_node(cmd: &mut std::process::Command) {
+/// Makes `cmd` die with the process that spawns it (the signal comes when the spawning thread
+/// ends, and that thread waits for it). So the launcher server dies with the node, and each
+/// launcher and each CRIU dump with the process that forked it: none outlives a node that was
+/// killed. A CRIU dump left running would finish after the next start thawed its jail and put
+/// the cgroup back in the state it found it in — frozen — with the sandbox claimed and every
+/// call into it hanging; a launcher could finish a start after the next start tidied up.
+pub(super) fn dies_with_its_parent(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
-    let node = std::process::id() as libc::pid_t;
+    let parent = std::process::id() as libc::pid_t;
     // SAFETY: prctl and getppid are async-signal-safe.
     unsafe {
         cmd.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // The node died between the fork and the prctl: no signal will come.
-            if libc::getppid() != node {
-                return Err(std::io::Error::other("the node is gone"));
+            // The parent died between the fork and the prctl: no signal will come.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("its parent is gone"));
             }
             Ok(())
         });

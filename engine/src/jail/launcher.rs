@@ -1,7 +1,7 @@
 //! The engine's side of `silk-jail --serve` (see `launch::serve`): one launcher process kept
 //! running per engine, asked for each start and each restore over a `SOCK_SEQPACKET` socket.
 //! Either then costs a fork of that small process rather than a fork of the node and an exec
-//! of the launcher (~2–3 ms of a small sandbox's ~30 ms wake).
+//! of the launcher (2–10 ms of a small sandbox's wake here, more under load).
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
@@ -127,7 +127,7 @@ impl Launcher {
             .stdin(Stdio::from(theirs))
             .stdout(Stdio::null())
             .stderr(Stdio::inherit());
-        host::dies_with_the_node(&mut cmd);
+        host::dies_with_its_parent(&mut cmd);
         // SAFETY: fcntl/dup2 are async-signal-safe.
         unsafe {
             cmd.pre_exec(move || {

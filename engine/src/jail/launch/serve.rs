@@ -12,7 +12,7 @@
 //!
 //! Each launcher dies with the server (`PR_SET_PDEATHSIG`), which dies with the node: a start
 //! interrupted by a crash never finishes behind the next node's back (see the engine's
-//! `dies_with_the_node`).
+//! `dies_with_its_parent`).
 //!
 //! Between starts the server makes network namespaces ahead ([`NETWORK_STOCK`] of them, once
 //! no request came for [`QUIET`]): a new one is ~0.5 ms of a start's CPU, the largest step of
@@ -183,23 +183,10 @@ fn serve_one(request: Request, net: Option<i32>) -> Result<u32, String> {
 /// dies with the server, which dies with the node: a dump left running would finish after the
 /// next start thawed its jail and freeze it again.
 fn criu(bin: &Path, args: &[OsString]) -> Result<(), String> {
-    use std::os::unix::process::CommandExt;
     use std::process::Stdio;
-    let me = std::process::id() as libc::pid_t;
     let mut cmd = std::process::Command::new(bin);
     cmd.args(args).stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped());
-    // SAFETY: prctl and getppid are async-signal-safe.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if libc::getppid() != me {
-                return Err(std::io::Error::other("its launcher is gone"));
-            }
-            Ok(())
-        });
-    }
+    super::super::host::dies_with_its_parent(&mut cmd);
     let mut child = cmd.spawn().map_err(|e| format!("run {}: {e}", bin.display()))?;
     let mut stderr = String::new();
     if let Some(mut err) = child.stderr.take() {
