@@ -160,9 +160,16 @@ pub fn outside_own_cgroups(info: &BoxInfo) -> Vec<String> {
         i += 1;
     }
     let own = format!("/{}", info.id);
+    let pid_ns = |pid: u32| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    let jail = pid_ns(root);
     let mut outside = vec![];
     for pid in pids {
         let Ok(groups) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { continue };
+        // A short-lived child (the counter's `sleep`) may be gone and its pid taken by a host
+        // process by now (pids wrap at 32768 here): only the jail's own processes count.
+        if pid_ns(pid) != jail {
+            continue;
+        }
         let v1 = |line: &&str| {
             let controllers = line.split(':').nth(1).unwrap_or_default();
             controllers.split(',').any(|c| ["memory", "cpu", "pids", "freezer"].contains(&c))
