@@ -192,31 +192,41 @@ fn kill_9_mid_dump_takes_criu_with_it() {
     let hibernate = std::thread::spawn(move || {
         try_http(addr, "POST", &path, Some(&token), r#"{"memory": "required"}"#)
     });
-    let mut images = None;
+    let mut dumping = None;
     silk_testkit::eventually("criu dumps the jail", || {
-        images = criu_dumping(&b.id);
-        images.is_some()
+        dumping = criu_dumping(&b.id);
+        dumping.is_some()
     });
+    let (criu, images) = dumping.unwrap();
     node.kill9();
     assert!(hibernate.join().unwrap().is_none(), "the node answered the hibernate");
-    silk_testkit::eventually("criu exits with its node", || criu_dumping(&b.id).is_none());
-    let stats = images.unwrap().join("stats-dump");
+    // The CRIU its launcher ran (processes CRIU forked do not inherit the signal, and go
+    // when the next node opens: `host::kill_orphaned_criu`).
+    silk_testkit::eventually("criu exits with its node", || {
+        criu_dumping(&b.id).is_none_or(|(pid, _)| pid != criu)
+    });
+    let stats = images.join("stats-dump");
     assert!(!stats.exists(), "criu finished its dump after its node was killed");
     node.launch().unwrap();
     assert_eq!(state(&node, &b), "claimed");
     assert_eq!(sh(&node, &b, "echo up"), "up");
 }
 
-/// The images directory of a CRIU process dumping sandbox `id`, if one runs.
-fn criu_dumping(id: &str) -> Option<std::path::PathBuf> {
+/// The CRIU a launcher runs to dump sandbox `id`, if one runs: its pid and images directory.
+fn criu_dumping(id: &str) -> Option<(u32, std::path::PathBuf)> {
     use std::os::unix::ffi::OsStrExt;
     std::fs::read_dir("/proc").unwrap().flatten().find_map(|e| {
+        let pid: u32 = e.file_name().to_str()?.parse().ok()?;
         let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
         let dumping = args.first()?.ends_with(b"criu") && args.get(1) == Some(&&b"dump"[..]);
         let at = args.iter().position(|a| *a == b"--images-dir")?;
         let images = std::path::Path::new(std::ffi::OsStr::from_bytes(args.get(at + 1)?));
-        (dumping && images.to_string_lossy().contains(id)).then(|| images.to_path_buf())
+        let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+        let ppid = stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?;
+        let parent = std::fs::read_to_string(format!("/proc/{ppid}/comm")).unwrap_or_default();
+        (dumping && parent.trim() == "silk-jail" && images.to_string_lossy().contains(id))
+            .then(|| (pid, images.to_path_buf()))
     })
 }
 
